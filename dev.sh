@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The README's two set-up commands live here, so README, CI and Dockerfile share one install path.
+#   bash dev.sh run    install, then run the main job
+#   bash dev.sh test   install with test extras, then run the whole test suite (CI runs exactly this)
+set -euo pipefail
+cd "$(dirname "$0")"
+VENV=${TTCORE_VENV:-.venv}
+
+install() {  # $1: extras
+  if [ ! -x "$VENV/bin/python" ]; then
+    PY=$(command -v python3.11 || command -v python3)
+    "$PY" -m venv "$VENV"
+  fi
+  # torch first and pinned: 2.13.0 is a CPU build from local disk here; unpinned, pip takes CUDA.
+  "$VENV/bin/pip" install -q --disable-pip-version-check torch==2.13.0
+  "$VENV/bin/pip" install -q --disable-pip-version-check -e ".[$1]"
+}
+
+case "${1:-}" in
+  run)
+    install chem
+    shift
+    exec "$VENV/bin/python" benchmarks/joint_sampling.py --quick "$@"
+    ;;
+  test)
+    install chem,dev
+    shift
+    # pytest exits 5 when no test was collected: that is a failure here too.
+    exec "$VENV/bin/python" -m pytest -q "$@"
+    ;;
+  *)
+    echo "usage: bash dev.sh {run|test} [args...]" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,207 @@
+"""Tensor-Train joint (Sec. 4.2, Eq. 9): p(x | x_t) = (1/r) 1^T G_1(x^1) ... G_l(x^l) 1.
+
+cores [b, l, v, r, r], nonnegative, each row j a distribution over (x, k) (Eq. 10). Read as a hidden
+Markov chain: the state j starts uniform, and G_i(x, j, k) is the probability of emitting x and moving
+to state k. Rank 1 is the standard MDM.
+"""
+
+import torch
+
+from ._checks import check_float, check_masked, check_ndim, check_positions, check_simplex, check_tokens
+from .categorical import sample_categorical
+
+
+def _rescale(mats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Divide each [r, r] matrix by its (detached) max so long products stay finite. -> (mats, log c)."""
+    c = mats.detach().amax(dim=(-2, -1), keepdim=True).clamp_min(torch.finfo(mats.dtype).tiny)
+    return mats / c, c.log()[..., 0, 0]
+
+
+def tt_chain_log_value(mats: torch.Tensor) -> torch.Tensor:
+    """log((1/r) 1^T M_1 ... M_l 1) for mats [b, l, r, r] -> [b].
+
+    A balanced tree of pairwise products, O(log l) depth, rescaling every node and carrying the log
+    scales, so the value is exact and finite for long, peaked chains (l = 1024 and beyond).
+    """
+    b, l, r, _ = mats.shape
+    mats, log_scale = _rescale(mats)
+    log_scale = log_scale.sum(1)  # [b]
+    while mats.shape[1] > 1:
+        if mats.shape[1] % 2:  # pad the odd one out with the identity
+            eye = torch.eye(r, dtype=mats.dtype, device=mats.device).expand(b, 1, r, r)
+            mats = torch.cat([mats, eye], 1)
+        mats, c = _rescale(mats[:, 0::2] @ mats[:, 1::2])  # [b, l/2, r, r]
+        log_scale = log_scale + c.sum(1)
+    return (mats[:, 0].sum((-2, -1)) / r).log() + log_scale
+
+
+def tt_select(cores: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """G_i(x^i) for every position: cores [b, l, v, r, r], x [b, l] -> [b, l, r, r]."""
+    b, l, v, r, _ = cores.shape
+    idx = x.clamp_min(0)[:, :, None, None, None].expand(b, l, 1, r, r)
+    return cores.gather(2, idx).squeeze(2)
+
+
+def tt_log_prob(cores: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """log p(x) of Eq. 9 -> [b]."""
+    return tt_chain_log_value(tt_select(cores, x))
+
+
+def _scan(mats: torch.Tensor, reverse: bool = False) -> torch.Tensor:
+    """Inclusive products P_i = M_1 ... M_i (reverse: M_i ... M_l), [b, l, r, r], each known only up to
+    a positive factor (every matrix is rescaled by its max). Hillis-Steele: log2(l) batched matmuls."""
+    l = mats.shape[1]
+    mats = _rescale(mats)[0]
+    d = 1
+    while d < l:
+        prod = mats[:, : l - d] @ mats[:, d:]  # forward: M_{i-d..} @ M_i; reverse: M_i @ M_{i+d..}
+        mats = torch.cat([mats[:, :d], prod] if not reverse else [prod, mats[:, l - d:]], 1)
+        mats = _rescale(mats)[0]
+        d *= 2
+    return mats
+
+
+def tt_contract(cores: torch.Tensor, x_cond: torch.Tensor) -> torch.Tensor:
+    """Contracted cores of Sec. 4.3 (Eq. 19): G_j(x^j) where conditioned, sum_x G_j(x) otherwise."""
+    known = (x_cond >= 0)[:, :, None, None]
+    return torch.where(known, tt_select(cores, x_cond), cores.sum(2))  # [b, l, r, r]
+
+
+def tt_marginals(cores: torch.Tensor, x_cond: torch.Tensor) -> torch.Tensor:
+    """p(x^i | x_S) ∝ 1^T Gbar_1..Gbar_{i-1} G_i(x^i) Gbar_{i+1}..Gbar_l 1  (Eq. 20) -> [b, l, v].
+
+    Prefix and suffix products by parallel scans; each position is normalized over v, so p(x_S) is
+    never divided by and the per-position scale of the scans cancels.
+    """
+    b, l, v, r, _ = cores.shape
+    gbar = tt_contract(cores, x_cond)  # [b, l, r, r]
+    ones = cores.new_ones(b, 1, r)
+    left = torch.cat([ones, (ones.unsqueeze(-2) @ _scan(gbar)[:, :-1]).squeeze(-2)], 1)  # [b, l, r]
+    right = torch.cat([(_scan(gbar, reverse=True)[:, 1:] @ ones.transpose(1, 2).unsqueeze(1)).squeeze(-1),
+                       ones], 1)  # [b, l, r]
+    left = left / left.amax(-1, keepdim=True).clamp_min(torch.finfo(left.dtype).tiny)
+    right = right / right.amax(-1, keepdim=True).clamp_min(torch.finfo(right.dtype).tiny)
+    joint = torch.einsum("blj,blvjk,blk->blv", left, cores, right)  # p(x^i, x_S) up to a factor
+    marg = joint / joint.sum(-1, keepdim=True)
+    known = (x_cond >= 0).unsqueeze(-1)
+    onehot = torch.nn.functional.one_hot(x_cond.clamp_min(0), v).to(cores.dtype)
+    return torch.where(known, onehot, marg)
+
+
+def tt_gap_products(contracted: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """Segmented scan: Q_i = product of contracted cores Gbar_j over (last chosen position <= i, i].
+
+    The gap product before a chosen position t is Q_{t-1}: the hidden-state transition across the
+    unchosen positions between two chosen ones (Sec. 4.3, special case: absorbing each Gbar_j into a
+    neighbour). Products of row-stochastic matrices stay row-stochastic, so no rescaling is needed.
+    contracted [b, l, r, r], chosen [b, l] bool -> [b, l, r, r].
+    """
+    b, l, r, _ = contracted.shape
+    eye = torch.eye(r, dtype=contracted.dtype, device=contracted.device)
+    mats = torch.where(chosen[:, :, None, None], eye, contracted)
+    pos = torch.arange(l, device=chosen.device)
+    seg_start = torch.where(chosen, pos, torch.zeros_like(pos)).cummax(1).values  # [b, l]
+    d = 1
+    while d < l:
+        inside = (pos[d:] - d >= seg_start[:, d:])[:, :, None, None]  # [b, l-d, 1, 1]
+        tail = torch.where(inside, mats[:, : l - d] @ mats[:, d:], mats[:, d:])
+        mats = torch.cat([mats[:, :d], tail], 1)
+        d *= 2
+    return mats
+
+
+def chosen_index(chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chosen positions in increasing order, padded: chosen [b, l] -> (idx [b, t], valid [b, t])."""
+    b, l = chosen.shape
+    t = int(chosen.sum(1).max()) if chosen.numel() else 0
+    pos = torch.arange(l, device=chosen.device).expand(b, l)
+    idx = torch.where(chosen, pos, torch.full_like(pos, l)).sort(1).values[:, :t]  # [b, t]
+    valid = idx < l
+    return idx.clamp_max(l - 1), valid
+
+
+def tt_sample_chosen(contracted: torch.Tensor, chosen: torch.Tensor, chosen_cores: torch.Tensor,
+                     generator: torch.Generator | None = None) -> torch.Tensor:
+    """Exact joint draw of x_T (Sec. 4.3, special case) by ancestral sampling of the hidden chain.
+
+    contracted [b, l, r, r] (sum_x G_j(x), e.g. from the contracted-core head), chosen [b, l] bool,
+    chosen_cores [b, t, v, r, r]: full cores at the chosen positions in increasing order (as
+    ``chosen_index``). Only |T| sequential draws; no division. -> [b, l] long, -1 off T.
+    """
+    b, l, r, _ = contracted.shape
+    idx, valid = chosen_index(chosen)  # [b, t]
+    out = torch.full((b, l), -1, dtype=torch.long, device=chosen.device)
+    if r == 1:  # a rank-1 train is factorized: all chosen positions are independent
+        draws = sample_categorical(chosen_cores[..., 0, 0], generator)  # [b, t]
+        return torch.where(valid, draws, -1).new_full((b, l + 1), -1).scatter_(
+            1, torch.where(valid, idx, l), torch.where(valid, draws, -1))[:, :l]
+    gaps = tt_gap_products(contracted, chosen)  # [b, l, r, r]
+    eye = torch.eye(r, dtype=contracted.dtype, device=contracted.device)
+    rows = torch.arange(b, device=chosen.device)
+    state = contracted.new_full((b, r), 1.0 / r)  # distribution of the hidden state j before G_1
+    for a in range(idx.shape[1]):
+        t = idx[:, a]  # [b]
+        gap = torch.where((t > 0)[:, None, None], gaps[rows, (t - 1).clamp_min(0)], eye)  # [b, r, r]
+        state = (state.unsqueeze(1) @ gap).squeeze(1)  # [b, r]
+        joint = torch.einsum("bj,bvjk->bvk", state, chosen_cores[:, a])  # p(x, k | past) [b, v, r]
+        flat = sample_categorical(joint.reshape(b, -1), generator)  # [b] over v * r
+        out[rows[valid[:, a]], t[valid[:, a]]] = (flat // r)[valid[:, a]]
+        state = torch.nn.functional.one_hot(flat % r, r).to(contracted.dtype)
+    return out
+
+
+class TensorTrain:
+    """TT joint with ``cores`` [b, l, v, r, r]; sum over (x, k) of G_i(x, j, k) = 1 for all i, j."""
+
+    def __init__(self, cores: torch.Tensor, validate: bool = True):
+        check_float("cores", cores)
+        check_ndim("cores", cores, "b, l, v, r, r")
+        b, l, v, r, r2 = cores.shape
+        if r != r2:
+            raise ValueError(f"TT cores must be square in the rank axes [.., r, r], got {r} x {r2}")
+        if validate:
+            check_simplex("cores", cores, (2, 4), "(x, k) for each row j")
+        self.cores = cores
+        self.b, self.l, self.v, self.r = b, l, v, r
+
+    @classmethod
+    def from_logits(cls, logits: torch.Tensor) -> "TensorTrain":
+        """logits [b, l, v, r, r] -> softmax over the joint (x, k) axes of each row j (Eq. 10)."""
+        b, l, v, r, _ = logits.shape
+        flat = logits.permute(0, 1, 3, 2, 4).reshape(b, l, r, v * r)  # [b, l, j, (x, k)]
+        cores = torch.softmax(flat, -1).reshape(b, l, r, v, r).permute(0, 1, 3, 2, 4)
+        return cls(cores, validate=False)
+
+    @classmethod
+    def from_masked(cls, cores_masked: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor) -> "TensorTrain":
+        """Full-length TT from head outputs on masked positions: cores_masked [m, v, r, r] for the True
+        entries of ``mask`` [b, l]; a known position gets the exact core delta(x = token) * I."""
+        check_masked(tokens, mask, cores_masked.shape[0])
+        _, v, r, _ = cores_masked.shape
+        b, l = tokens.shape
+        onehot = torch.nn.functional.one_hot(tokens.clamp(0, v - 1), v).to(cores_masked.dtype)  # [b, l, v]
+        eye = torch.eye(r, dtype=cores_masked.dtype, device=cores_masked.device)
+        cores = onehot[:, :, :, None, None] * eye  # [b, l, v, r, r]
+        cores[mask] = cores_masked
+        return cls(cores, validate=False)
+
+    def log_prob(self, x: torch.Tensor) -> torch.Tensor:
+        """x [b, l] -> [b], exact in rescaled arithmetic."""
+        check_tokens("x", x, self.b, self.l, self.v, allow_free=False)
+        return tt_log_prob(self.cores, x)
+
+    def contracted(self) -> torch.Tensor:
+        """sum_x G_i(x) [b, l, r, r] (row-stochastic)."""
+        return self.cores.sum(2)
+
+    def marginals(self, x_cond: torch.Tensor) -> torch.Tensor:
+        """x_cond [b, l] (-1 = free) -> p(x^i | x_S) [b, l, v], one-hot where conditioned."""
+        check_tokens("x_cond", x_cond, self.b, self.l, self.v, allow_free=True)
+        return tt_marginals(self.cores, x_cond)
+
+    def sample(self, positions: torch.Tensor | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Exact joint draw at ``positions`` [b, l] (all when None); other positions marginalized, -1."""
+        positions = check_positions(positions, self.b, self.l, self.cores.device)
+        idx, _ = chosen_index(positions)  # [b, t]
+        rows = torch.arange(self.b, device=idx.device)[:, None]
+        return tt_sample_chosen(self.contracted(), positions, self.cores[rows, idx], generator)
