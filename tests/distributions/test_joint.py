@@ -17,6 +17,8 @@ def _params(fmt, b=1, l=L, v=V, r=R, seed=0, dtype=torch.float64):
     if fmt == "cp":
         return CP.from_logits(torch.randn(b, r, generator=g, dtype=dtype),
                               2 * torch.randn(b, l, r, v, generator=g, dtype=dtype))
+    if fmt == "tt1":
+        r = 1
     return TensorTrain.from_logits(2 * torch.randn(b, l, v, r, r, generator=g, dtype=dtype))
 
 
@@ -68,7 +70,7 @@ def test_marginals_match_brute_force_conditionals(fmt):
         np.testing.assert_allclose(got, want, atol=1e-10)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", FORMATS + ["tt1"])
 @pytest.mark.parametrize("subset", [None, (0, 2, 3), (4,), (1, 4)])
 def test_sample_is_exact_chi_square(fmt, subset):
     n = 20000

@@ -50,5 +50,6 @@ class Factorized:
     def sample(self, positions: torch.Tensor | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
         """Independent draws at ``positions`` [b, l] (all when None); -1 elsewhere."""
         positions = check_positions(positions, self.b, self.l, self.probs.device)
-        x = sample_categorical(self.probs, generator)  # [b, l]
-        return torch.where(positions, x, torch.full_like(x, -1))
+        x = torch.full((self.b, self.l), -1, dtype=torch.long, device=self.probs.device)
+        x[positions] = sample_categorical(self.probs[positions], generator)  # only the chosen rows
+        return x

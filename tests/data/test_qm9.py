@@ -1,0 +1,21 @@
+from pathlib import Path
+
+from ttcore.data import SmilesDataset, load_qm9
+
+SAMPLE = Path(__file__).resolve().parent.parent / "data" / "qm9_sample.txt"
+
+
+def test_sample_file_split_is_deterministic():
+    a, b = SmilesDataset.from_file(SAMPLE), SmilesDataset.from_file(SAMPLE)
+    assert a.train == b.train and a.val == b.val
+    assert len(a.val) == 300 and not set(a.train) & set(a.val)
+    assert (a.train_tokens[:, 0] != a.tokenizer.pad_id).all()
+
+
+def test_full_qm9_from_package_is_cached(tmp_path):
+    ds = load_qm9(cache_dir=tmp_path)
+    assert 120_000 < len(ds.train) + len(ds.val) < 131_000
+    assert ds.tokenizer.length == 22  # QM9 canonical SMILES: at most 22 atom-level tokens
+    assert list(tmp_path.glob("qm9-*.json"))
+    again = load_qm9(cache_dir=tmp_path)
+    assert again.val == ds.val and (again.train_tokens == ds.train_tokens).all()

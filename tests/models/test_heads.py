@@ -1,0 +1,66 @@
+"""Sec. 4.5: joint heads initialized from a base model keep its marginals and likelihood exactly."""
+
+import pytest
+import torch
+
+from ttcore.distributions import CP, Factorized, TensorTrain
+from ttcore.losses import forward_mask, masked_log_prob
+from ttcore.models import DiTConfig, JointModel, ModelConfig
+
+V, L = 6, 5
+
+
+def _base():
+    torch.manual_seed(0)
+    cfg = ModelConfig(DiTConfig(vocab_size=V + 1, out_vocab=V, length=L, hidden_dim=16, cond_dim=8,
+                                n_blocks=1, n_heads=2))
+    model = JointModel(cfg).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return model.eval()
+
+
+def _distribution(out, x_t, mask):
+    if out.weight_logits is not None:
+        return CP.from_masked(torch.softmax(out.weight_logits, -1), torch.softmax(out.logits, -1), x_t, mask)
+    if out.logits.dim() == 4:
+        m, v, r, _ = out.logits.shape
+        cores = TensorTrain.from_logits(out.logits.unsqueeze(0)).cores[0]
+        return TensorTrain.from_masked(cores, x_t, mask)
+    return Factorized.from_masked(torch.softmax(out.logits, -1), x_t, mask)
+
+
+@pytest.mark.parametrize("decomposition,rank", [("cp", 4), ("tt", 3)])
+@pytest.mark.parametrize("head", ["1layer", "2layer"])
+def test_zero_noise_init_preserves_marginals_and_likelihood(decomposition, rank, head):
+    base = _base()
+    joint = JointModel.from_base(base, decomposition, rank, head, noise=0.0).double().eval()
+    g = torch.Generator().manual_seed(1)
+    x0 = torch.randint(0, V, (4, L), generator=g)
+    x_t, mask = forward_mask(x0, torch.full((4,), 0.6, dtype=torch.float64), V, g)
+    with torch.no_grad():
+        ob, oj = base(x_t, mask), joint(x_t, mask)
+    torch.testing.assert_close(masked_log_prob(oj, x0), masked_log_prob(ob, x0))
+    free = torch.full_like(x_t, -1)
+    torch.testing.assert_close(_distribution(oj, x_t, mask).marginals(free),
+                               _distribution(ob, x_t, mask).marginals(free))
+
+
+def test_noise_breaks_symmetry_and_two_layer_freezes_w():
+    base = _base()
+    joint = JointModel.from_base(base, "tt", 2, "2layer", noise=0.1, generator=torch.Generator().manual_seed(0))
+    assert not joint.output_layer.linear.weight.requires_grad
+    w = joint.head.mix.weight.view(4, 16, 16)
+    assert (w[0] - w[1]).abs().max() > 0
+    one = JointModel.from_base(base, "cp", 3, "1layer", noise=0.1, generator=torch.Generator().manual_seed(0))
+    assert one.output_layer.linear is None  # W' replaces W
+
+
+def test_base_must_be_rank_one():
+    base = _base()
+    joint = JointModel.from_base(base, "tt", 2)
+    with pytest.raises(ValueError, match="base model must be rank 1"):
+        JointModel.from_base(joint, "tt", 2)
+    with pytest.raises(ValueError, match="decomposition must be one of"):
+        ModelConfig(base.cfg.dit, "tucker", 2)

@@ -1,0 +1,10 @@
+"""Backbone (DiT), heads and the joint model, plus checkpoint I/O."""
+
+from .dit import DiT, DiTConfig
+from .heads import FinalLayer, JointHead
+from .joint_model import HeadOutputs, JointModel, ModelConfig
+
+__all__ = ["DiT", "DiTConfig", "FinalLayer", "HeadOutputs", "JointHead", "JointModel", "ModelConfig"]
+from .checkpoint import CheckpointError, load_checkpoint, load_train_state, read_config, save_checkpoint
+
+__all__ += ["CheckpointError", "load_checkpoint", "load_train_state", "read_config", "save_checkpoint"]

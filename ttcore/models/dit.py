@@ -1,0 +1,148 @@
+"""Bidirectional DiT backbone in MDLM's layout (Sahoo et al. 2024), with the paper's RoPE fix.
+
+Parameter names follow MDLM's ``models/dit.py`` (vocab_embed, sigma_map, blocks.N.attn_qkv, ...), so
+an MDLM checkpoint maps onto this module by name. adaLN modulation is always present, as in MDLM;
+``time_conditioning = False`` (mdlm-owt's setting, our default) feeds sigma = 0.
+
+App. C: with plain RoPE a fully masked input gives every position the same value vector, so the
+attention output, and every logit, is identical across positions. ``rotary_values = True`` rotates
+the values as well, which breaks that symmetry.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class DiTConfig:
+    vocab_size: int  # input vocabulary, [MASK] included (v + 1)
+    out_vocab: int  # predicted vocabulary (v): [MASK] is never predicted (SUBS)
+    length: int
+    hidden_dim: int = 256
+    cond_dim: int = 128
+    n_blocks: int = 6
+    n_heads: int = 8
+    mlp_ratio: int = 4
+    dropout: float = 0.0
+    time_conditioning: bool = False
+    rotary_values: bool = True
+
+
+def rotary_tables(length: int, head_dim: int, base: float = 10_000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [l, head_dim] in the rotate-half layout (RoFormer, Su et al. 2024)."""
+    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    freqs = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq)  # [l, head_dim / 2]
+    emb = torch.cat([freqs, freqs], -1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [b, h, l, hd] by position: x R_m."""
+    x1, x2 = x.chunk(2, -1)
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm without bias, computed in float32 (MDLM's)."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.dim = dim
+
+    def forward(self, x):
+        with torch.autocast(x.device.type, enabled=False):
+            x = F.layer_norm(x.float(), [self.dim])
+        return x * self.weight[None, None, :]
+
+
+def modulate(x, shift, scale):
+    return x * (1 + scale) + shift
+
+
+class TimestepEmbedder(nn.Module):
+    """Sinusoidal embedding of sigma followed by an MLP (MDLM's sigma_map)."""
+
+    def __init__(self, cond_dim: int, frequency_dim: int = 256):
+        super().__init__()
+        self.frequency_dim = frequency_dim
+        self.mlp = nn.Sequential(nn.Linear(frequency_dim, cond_dim), nn.SiLU(), nn.Linear(cond_dim, cond_dim))
+
+    def forward(self, sigma: torch.Tensor) -> torch.Tensor:  # [b] -> [b, cond_dim]
+        half = self.frequency_dim // 2
+        freqs = torch.exp(-math.log(10_000) * torch.arange(half, dtype=torch.float32, device=sigma.device) / half)
+        args = sigma[:, None].float() * freqs[None]
+        return self.mlp(torch.cat([args.cos(), args.sin()], -1).to(self.mlp[0].weight.dtype))
+
+
+class EmbeddingLayer(nn.Module):
+    def __init__(self, dim: int, vocab_size: int):
+        super().__init__()
+        self.embedding = nn.Parameter(torch.empty(vocab_size, dim))
+        nn.init.kaiming_uniform_(self.embedding, a=math.sqrt(5))
+
+    def forward(self, x):
+        return self.embedding[x]
+
+
+class DDiTBlock(nn.Module):
+    def __init__(self, cfg: DiTConfig):
+        super().__init__()
+        d = cfg.hidden_dim
+        self.n_heads, self.rotary_values, self.dropout = cfg.n_heads, cfg.rotary_values, cfg.dropout
+        self.norm1 = LayerNorm(d)
+        self.attn_qkv = nn.Linear(d, 3 * d, bias=False)
+        self.attn_out = nn.Linear(d, d, bias=False)
+        self.norm2 = LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, cfg.mlp_ratio * d), nn.GELU(approximate="tanh"),
+                                 nn.Linear(cfg.mlp_ratio * d, d))
+        self.adaLN_modulation = nn.Linear(cfg.cond_dim, 6 * d)
+        nn.init.zeros_(self.adaLN_modulation.weight)
+        nn.init.zeros_(self.adaLN_modulation.bias)
+
+    def forward(self, x, rotary, c):
+        b, l, d = x.shape
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = (
+            self.adaLN_modulation(c)[:, None].chunk(6, dim=2))  # each [b, 1, d]
+        h = modulate(self.norm1(x), shift_msa, scale_msa)
+        qkv = self.attn_qkv(h).view(b, l, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)  # each [b, h, l, hd]
+        cos, sin = (t.to(q.dtype) for t in rotary)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if self.rotary_values:  # App. C: positions must reach the values too
+            v = apply_rotary(v, cos, sin)
+        att = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
+        att = att.transpose(1, 2).reshape(b, l, d)  # [b, l, d]
+        x = x + gate_msa * F.dropout(self.attn_out(att), self.dropout, self.training)
+        h = modulate(self.norm2(x), shift_mlp, scale_mlp)
+        return x + gate_mlp * F.dropout(self.mlp(h), self.dropout, self.training)
+
+
+class DiT(nn.Module):
+    """x_t [b, l] -> final features [b, l, d] (``features``); the output layer lives in the heads."""
+
+    def __init__(self, cfg: DiTConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.vocab_embed = EmbeddingLayer(cfg.hidden_dim, cfg.vocab_size)
+        self.sigma_map = TimestepEmbedder(cfg.cond_dim)
+        self.blocks = nn.ModuleList(DDiTBlock(cfg) for _ in range(cfg.n_blocks))
+        cos, sin = rotary_tables(cfg.length, cfg.hidden_dim // cfg.n_heads)
+        self.register_buffer("rotary_cos", cos, persistent=False)
+        self.register_buffer("rotary_sin", sin, persistent=False)
+
+    def forward(self, x_t: torch.Tensor, sigma: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (features [b, l, d], conditioning c [b, cond_dim])."""
+        b, l = x_t.shape
+        if sigma is None or not self.cfg.time_conditioning:
+            sigma = torch.zeros(b, device=x_t.device)
+        c = F.silu(self.sigma_map(sigma))
+        x = self.vocab_embed(x_t)  # [b, l, d]
+        rotary = (self.rotary_cos[:l], self.rotary_sin[:l])
+        for block in self.blocks:
+            x = block(x, rotary, c)
+        return x, c

@@ -1,0 +1,80 @@
+"""Output heads (Sec. 4.5): the base MDM head and the heads that turn it into a CP / TT joint.
+
+E outputs per position: E = r for CP (plus r weight logits per sequence), E = r*r for TT, laid out
+as e = j * r + k. Heads run on masked positions only ([m, d] features).
+- 1-layer: W' in H x (E*V) replaces the base W; initialized as E copies of W.
+- 2-layer: W~ in H x (E*H) inserted before the frozen W, which is applied to each of the E outputs;
+  initialized as E stacked identities.
+Small Gaussian noise breaks the symmetry between the copies; with zero noise the joint model has the
+base model's marginals and likelihood exactly.
+"""
+
+import torch
+from torch import nn
+
+from .dit import LayerNorm, modulate
+
+
+class FinalLayer(nn.Module):
+    """MDLM's DDitFinalLayer: adaLN-modulated norm, then the base head W (``linear``)."""
+
+    def __init__(self, hidden_dim: int, cond_dim: int, out_vocab: int, with_linear: bool = True):
+        super().__init__()
+        self.norm_final = LayerNorm(hidden_dim)
+        self.linear = nn.Linear(hidden_dim, out_vocab) if with_linear else None
+        self.adaLN_modulation = nn.Linear(cond_dim, 2 * hidden_dim)
+        nn.init.zeros_(self.adaLN_modulation.weight)
+        nn.init.zeros_(self.adaLN_modulation.bias)
+        if with_linear:
+            nn.init.zeros_(self.linear.weight)
+            nn.init.zeros_(self.linear.bias)
+
+    def features(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        shift, scale = self.adaLN_modulation(c)[:, None].chunk(2, dim=2)
+        return modulate(self.norm_final(x), shift, scale)  # [b, l, d]
+
+
+class JointHead(nn.Module):
+    """E outputs per masked position, plus the CP weight head or the TT contracted-core head."""
+
+    def __init__(self, decomposition: str, rank: int, head: str, hidden_dim: int, out_vocab: int):
+        super().__init__()
+        if decomposition not in ("cp", "tt"):
+            raise ValueError(f"decomposition must be 'cp' or 'tt' for a joint head, got {decomposition!r}")
+        if head not in ("1layer", "2layer"):
+            raise ValueError(f"head must be '1layer' or '2layer', got {head!r}")
+        self.decomposition, self.rank, self.head = decomposition, rank, head
+        self.e = rank if decomposition == "cp" else rank * rank
+        if head == "1layer":
+            self.proj = nn.Linear(hidden_dim, self.e * out_vocab)  # W'
+        else:
+            self.mix = nn.Linear(hidden_dim, self.e * hidden_dim, bias=False)  # W~
+        if decomposition == "cp":
+            self.weights = nn.Linear(hidden_dim, rank)  # w(x_t) from mean-pooled features
+            nn.init.zeros_(self.weights.weight)
+            nn.init.zeros_(self.weights.bias)
+        else:
+            self.contracted = nn.Linear(hidden_dim, rank * rank)  # Gbar_j(x_t), Sec. 4.3 special case
+            nn.init.zeros_(self.contracted.weight)
+            nn.init.zeros_(self.contracted.bias)
+
+    @torch.no_grad()
+    def init_from_base(self, base: nn.Linear, noise: float, generator: torch.Generator | None = None) -> None:
+        """Preserve the base marginals: E copies of W (1-layer) or E stacked identities (2-layer)."""
+        if self.head == "1layer":
+            self.proj.weight.copy_(base.weight.repeat(self.e, 1))  # [(e, v), d]
+            self.proj.bias.copy_(base.bias.repeat(self.e))
+            w = self.proj.weight
+        else:
+            d = self.mix.in_features
+            self.mix.weight.copy_(torch.eye(d).repeat(self.e, 1))  # [(e, d), d]
+            w = self.mix.weight
+        if noise > 0:
+            w.add_(noise * w.std() * torch.randn(w.shape, generator=generator).to(w))
+
+    def component_logits(self, h: torch.Tensor, base: nn.Linear | None) -> torch.Tensor:
+        """h [m, d] -> [m, e, v]."""
+        m = h.shape[0]
+        if self.head == "1layer":
+            return self.proj(h).view(m, self.e, -1)
+        return base(self.mix(h).view(m, self.e, -1))  # the frozen W on each of the E outputs

@@ -1,0 +1,94 @@
+"""A masked diffusion model whose p(x | x_t) is factorized (rank 1), CP or Tensor-Train."""
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import nn
+
+from .dit import DiT, DiTConfig
+from .heads import FinalLayer, JointHead
+
+
+@dataclass
+class ModelConfig:
+    dit: DiTConfig
+    decomposition: str = "none"  # none | cp | tt
+    rank: int = 1
+    head: str = "1layer"  # 1layer | 2layer (joint heads only)
+    extra: dict = field(default_factory=dict)  # free-form metadata (training, data)
+
+    def __post_init__(self):
+        if isinstance(self.dit, dict):
+            self.dit = DiTConfig(**self.dit)
+        if self.decomposition not in ("none", "cp", "tt"):
+            raise ValueError(f"decomposition must be one of none, cp, tt; got {self.decomposition!r}")
+        if self.decomposition == "none" and self.rank != 1:
+            raise ValueError(f"decomposition 'none' is rank 1, got rank {self.rank}")
+        if self.rank < 1:
+            raise ValueError(f"rank must be >= 1, got {self.rank}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class HeadOutputs:
+    """Logits for the masked positions (row-major over mask [b, l]); float32."""
+    mask: torch.Tensor  # [b, l] bool
+    logits: torch.Tensor  # none: [m, v]; cp: [m, r, v]; tt: [m, v, r, r]  (TT: [x, j, k])
+    weight_logits: torch.Tensor | None = None  # cp: [b, r]
+    contracted_logits: torch.Tensor | None = None  # tt: [m, r, r], softmax over k -> Gbar_j
+
+
+class JointModel(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.dit
+        joint = cfg.decomposition != "none"
+        self.backbone = DiT(d)
+        self.output_layer = FinalLayer(d.hidden_dim, d.cond_dim, d.out_vocab,
+                                       with_linear=not (joint and cfg.head == "1layer"))
+        self.head = JointHead(cfg.decomposition, cfg.rank, cfg.head, d.hidden_dim, d.out_vocab) if joint else None
+        if joint and cfg.head == "2layer":
+            self.output_layer.linear.requires_grad_(False)  # W stays frozen (Sec. 4.5)
+
+    @classmethod
+    def from_base(cls, base: "JointModel", decomposition: str, rank: int, head: str = "1layer",
+                  noise: float = 0.0, generator: torch.Generator | None = None) -> "JointModel":
+        """Fine-tuning start (Sec. 4.5): the base model's weights, a joint head initialized to keep
+        its marginals, plus ``noise`` (relative std) to break rank symmetry."""
+        if base.cfg.decomposition != "none":
+            raise ValueError(f"the base model must be rank 1 (decomposition 'none'), got {base.cfg.decomposition!r}")
+        cfg = ModelConfig(base.cfg.dit, decomposition, rank if decomposition != "none" else 1, head,
+                          dict(base.cfg.extra))
+        model = cls(cfg).to(next(base.parameters()))  # same device and dtype
+        state = {k: v for k, v in base.state_dict().items() if model.output_layer.linear is not None
+                 or not k.startswith("output_layer.linear")}
+        model.load_state_dict(state, strict=False)
+        if model.head is not None:
+            model.head.init_from_base(base.output_layer.linear, noise, generator)
+        return model
+
+    def features(self, x_t: torch.Tensor, sigma: torch.Tensor | None = None) -> torch.Tensor:
+        """x_t [b, l] -> final normalized features [b, l, d]."""
+        x, c = self.backbone(x_t, sigma)
+        return self.output_layer.features(x, c)
+
+    def head_outputs(self, h: torch.Tensor, mask: torch.Tensor) -> HeadOutputs:
+        """Run the head on the masked positions only: h [b, l, d], mask [b, l] -> HeadOutputs."""
+        hm = h[mask]  # [m, d]
+        cfg = self.cfg
+        if self.head is None:
+            return HeadOutputs(mask, self.output_layer.linear(hm).float())
+        comp = self.head.component_logits(hm, self.output_layer.linear).float()  # [m, e, v]
+        if cfg.decomposition == "cp":
+            w = self.head.weights(h.mean(1)).float()  # [b, r]
+            return HeadOutputs(mask, comp, weight_logits=w)
+        r = cfg.rank
+        cores = comp.view(-1, r, r, comp.shape[-1]).permute(0, 3, 1, 2)  # [m, v, r, r]
+        contracted = self.head.contracted(hm).float().view(-1, r, r)  # [m, r, r]
+        return HeadOutputs(mask, cores, contracted_logits=contracted)
+
+    def forward(self, x_t: torch.Tensor, mask: torch.Tensor, sigma: torch.Tensor | None = None) -> HeadOutputs:
+        return self.head_outputs(self.features(x_t, sigma), mask)

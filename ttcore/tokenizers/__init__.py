@@ -1,0 +1,19 @@
+"""Tokenizers: each maps text to fixed-length ids with [PAD] = 0 and [MASK] = the last id."""
+
+import json
+from pathlib import Path
+
+from .smiles import SmilesTokenizer, smiles_tokens
+
+_KINDS = {SmilesTokenizer.kind: SmilesTokenizer}
+
+
+def load_tokenizer(directory: str | Path):
+    """The tokenizer saved in a checkpoint directory (``tokenizer.json``)."""
+    d = json.loads(Path(directory, "tokenizer.json").read_text())
+    if d.get("type") not in _KINDS:
+        raise ValueError(f"unknown tokenizer type {d.get('type')!r}; known: {sorted(_KINDS)}")
+    return _KINDS[d["type"]].from_dict(d)
+
+
+__all__ = ["SmilesTokenizer", "load_tokenizer", "smiles_tokens"]

@@ -1,0 +1,247 @@
+"""The training loop shared by the recipes: config, schedule, resumable data order, checkpoints.
+
+Recipes (``training/pretrain.py``, ``training/finetune.py``) build a model and call ``fit``. A run
+writes an atomic checkpoint every ``ckpt_minutes`` and at the end; ``resume`` continues exactly
+(model, optimizer, LR schedule position, RNG, step, data position).
+"""
+
+import json
+import math
+import os
+import resource
+import shlex
+import sys
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+import yaml
+from tqdm import tqdm
+
+from ttcore.losses import mdlm_loss
+from ttcore.models import JointModel, load_train_state, save_checkpoint
+
+
+@dataclass
+class TrainConfig:
+    # backbone (pretrain only; fine-tuning keeps the base's)
+    hidden_dim: int = 256
+    cond_dim: int = 128
+    n_blocks: int = 6
+    n_heads: int = 8
+    dropout: float = 0.0
+    rotary_values: bool = True
+    time_conditioning: bool = False
+    # joint head (fine-tuning)
+    decomposition: str = "none"
+    rank: int = 1
+    head: str = "1layer"
+    head_noise: float = 0.05
+    # optimization
+    batch_size: int = 256
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 500
+    total_steps: int = 20000  # length of the cosine schedule; --max-steps may stop earlier
+    weight_decay: float = 0.0
+    beta2: float = 0.99
+    grad_clip: float = 1.0
+    eps: float = 1e-3
+    # run
+    seed: int = 0
+    precision: str = "bf16"  # bf16 autocast for matmuls; losses and normalizers stay float32
+    compile: bool = False  # torch.compile the backbone (fixed shapes [b, l]; heads see dynamic m)
+    device: str = "auto"
+    threads: int = 0  # 0: all cores
+    log_every: int = 20
+    val_every: int = 500
+    val_batches: int = 8
+    ckpt_minutes: float = 10.0
+    data: str = "qm9"  # qm9, or a text file with one SMILES per line
+    val_fraction: float = 0.05
+
+
+def load_config(name_or_path: str, overrides: list[str] = ()) -> TrainConfig:
+    """A YAML file (or a name under training/configs/), then ``key=value`` overrides."""
+    path = Path(name_or_path)
+    if not path.exists():
+        path = Path(__file__).resolve().parent.parent / "training" / "configs" / f"{name_or_path}.yaml"
+    if not path.exists():
+        raise FileNotFoundError(f"config {name_or_path!r} not found (a path or a name in training/configs/)")
+    values = yaml.safe_load(path.read_text()) or {}
+    known = {f.name: f.type for f in fields(TrainConfig)}
+    for item in overrides:
+        key, _, raw = item.partition("=")
+        values[key] = yaml.safe_load(raw)
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise ValueError(f"unknown config keys {unknown}; known: {sorted(known)}")
+    return TrainConfig(**values)
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup, then cosine decay to min_lr_ratio * lr at total_steps."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    frac = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.total_steps - cfg.warmup_steps))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+class BatchOrder:
+    """Epoch-wise seeded permutations; the position (epoch, index) is all a resume needs."""
+
+    def __init__(self, n: int, batch_size: int, seed: int, epoch: int = 0, index: int = 0):
+        self.n, self.batch_size, self.seed, self.epoch, self.index = n, batch_size, seed, epoch, index
+        self._perm = self._permutation()
+
+    def _permutation(self):
+        return torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * 100_003 + self.epoch))
+
+    def next(self) -> torch.Tensor:
+        if self.index + self.batch_size > self.n:
+            self.epoch, self.index = self.epoch + 1, 0
+            self._perm = self._permutation()
+        idx = self._perm[self.index: self.index + self.batch_size]
+        self.index += self.batch_size
+        return idx
+
+
+def _autocast(device: torch.device, precision: str):
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
+@torch.no_grad()
+def evaluate_loss(model, tokens: torch.Tensor, mask_id: int, cfg: TrainConfig, device) -> dict:
+    """Validation NLL per masked token and NELBO per token, with a fixed RNG (comparable across runs)."""
+    model.eval()
+    g = torch.Generator(device).manual_seed(1234)
+    totals = {"nll": 0.0, "nelbo": 0.0}
+    n = min(cfg.val_batches, max(1, len(tokens) // cfg.batch_size))
+    for k in range(n):
+        x0 = tokens[k * cfg.batch_size:(k + 1) * cfg.batch_size].to(device)
+        with _autocast(device, cfg.precision):
+            out = mdlm_loss(model, x0, mask_id, cfg.eps, generator=g)
+        for key in totals:
+            totals[key] += out[key].item() / n
+    model.train()
+    return totals
+
+
+def _optimizer_state(opt) -> tuple[dict, dict]:
+    sd = opt.state_dict()
+    tensors, scalars = {}, {}
+    for pid, st in sd["state"].items():
+        for key, val in st.items():
+            if torch.is_tensor(val):
+                tensors[f"opt.{pid}.{key}"] = val
+            else:
+                scalars[f"{pid}.{key}"] = val
+    return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
+
+
+def _load_optimizer_state(opt, tensors: dict, meta: dict) -> None:
+    state: dict = {}
+    for name, val in tensors.items():
+        if name.startswith("opt."):
+            _, pid, key = name.split(".", 2)
+            state.setdefault(int(pid), {})[key] = val
+    for name, val in meta["scalars"].items():
+        pid, key = name.split(".", 1)
+        state.setdefault(int(pid), {})[key] = val
+    opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+
+
+def model_card(title: str, cfg: TrainConfig, model: JointModel, meta: dict) -> str:
+    n_params = sum(p.numel() for p in model.parameters())
+    lines = [f"# {title}", "", f"- decomposition: {model.cfg.decomposition}, rank {model.cfg.rank}, "
+             f"head {model.cfg.head if model.cfg.decomposition != 'none' else 'base'}",
+             f"- parameters: {n_params / 1e6:.2f}M; length {model.cfg.dit.length}, vocab {model.cfg.dit.out_vocab}",
+             f"- data: {cfg.data} (validation fraction {cfg.val_fraction}, split seed 0)",
+             f"- steps: {meta['step']}, wall time {meta['wall_seconds'] / 3600:.2f} h "
+             f"({meta['seconds_per_step']:.3f} s/step, batch {cfg.batch_size}, {meta['device']})",
+             f"- validation: NLL {meta['val'].get('nll', float('nan')):.4f} nats per masked token, "
+             f"NELBO {meta['val'].get('nelbo', float('nan')):.4f} nats per token",
+             "", "## Commands", "", *[f"    {c}" for c in meta["commands"]],
+             "", "## Config", "", "```json", json.dumps(asdict(cfg), indent=1), "```", ""]
+    return "\n".join(lines)
+
+
+def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: torch.Tensor, cfg: TrainConfig,
+        out: str | Path, *, resume: bool = False, max_steps: int | None = None, max_minutes: float | None = None,
+        title: str = "ttcore model", quiet: bool = False) -> dict:
+    """Train ``model`` until ``max_steps`` (default cfg.total_steps) or ``max_minutes``; checkpoint to ``out``."""
+    device = pick_device(cfg.device)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    model.to(device).train()
+    if cfg.compile:
+        model.backbone.compile()  # in place: parameter names (and checkpoints) are unchanged
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, cfg.beta2), weight_decay=cfg.weight_decay)
+    gen = torch.Generator(device).manual_seed(cfg.seed)
+    order = BatchOrder(len(train_tokens), cfg.batch_size, cfg.seed)
+    meta = {"step": 0, "wall_seconds": 0.0, "commands": [], "val": {}, "device": str(device)}
+    saved = load_train_state(out) if resume and Path(out).exists() else None
+    if saved is not None:
+        tensors, meta = saved
+        _load_optimizer_state(opt, tensors, meta.pop("optimizer"))
+        gen.set_state(tensors["rng.generator"])
+        torch.set_rng_state(tensors["rng.torch"])
+        order = BatchOrder(len(train_tokens), cfg.batch_size, cfg.seed, meta["epoch"], meta["index"])
+    meta["commands"] = meta["commands"] + [shlex.join([Path(sys.executable).name] + sys.argv)]
+    mask_id = tokenizer.mask_id
+    max_steps = cfg.total_steps if max_steps is None else max_steps
+    start_time, start_wall, last_ckpt = time.time(), meta["wall_seconds"], time.time()
+
+    def checkpoint():
+        meta["wall_seconds"] = start_wall + time.time() - start_time
+        meta["seconds_per_step"] = meta["wall_seconds"] / max(1, meta["step"])
+        meta["epoch"], meta["index"] = order.epoch, order.index
+        meta["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        opt_tensors, opt_meta = _optimizer_state(opt)
+        tensors = dict(opt_tensors, **{"rng.generator": gen.get_state(), "rng.torch": torch.get_rng_state()})
+        save_checkpoint(out, model, tokenizer, model_card=model_card(title, cfg, model, meta),
+                        train_state=(tensors, dict(meta, optimizer=opt_meta, config=asdict(cfg))))
+
+    bar = tqdm(total=max_steps, initial=meta["step"], disable=quiet, dynamic_ncols=True, mininterval=5)
+    tokens_seen, t0 = 0, time.time()
+    while meta["step"] < max_steps:
+        if max_minutes is not None and time.time() - start_time > 60 * max_minutes:
+            break
+        step = meta["step"]
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        x0 = train_tokens[order.next()].to(device)
+        with _autocast(device, cfg.precision):
+            losses = mdlm_loss(model, x0, mask_id, cfg.eps, generator=gen)
+        opt.zero_grad(set_to_none=True)
+        losses["loss"].backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        opt.step()
+        meta["step"] = step + 1
+        tokens_seen += x0.numel()
+        if meta["step"] % cfg.log_every == 0:
+            rate = tokens_seen / (time.time() - t0)
+            bar.set_postfix(loss=f"{losses['nll'].item():.4f}", lc=f"{losses['lc'].item():.2e}",
+                            gn=f"{grad_norm.item():.2f}", lr=f"{lr_at(step, cfg):.2e}", tok_s=f"{rate:.0f}")
+            tokens_seen, t0 = 0, time.time()
+        bar.update(1)
+        if meta["step"] % cfg.val_every == 0 or meta["step"] == max_steps:
+            meta["val"] = evaluate_loss(model, val_tokens, mask_id, cfg, device)
+            bar.write(f"step {meta['step']}: val nll {meta['val']['nll']:.4f} nelbo {meta['val']['nelbo']:.4f}")
+        if time.time() - last_ckpt > 60 * cfg.ckpt_minutes:
+            checkpoint()
+            last_ckpt = time.time()
+    bar.close()
+    if not meta["val"]:
+        meta["val"] = evaluate_loss(model, val_tokens, mask_id, cfg, device)
+    checkpoint()
+    return meta
