@@ -61,20 +61,29 @@ def _scan(mats: torch.Tensor, reverse: bool = False) -> torch.Tensor:
     return mats
 
 
-def tt_contract(cores: torch.Tensor, x_cond: torch.Tensor) -> torch.Tensor:
-    """Contracted cores of Sec. 4.3 (Eq. 19): G_j(x^j) where conditioned, sum_x G_j(x) otherwise."""
+def tt_cores_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Row normalization of Eq. 10: softmax over the joint (x, k) axes of each row j.
+    logits [..., v, r, r] -> cores of the same shape."""
+    *lead, v, r, _ = logits.shape
+    flat = logits.transpose(-3, -2).reshape(*lead, r, v * r)  # [..., j, (x, k)]
+    return torch.softmax(flat, -1).reshape(*lead, r, v, r).transpose(-3, -2)
+
+
+def tt_contract(cores: torch.Tensor, x_cond: torch.Tensor, summed: torch.Tensor | None = None) -> torch.Tensor:
+    """Contracted cores of Sec. 4.3 (Eq. 19): G_j(x^j) where conditioned, sum_x G_j(x) otherwise.
+    ``summed`` [b, l, r, r] = cores.sum(2) when cached by the caller (it does not depend on x_S)."""
     known = (x_cond >= 0)[:, :, None, None]
-    return torch.where(known, tt_select(cores, x_cond), cores.sum(2))  # [b, l, r, r]
+    return torch.where(known, tt_select(cores, x_cond), cores.sum(2) if summed is None else summed)
 
 
-def tt_marginals(cores: torch.Tensor, x_cond: torch.Tensor) -> torch.Tensor:
+def tt_marginals(cores: torch.Tensor, x_cond: torch.Tensor, summed: torch.Tensor | None = None) -> torch.Tensor:
     """p(x^i | x_S) ∝ 1^T Gbar_1..Gbar_{i-1} G_i(x^i) Gbar_{i+1}..Gbar_l 1  (Eq. 20) -> [b, l, v].
 
     Prefix and suffix products by parallel scans; each position is normalized over v, so p(x_S) is
     never divided by and the per-position scale of the scans cancels.
     """
     b, l, v, r, _ = cores.shape
-    gbar = tt_contract(cores, x_cond)  # [b, l, r, r]
+    gbar = tt_contract(cores, x_cond, summed)  # [b, l, r, r]
     ones = cores.new_ones(b, 1, r)
     left = torch.cat([ones, (ones.unsqueeze(-2) @ _scan(gbar)[:, :-1]).squeeze(-2)], 1)  # [b, l, r]
     right = torch.cat([(_scan(gbar, reverse=True)[:, 1:] @ ones.transpose(1, 2).unsqueeze(1)).squeeze(-1),
@@ -163,14 +172,12 @@ class TensorTrain:
             check_simplex("cores", cores, (2, 4), "(x, k) for each row j")
         self.cores = cores
         self.b, self.l, self.v, self.r = b, l, v, r
+        self._summed = None
 
     @classmethod
     def from_logits(cls, logits: torch.Tensor) -> "TensorTrain":
         """logits [b, l, v, r, r] -> softmax over the joint (x, k) axes of each row j (Eq. 10)."""
-        b, l, v, r, _ = logits.shape
-        flat = logits.permute(0, 1, 3, 2, 4).reshape(b, l, r, v * r)  # [b, l, j, (x, k)]
-        cores = torch.softmax(flat, -1).reshape(b, l, r, v, r).permute(0, 1, 3, 2, 4)
-        return cls(cores, validate=False)
+        return cls(tt_cores_from_logits(logits), validate=False)
 
     @classmethod
     def from_masked(cls, cores_masked: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor) -> "TensorTrain":
@@ -191,13 +198,15 @@ class TensorTrain:
         return tt_log_prob(self.cores, x)
 
     def contracted(self) -> torch.Tensor:
-        """sum_x G_i(x) [b, l, r, r] (row-stochastic)."""
-        return self.cores.sum(2)
+        """sum_x G_i(x) [b, l, r, r] (row-stochastic); computed once, reused by every conditioning."""
+        if self._summed is None:
+            self._summed = self.cores.sum(2)
+        return self._summed
 
     def marginals(self, x_cond: torch.Tensor) -> torch.Tensor:
         """x_cond [b, l] (-1 = free) -> p(x^i | x_S) [b, l, v], one-hot where conditioned."""
         check_tokens("x_cond", x_cond, self.b, self.l, self.v, allow_free=True)
-        return tt_marginals(self.cores, x_cond)
+        return tt_marginals(self.cores, x_cond, self.contracted())
 
     def sample(self, positions: torch.Tensor | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
         """Exact joint draw at ``positions`` [b, l] (all when None); other positions marginalized, -1."""

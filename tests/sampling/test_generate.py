@@ -1,0 +1,166 @@
+"""The generation loop against exact distributions (chi-square at fixed seeds)."""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from brute import all_sequences, chi_square_pvalue, dense_cp, dense_tt
+from explicit import ExplicitCP, ExplicitTT, PerfectMarginals
+from ttcore.distributions import TensorTrain
+from ttcore.models import DiTConfig, JointModel, ModelConfig
+from ttcore.sampling import GenerationRun, generate
+
+V, L, R, N = 3, 4, 3, 20000
+
+
+def _tt_cores(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return TensorTrain.from_logits(2 * torch.randn(1, L, V, R, R, generator=g, dtype=torch.float64)).cores[0]
+
+
+def _final(model, steps, **kw):
+    *_, last = generate(model, N, steps, seed=kw.pop("seed", 0), **kw)
+    assert last.done and (last.tokens < V).all()
+    return last.tokens.numpy()
+
+
+@pytest.mark.parametrize("ordering", ["random", "left_to_right", "halton", "top_prob", "margin", "entropy"])
+def test_one_step_generation_is_distributed_as_the_tt(ordering):
+    cores = _tt_cores()
+    seqs = all_sequences(L, V).numpy()
+    p = dense_tt(cores.numpy(), seqs)
+    draws = _final(ExplicitTT(cores), 1, ordering=ordering)
+    assert chi_square_pvalue(draws, p, seqs) > 1e-3
+
+
+@pytest.mark.parametrize("ordering", ["random", "entropy"])
+def test_one_step_generation_is_distributed_as_the_cp(ordering):
+    g = torch.Generator().manual_seed(3)
+    w = torch.softmax(torch.randn(R, generator=g, dtype=torch.float64), -1)
+    f = torch.softmax(2 * torch.randn(L, R, V, generator=g, dtype=torch.float64), -1)
+    seqs = all_sequences(L, V).numpy()
+    draws = _final(ExplicitCP(w, f), 1, ordering=ordering)
+    assert chi_square_pvalue(draws, dense_cp(w.numpy(), f.numpy(), seqs), seqs) > 1e-3
+
+
+def test_eb_step_with_unbounded_gamma_is_one_exact_joint_draw():
+    cores = _tt_cores(1)
+    seqs = all_sequences(L, V).numpy()
+    draws = _final(ExplicitTT(cores), 4, eb_gamma=1e9)
+    assert chi_square_pvalue(draws, dense_tt(cores.numpy(), seqs), seqs) > 1e-3
+
+
+def test_two_step_predetermined_with_contracted_head_matches_enumeration():
+    """Step 1 draws a uniformly random pair T from the TT marginal (contracted cores elsewhere);
+    step 2 draws the rest from the TT whose T cores are delta * I. Enumerate that exactly."""
+    cores = _tt_cores(2).numpy()
+    seqs = all_sequences(L, V).numpy()
+    eye = np.eye(R)
+    p = np.zeros(len(seqs))
+    subsets = list(itertools.combinations(range(L), 2))
+    for t1 in subsets:
+        rest = [i for i in range(L) if i not in t1]
+        for k, s in enumerate(seqs):
+            vec1, vec2 = np.ones(R) / R, np.ones(R) / R
+            for i in range(L):
+                vec1 = vec1 @ (cores[i, s[i]] if i in t1 else cores[i].sum(0))
+                vec2 = vec2 @ (eye if i in t1 else cores[i, s[i]])
+            p[k] += vec1.sum() * vec2.sum() / len(subsets)
+    model = ExplicitTT(torch.from_numpy(cores))
+    draws = _final(model, 2, ordering="random")
+    assert chi_square_pvalue(draws, p, seqs) > 1e-3
+    assert model.calls == 2
+
+
+def _mdlm_reference(model: PerfectMarginals, n: int, steps: int, seed: int) -> np.ndarray:
+    """MDLM's ancestral sampler, written out plainly: from t to s every masked token is revealed
+    with probability (t - s) / t, its value drawn from p(x^i | x_t)."""
+    rng = np.random.default_rng(seed)
+    x = np.full((n, L), V)
+    for k in range(steps):
+        t, s = 1 - k / steps, 1 - (k + 1) / steps
+        probs = model.conditional_marginals(torch.from_numpy(x)).numpy()  # [n, L, V]
+        reveal = (x == V) & (rng.random((n, L)) < (t - s) / t)
+        cdf = probs.cumsum(-1)
+        values = (rng.random((n, L, 1)) > cdf).sum(-1).clip(max=V - 1)
+        x = np.where(reveal, values, x)
+    return x
+
+
+@pytest.mark.parametrize("steps", [2, 3])
+def test_rank_one_random_order_matches_mdlm_sampler(steps):
+    g = torch.Generator().manual_seed(4)
+    p = torch.softmax(2.5 * torch.randn(V ** L, generator=g, dtype=torch.float64), 0)
+    model = PerfectMarginals(p, V, L)
+    ours = _final(model, steps, ordering="random", bernoulli=True, seed=5)
+    ref = _mdlm_reference(model, N, steps, seed=6)
+    index = {tuple(s): k for k, s in enumerate(all_sequences(L, V).numpy())}
+    table = np.zeros((2, V ** L))
+    for row, draws in enumerate((ours, ref)):
+        for d in draws:
+            table[row, index[tuple(d)]] += 1
+    keep = table.sum(0) >= 10
+    rare = table[:, ~keep].sum(1, keepdims=True)
+    table = np.concatenate([table[:, keep]] + ([rare] if rare.sum() > 0 else []), 1)
+    assert stats.chi2_contingency(table).pvalue > 1e-3
+    # and parallel sampling is biased: the output is not P itself (the test can fail)
+    seqs = all_sequences(L, V).numpy()
+    assert chi_square_pvalue(ours, p.numpy(), seqs) < 1e-6
+
+
+def _tiny_model(decomposition="tt"):
+    torch.manual_seed(0)
+    base = JointModel(ModelConfig(DiTConfig(vocab_size=9, out_vocab=8, length=10, hidden_dim=16, cond_dim=8,
+                                            n_blocks=1, n_heads=2)))
+    with torch.no_grad():
+        for prm in base.parameters():
+            prm.add_(0.5 * torch.randn_like(prm))
+    if decomposition == "none":
+        return base.eval()
+    return JointModel.from_base(base, decomposition, 3, noise=0.3).eval()
+
+
+SETTINGS = [dict(ordering="random"), dict(ordering="halton"), dict(ordering="top_prob"),
+            dict(ordering="margin", schedule="cosine"), dict(eb_gamma=0.3), dict(ordering="left_to_right",
+                                                                                schedule="linear")]
+
+
+@pytest.mark.parametrize("decomposition", ["none", "cp", "tt"])
+@pytest.mark.parametrize("settings", SETTINGS)
+def test_same_seed_same_output_and_prompt_kept(decomposition, settings):
+    model = _tiny_model(decomposition)
+    prompt = torch.full((10,), 8)
+    prompt[[0, 3, 4]] = torch.tensor([2, 5, 0])
+    a = list(generate(model, 6, 4, seed=7, prompt=prompt, **settings))
+    b = list(generate(model, 6, 4, seed=7, prompt=prompt, **settings))
+    c = list(generate(model, 6, 4, seed=8, prompt=prompt, **settings))
+    assert torch.equal(a[-1].tokens, b[-1].tokens)
+    assert not torch.equal(a[-1].tokens, c[-1].tokens)
+    assert a[-1].done and (a[-1].tokens < 8).all()
+    committed = torch.zeros(6, 10, dtype=torch.bool)
+    for s in a:
+        assert (s.tokens[:, [0, 3, 4]] == torch.tensor([2, 5, 0])).all()
+        assert not (s.committed & committed).any()  # every position committed once
+        committed |= s.committed
+    assert (committed == (prompt == 8)).all()
+
+
+def test_step_counts_and_model_calls():
+    model = _tiny_model("none")
+    states = list(generate(model, 2, 4, seed=0))
+    assert [int(s.committed[0].sum()) for s in states] == [2, 3, 3, 2]  # 10 - 7.5 - 5 - 2.5 - 0, rounded half-even
+    assert [s.model_calls for s in states] == [1, 2, 3, 4]
+    many = list(generate(model, 2, 25, seed=0))  # K >= l: one token per step, idle steps call nothing
+    assert all(int(s.committed[0].sum()) <= 1 for s in many)
+    assert many[-1].model_calls == 10 and many[-1].done
+
+
+def test_invalid_settings_are_refused():
+    model = _tiny_model("none")
+    for kw, msg in [(dict(ordering="sideways"), "ordering must be one of"), (dict(temperature=0), "temperature"),
+                    (dict(eb_gamma=-1), "eb_gamma"), (dict(prompt=torch.zeros(3, dtype=torch.long)), "prompt")]:
+        with pytest.raises(ValueError, match=msg):
+            GenerationRun(model, 2, 4, **kw)

@@ -1,0 +1,76 @@
+"""Schedules, orderings and the EB criterion on crafted inputs."""
+
+import torch
+
+from ttcore.sampling import PREDETERMINED, eb_count, top_k_mask, unmask_counts
+from ttcore.sampling.orderings import entropy_score, margin_score, top_prob_score
+from ttcore.sampling.schedules import SCHEDULES
+
+
+def test_eb_counts_on_crafted_entropies():
+    h = torch.tensor([[0.0, 0.1, 0.2, 0.5, 1.0]], dtype=torch.float64)  # sorted ascending
+    valid = torch.ones_like(h, dtype=torch.bool)
+    # prefix k accepted iff sum of its first k-1 entries (all but the max) <= gamma
+    expected = {0.0: 2, 0.05: 2, 0.15: 3, 0.29: 3, 0.35: 4, 0.79: 4, 0.81: 5, 10.0: 5}
+    for gamma, count in expected.items():
+        assert int(eb_count(h, valid, gamma)) == count, gamma
+    flat = torch.full((1, 5), 0.4, dtype=torch.float64)
+    assert int(eb_count(flat, valid, 0.0)) == 1  # gamma = 0: one token per step
+    valid[0, 3:] = False
+    assert int(eb_count(h, valid, 10.0)) == 3
+
+
+def test_eb_count_never_decreases_with_gamma():
+    g = torch.Generator().manual_seed(0)
+    h = torch.rand(50, 12, generator=g, dtype=torch.float64).sort(-1).values
+    valid = torch.rand(50, 12, generator=g) < 0.8
+    valid = valid.sort(-1, descending=True).values  # padded at the end
+    prev = torch.zeros(50, dtype=torch.long)
+    for gamma in torch.linspace(0, 6, 40):
+        c = eb_count(h, valid, float(gamma))
+        assert (c >= prev).all() and (c >= valid.any(-1).long()).all()
+        prev = c
+
+
+def test_adaptive_orderings_pick_what_they_claim():
+    probs = torch.tensor([[[0.5, 0.5, 0.0], [0.6, 0.2, 0.2], [0.45, 0.45, 0.1], [0.55, 0.44, 0.01]]])
+    assert int(top_prob_score(probs).argmax()) == 1  # highest max-probability
+    assert int(margin_score(probs).argmax()) == 1  # largest top-1 minus top-2: 0.4
+    assert int(entropy_score(probs).argmax()) == 0  # lowest entropy: ln 2 beats 0.95 and 0.74
+    probs2 = torch.tensor([[[0.7, 0.3, 0.0], [0.6, 0.1, 0.3], [0.1, 0.1, 0.8]]])
+    assert int(margin_score(probs2).argmax()) == 2 and int(top_prob_score(probs2).argmax()) == 2
+    assert int(entropy_score(probs2).argmax()) == 0
+
+
+def test_predetermined_orderings():
+    masked = torch.tensor([[True, False, True, True, True, True]])
+    ltr = PREDETERMINED["left_to_right"](1, 6, "cpu")
+    assert top_k_mask(ltr, masked, torch.tensor([2])).nonzero()[:, 1].tolist() == [0, 2]
+    hal = PREDETERMINED["halton"](1, 16, "cpu", torch.Generator().manual_seed(0))
+    first = top_k_mask(hal, torch.ones(1, 16, dtype=torch.bool), torch.tensor([4])).nonzero()[:, 1]
+    gaps = sorted(((first.roll(-1) - first) % 16).tolist())
+    assert gaps == [4, 4, 4, 4]  # the first four Halton picks are evenly spread
+    counts = torch.zeros(8)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(4000):
+        pr = PREDETERMINED["random"](1, 8, "cpu", g)
+        counts += top_k_mask(pr, torch.ones(1, 8, dtype=torch.bool), torch.tensor([2]))[0].double()
+    assert (counts / 4000 - 0.25).abs().max() < 0.03
+
+
+def test_schedules_sum_to_n_and_give_one_token_per_step_when_k_ge_n():
+    n = torch.tensor([22, 7, 0])
+    for name, f in SCHEDULES.items():
+        for steps in (1, 2, 5, 22, 40):
+            left, total = n.clone(), torch.zeros_like(n)
+            for k in range(steps):
+                c = unmask_counts(n, left, steps, k, f)
+                assert (c >= 0).all() and (c <= left).all()
+                left, total = left - c, total + c
+                if name == "loglinear" and steps >= 22:
+                    assert (c <= 1).all()
+            assert torch.equal(total, n), (name, steps)
+    n = torch.tensor([20])
+    early = [int(unmask_counts(n, n, 10, k, SCHEDULES["cosine"])) for k in range(3)]
+    late = [int(unmask_counts(n, n, 10, k, SCHEDULES["cosine"])) for k in range(6, 9)]
+    assert sum(early) < sum(late)

@@ -1,0 +1,130 @@
+"""The generation loop: K denoising steps, one backbone call each, a state yielded after every step.
+
+``GenerationRun`` holds one request's state and advances one step at a time; ``generate`` drives it.
+The split lets a server batch the backbone calls of many runs (``prepare`` tells whether a step needs
+the model; ``step(h)`` accepts features computed elsewhere).
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from .joint_step import chain_rule_step, predetermined_step
+from .eb import PROXIES
+from .orderings import ADAPTIVE, PREDETERMINED, top_k_mask
+from .schedules import SCHEDULES, unmask_counts
+
+
+@dataclass
+class StepState:
+    tokens: torch.Tensor  # [b, l], [MASK] id where still masked
+    committed: torch.Tensor  # [b, l] bool: positions unmasked by this step
+    step: int  # steps taken so far (1-based after the first)
+    model_calls: int  # backbone calls so far
+    done: bool  # True on the final state: tokens hold the finished sequences
+
+
+class GenerationRun:
+    """One generation request: settings, RNG and the partially unmasked sequences."""
+
+    def __init__(self, model, num_samples: int, steps: int, *, ordering: str = "random",
+                 schedule: str = "loglinear", eb_gamma: float | None = None, eb_proxy: str = "entropy",
+                 temperature: float = 1.0, seed: int | None = None, prompt: torch.Tensor | None = None,
+                 bernoulli: bool = False, device: str | torch.device | None = None):
+        if steps < 1:
+            raise ValueError(f"steps must be >= 1, got {steps}")
+        if num_samples < 1:
+            raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+        if ordering not in PREDETERMINED and ordering not in ADAPTIVE:
+            raise ValueError(f"ordering must be one of {sorted(PREDETERMINED) + sorted(ADAPTIVE)}, got {ordering!r}")
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}, got {schedule!r}")
+        if eb_gamma is not None and eb_gamma < 0:
+            raise ValueError(f"eb_gamma must be >= 0, got {eb_gamma}")
+        if eb_proxy not in PROXIES:
+            raise ValueError(f"eb_proxy must be one of {sorted(PROXIES)}, got {eb_proxy!r}")
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        self.model = model
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        self.steps, self.ordering, self.schedule = steps, ordering, SCHEDULES[schedule]
+        self.eb_gamma, self.eb_proxy, self.temperature, self.bernoulli = eb_gamma, eb_proxy, temperature, bernoulli
+        self.mask_id = model.cfg.dit.vocab_size - 1
+        length = model.cfg.dit.length
+        self.generator = torch.Generator(self.device)
+        self.generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,))))
+        if prompt is None:
+            self.tokens = torch.full((num_samples, length), self.mask_id, dtype=torch.long, device=self.device)
+        else:
+            prompt = prompt.to(self.device, torch.long)
+            if prompt.shape[-1] != length or prompt.dim() not in (1, 2):
+                raise ValueError(f"prompt must have shape [{length}] or [b, {length}], got {tuple(prompt.shape)}")
+            if int(prompt.min()) < 0 or int(prompt.max()) > self.mask_id:
+                raise ValueError(f"prompt ids must lie in [0, {self.mask_id}]")
+            self.tokens = prompt.expand(num_samples, length).clone() if prompt.dim() == 1 else prompt.clone()
+        self.n_initial = (self.tokens == self.mask_id).sum(1)
+        self.priority = (PREDETERMINED[ordering](*self.tokens.shape, self.device, self.generator)
+                         if ordering in PREDETERMINED and eb_gamma is None else None)
+        self.step_index, self.model_calls = 0, 0
+        self._counts, self._needed = None, None  # set by prepare() for the coming step
+
+    @property
+    def done(self) -> bool:
+        return self.step_index >= self.steps or not bool((self.tokens == self.mask_id).any())
+
+    def prepare(self) -> bool:
+        """Fix this step's unmasking counts; False when the step unmasks nothing (no model call)."""
+        masked = self.tokens == self.mask_id
+        n_current = masked.sum(1)
+        if self.eb_gamma is not None:  # adaptive counts; the last allowed step takes what is left
+            self._counts = n_current if self.step_index == self.steps - 1 else None
+            self._needed = True
+        else:
+            self._counts = unmask_counts(self.n_initial, n_current, self.steps, self.step_index, self.schedule,
+                                         self.bernoulli, self.generator if self.bernoulli else None)
+            self._needed = bool(self._counts.any())
+        return self._needed
+
+    def _eb_score(self, probs: torch.Tensor) -> torch.Tensor:
+        return -PROXIES[self.eb_proxy](probs)  # lowest error proxy first
+
+    @torch.inference_mode()
+    def step(self, h: torch.Tensor | None = None) -> StepState:
+        """Advance one denoising step. ``h`` [b, l, d]: features of ``self.tokens`` if computed by the
+        caller (batched with other runs); otherwise the model is called here when needed."""
+        if self._needed is None:
+            self.prepare()
+        masked = self.tokens == self.mask_id
+        values = torch.full_like(self.tokens, -1)
+        if self._needed:
+            if h is None:
+                h = self.model.features(self.tokens)
+            self.model_calls += 1
+            if self.eb_gamma is not None:  # EB ranks by its proxy; the last allowed step takes all
+                last = self._counts is not None
+                values = chain_rule_step(self.model, h, self.tokens, masked, self._counts, self._eb_score,
+                                         self.temperature, self.generator, None if last else self.eb_gamma)
+            elif self.ordering in ADAPTIVE:
+                values = chain_rule_step(self.model, h, self.tokens, masked, self._counts, ADAPTIVE[self.ordering],
+                                         self.temperature, self.generator)
+            else:
+                chosen = top_k_mask(self.priority, masked, self._counts)
+                values = predetermined_step(self.model, h, self.tokens, masked, chosen, self.temperature,
+                                            self.generator)
+        committed = values >= 0
+        self.tokens = torch.where(committed, values, self.tokens)
+        self.step_index += 1
+        self._counts, self._needed = None, None
+        return StepState(self.tokens.clone(), committed, self.step_index, self.model_calls, self.done)
+
+
+def generate(model, num_samples: int, steps: int, **settings):
+    """Yield a ``StepState`` after every denoising step; the last one has ``done = True`` and holds the
+    finished sequences (also the generator's return value). Settings: ordering, schedule, eb_gamma,
+    eb_proxy, temperature, seed, prompt, bernoulli, device (see ``GenerationRun``)."""
+    run = GenerationRun(model, num_samples, steps, **settings)
+    state = None
+    while not run.done:
+        state = run.step()
+        yield state
+    return state.tokens if state is not None else run.tokens

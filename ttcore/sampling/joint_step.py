@@ -1,0 +1,92 @@
+"""One denoising step's draw of several tokens, jointly and exactly (Sec. 4.3).
+
+- ``predetermined_step``: the set T is fixed before the head runs (random, left-to-right, Halton):
+  x_T is drawn jointly from p(x_T | x_t). For TT, full V x r x r cores are computed on T only and
+  the contracted-core head stands in for every other masked position (Sec. 4.3, special case).
+- ``chain_rule_step``: adaptive orderings and EB-Sampler: repeat {marginal inference given this
+  step's picks; pick the best position; sample it}, so the step's tokens are one joint sample.
+"""
+
+import torch
+
+from ttcore.distributions import (CP, Factorized, TensorTrain, chosen_index, sample_categorical,
+                                  tt_cores_from_logits, tt_sample_chosen)
+
+from .eb import eb_accepts
+from .orderings import entropy
+
+
+def joint_distribution(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, temperature: float):
+    """p(x | x_t) over the whole sequence from the head on the masked positions (known ones exact)."""
+    out = model.head_outputs(h, masked)
+    if out.weight_logits is not None:
+        return CP.from_masked(torch.softmax(out.weight_logits / temperature, -1),
+                              torch.softmax(out.logits / temperature, -1), x, masked)
+    if out.logits.dim() == 4:
+        return TensorTrain.from_masked(tt_cores_from_logits(out.logits / temperature), x, masked)
+    return Factorized.from_masked(torch.softmax(out.logits / temperature, -1), x, masked)
+
+
+def predetermined_step(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, chosen: torch.Tensor,
+                       temperature: float, generator: torch.Generator | None) -> torch.Tensor:
+    """Joint exact draw of x_T, T = ``chosen`` [b, l] (a subset of ``masked``). -> [b, l], -1 off T."""
+    b, l = x.shape
+    values = torch.full_like(x, -1)
+    if not chosen.any():
+        return values
+    out = model.head_outputs(h, chosen)  # heads on T only
+    rows = chosen.nonzero()[:, 0]  # [m] batch row of each chosen position
+    if out.weight_logits is not None:  # CP (Eq. 18): one component per sequence, then each x^j from it
+        comp = sample_categorical(torch.softmax(out.weight_logits / temperature, -1), generator)  # [b]
+        factors = torch.softmax(out.logits / temperature, -1)  # [m, r, v]
+        values[chosen] = sample_categorical(factors[torch.arange(len(rows)), comp[rows]], generator)
+        return values
+    if out.logits.dim() == 2:  # rank 1: independent draws (MDLM)
+        values[chosen] = sample_categorical(torch.softmax(out.logits / temperature, -1), generator)
+        return values
+    r = model.cfg.rank
+    cores = tt_cores_from_logits(out.logits / temperature)  # [m, v, r, r] on T
+    idx, valid = chosen_index(chosen)  # [b, t]
+    chosen_cores = cores.new_zeros((b, idx.shape[1]) + cores.shape[1:])  # [b, t, v, r, r]
+    chosen_cores[valid] = cores
+    contracted = torch.eye(r, dtype=cores.dtype, device=cores.device).repeat(b, l, 1, 1)  # known: I
+    rest = masked & ~chosen
+    if rest.any():  # Gbar_j from the contracted-core head, never from V x r x r cores
+        contracted[rest] = torch.softmax(model.head.contracted(h[rest]).to(cores.dtype).view(-1, r, r), -1)
+    return tt_sample_chosen(contracted, chosen, chosen_cores, generator)
+
+
+def chain_rule_step(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, count: torch.Tensor | None,
+                    score_fn, temperature: float, generator: torch.Generator | None,
+                    eb_gamma: float | None = None) -> torch.Tensor:
+    """Pick-and-sample ``count`` [b] tokens one at a time (Sec. 4.3, chain rule), each time the
+    free masked position with the highest ``score_fn(marginals)``. With ``eb_gamma`` the count is
+    EB-Sampler's: picks go on while the entropies of this step's picks (each conditional on the
+    earlier ones) satisfy the bound, at least one; ``count`` (None: all masked) caps it.
+    -> [b, l], -1 where nothing was drawn."""
+    b, l = x.shape
+    dist = joint_distribution(model, h, x, masked, temperature)
+    x_cond = torch.where(masked, torch.full_like(x, -1), x)
+    cap = masked.sum(1) if count is None else torch.minimum(count, masked.sum(1))
+    picked = torch.zeros(b, dtype=torch.long, device=x.device)
+    entropies = torch.zeros(b, 0, dtype=torch.float64, device=x.device)
+    active = picked < cap
+    rows = torch.arange(b, device=x.device)
+    while active.any():
+        marg = dist.marginals(x_cond)  # TT caches sum_x G_j, which does not depend on the picks
+        free = masked & (x_cond < 0)
+        score = torch.where(free, score_fn(marg).double(), torch.full((b, l), -float("inf"), dtype=torch.float64,
+                                                                           device=x.device))
+        pos = score.argmax(-1)  # [b]
+        p = marg[rows, pos]  # [b, v]
+        if eb_gamma is not None:
+            h_new = torch.cat([entropies, entropy(p).double()[:, None]], 1)
+            ok = eb_accepts(h_new, eb_gamma)[:, -1] | (picked == 0)
+            active = active & ok
+            entropies = torch.where(active[:, None], h_new, torch.cat([entropies, entropies.new_zeros(b, 1)], 1))
+        draw = sample_categorical(p, generator)
+        x_cond[rows[active], pos[active]] = draw[active]
+        picked = picked + active.long()
+        active = active & (picked < cap)
+    return torch.where(masked & (x_cond >= 0), x_cond, torch.full_like(x, -1))
+
