@@ -1,0 +1,82 @@
+"""Cost of joint (CP / TT) sampling against rank 1 with the same backbone, side by side in one run.
+
+    python benchmarks/sampling_overhead.py            # QM9-sized and text-sized models
+    python benchmarks/sampling_overhead.py --quick    # QM9-sized only, fewer settings
+
+One randomly initialized backbone per size; rank-1, CP and TT heads are built from it exactly as
+fine-tuning does (heads with noise, so the joints are not degenerate). For each setting it times the
+full generation of a batch and prints seconds per sample and the ratio to rank 1.
+QM9-sized: l = 32, v = 40, 1-layer heads (CP r = 64, TT r = 8), as the paper's QM9 setup.
+Text-sized: l = 128, v = 8192, 2-layer heads (CP r = 16, TT r = 4), as the paper's text setup.
+"""
+
+import argparse
+import time
+
+import torch
+
+from ttcore.models import DiTConfig, JointModel, ModelConfig
+from ttcore.sampling import generate
+
+SIZES = {
+    "qm9": dict(length=32, vocab=40, hidden=256, blocks=6, heads=8, batch=64, head="1layer", cp=64, tt=8),
+    "text": dict(length=128, vocab=8192, hidden=256, blocks=6, heads=8, batch=8, head="2layer", cp=16, tt=4),
+}
+
+
+def _models(size: dict) -> dict:
+    torch.manual_seed(0)
+    cfg = ModelConfig(DiTConfig(vocab_size=size["vocab"] + 1, out_vocab=size["vocab"], length=size["length"],
+                                hidden_dim=size["hidden"], n_blocks=size["blocks"], n_heads=size["heads"]))
+    base = JointModel(cfg)
+    with torch.no_grad():
+        for p in base.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    g = torch.Generator().manual_seed(0)
+    return {"rank1": base.eval(),
+            f"cp{size['cp']}": JointModel.from_base(base, "cp", size["cp"], size["head"], 0.1, g).eval(),
+            f"tt{size['tt']}": JointModel.from_base(base, "tt", size["tt"], size["head"], 0.1, g).eval()}
+
+
+def _seconds_per_sample(model, n: int, steps: int, reps: int, **settings) -> tuple[float, int]:
+    best, calls = float("inf"), 0
+    for rep in range(reps):
+        t0 = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            *_, last = generate(model, n, steps, seed=rep, **settings)
+        best = min(best, time.perf_counter() - t0)
+        calls = last.model_calls
+    return best / n, calls
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--reps", type=int, default=2)
+    args = ap.parse_args()
+    sizes = ["qm9"] if args.quick else ["qm9", "text"]
+    settings = [("random", dict(ordering="random")), ("top_prob", dict(ordering="top_prob")),
+                ("eb g=0.5", dict(eb_gamma=0.5))]
+    steps_list = [8, 32] if args.quick else [8, 32, 128]
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, bf16 autocast backbone, "
+          f"best of {args.reps}; s/sample (model calls) and ratio to rank 1")
+    for name in sizes:
+        size = SIZES[name]
+        models = _models(size)
+        print(f"\n{name}: l = {size['length']}, v = {size['vocab']}, d = {size['hidden']} x {size['blocks']} blocks, "
+              f"batch {size['batch']}, {size['head']} heads")
+        head = f"{'setting':>10} {'K':>4} | " + " | ".join(f"{m:>22}" for m in models)
+        print(head + "\n" + "-" * len(head))
+        for label, kw in settings:
+            for steps in steps_list if label != "eb g=0.5" else [steps_list[-1]]:
+                base = None
+                cells = []
+                for m, model in models.items():
+                    s, calls = _seconds_per_sample(model, size["batch"], steps, args.reps, **kw)
+                    base = base or s
+                    cells.append(f"{s * 1e3:8.2f} ms ({calls:3d}) x{s / base:4.2f}")
+                print(f"{label:>10} {steps:>4} | " + " | ".join(f"{c:>22}" for c in cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""Embedded mode: the service on one machine, no Ray.
+
+    python -m service --checkpoints checkpoints --port 8000
+"""
+
+import argparse
+import logging
+from pathlib import Path
+
+import uvicorn
+
+from .app import create_app
+from .engine import Engine
+
+DEFAULT_CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--checkpoints", default=str(DEFAULT_CHECKPOINTS), help="directory of checkpoint directories")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--max-batch-samples", type=int, default=256)
+    ap.add_argument("--max-requests", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--log-level", default="info")
+    args = ap.parse_args()
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine = Engine(args.checkpoints, device=args.device, precision=args.precision, threads=args.threads or None,
+                    max_batch_samples=args.max_batch_samples, max_requests=args.max_requests)
+    uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level=args.log_level)
+
+
+if __name__ == "__main__":
+    main()

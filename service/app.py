@@ -1,0 +1,100 @@
+"""HTTP transport: FastAPI routes and server-sent-event framing over the engine.
+
+    POST /generate   JSON answer, or text/event-stream with `stream: true`
+    GET  /models     every loaded checkpoint
+    GET  /health     liveness          GET /ready   models loaded          GET /metrics   Prometheus
+"""
+
+import json
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from .engine import Engine, ModelNotFound, Overloaded, PromptError
+from .schema import GenerateRequest, GenerateResponse, ModelList
+
+RETRY_AFTER_S = 1
+
+
+def _sse(event: str, payload: dict) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
+
+
+def _unprocessable(field: str, message: str) -> JSONResponse:
+    """Same shape as FastAPI's own validation errors: the field (loc) and the rule (msg)."""
+    return JSONResponse(status_code=422, content={"detail": [{"loc": ["body", field], "msg": message,
+                                                              "type": "value_error"}]})
+
+
+def create_app(engine: Engine) -> FastAPI:
+    app = FastAPI(title="ttcore", version="0.1.0",
+                  description="Few-step masked diffusion with CP / Tensor-Train joint distributions.")
+    metrics = engine.metrics
+
+    @app.middleware("http")
+    async def count_requests(request: Request, call_next):
+        start = time.perf_counter()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        path = route.path if route is not None else "unmatched"
+        metrics.requests.labels(path, str(response.status_code)).inc()
+        if not isinstance(response, StreamingResponse) or response.media_type != "text/event-stream":
+            metrics.latency.labels(path).observe(time.perf_counter() - start)
+        return response
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError):
+        return JSONResponse(status_code=422, content={"detail": jsonable_encoder(exc.errors())})
+
+    @app.post("/generate", response_model=GenerateResponse,
+              responses={404: {"description": "No loaded checkpoint matches; the answer names what is available"},
+                         422: {"description": "Invalid input: the field and the rule"},
+                         503: {"description": "Overloaded; retry after the Retry-After header"}})
+    async def generate(req: GenerateRequest):
+        try:
+            job = engine.submit(req)
+        except ModelNotFound as e:
+            return JSONResponse(status_code=404, content={"detail": str(e), "available": e.available})
+        except PromptError as e:
+            return _unprocessable("prompt", str(e))
+        except Overloaded as e:
+            return JSONResponse(status_code=503, content={"detail": str(e)},
+                                headers={"Retry-After": str(RETRY_AFTER_S)})
+        start = time.perf_counter()
+        if req.stream:
+            async def stream():
+                async for event, payload in engine.events(job):
+                    yield _sse(event, payload)
+                    if event == "done":
+                        metrics.latency.labels("/generate").observe(time.perf_counter() - start)
+            return StreamingResponse(stream(), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        async for event, payload in engine.events(job):
+            if event == "done":
+                return JSONResponse(payload)
+            if event == "error":
+                return JSONResponse(status_code=500, content={"detail": payload["error"]})
+
+    @app.get("/models", response_model=ModelList)
+    async def models():
+        return ModelList(models=engine.model_infos())
+
+    @app.get("/health")
+    async def health():
+        ok = engine.check_health()
+        return JSONResponse({"status": "ok" if ok else "unhealthy"}, status_code=200 if ok else 503)
+
+    @app.get("/ready")
+    async def ready():
+        if engine.ready:
+            return {"status": "ready", "models": len(engine.models), "refused": engine.refused}
+        return JSONResponse({"status": "no models loaded", "refused": engine.refused}, status_code=503)
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app

@@ -1,0 +1,49 @@
+"""Ray Serve: the same FastAPI app as embedded mode, one engine per replica.
+
+    serve run deploy/serve_config.yaml          # import_path: service.deployment:build_app
+
+``build_app(args)`` is the typed application builder Ray Serve calls with the config's ``args``.
+The ASGI app is built on each replica (the builder below runs there), so replicas load the
+checkpoints themselves; the project must be importable by them (installed, or PYTHONPATH in the
+runtime env).
+"""
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+from ray import serve
+from ray.serve import Application
+
+DEFAULT_CHECKPOINTS = str(Path(__file__).resolve().parent.parent / "checkpoints")
+
+
+class AppArgs(BaseModel):
+    checkpoints: str = Field(DEFAULT_CHECKPOINTS, description="Directory of checkpoint directories")
+    device: str = "cpu"
+    precision: str = Field("fp32", pattern="^(fp32|bf16)$")
+    max_batch_samples: int = Field(256, ge=1)
+    max_requests: int = Field(64, ge=1, description="Admitted requests per replica before 503")
+    threads: int = Field(0, ge=0, description="torch threads per replica (0: torch's default)")
+
+
+def _asgi_builder(args: AppArgs):
+    def build():
+        from .app import create_app
+        from .engine import Engine
+
+        engine = Engine(args.checkpoints, device=args.device, precision=args.precision,
+                        max_batch_samples=args.max_batch_samples, max_requests=args.max_requests,
+                        threads=args.threads or None)
+        return create_app(engine)
+
+    return build
+
+
+def build_app(args: dict | AppArgs | None = None) -> Application:
+    """Typed builder for ``serve run`` / ``serve.run``; deployment options (replicas, autoscaling,
+    max_ongoing_requests) come from the serve config's ``deployments`` section."""
+    args = AppArgs.model_validate(args or {})
+    args.checkpoints = str(Path(args.checkpoints).resolve())  # replicas may run in another directory
+    ingress = serve.ingress(_asgi_builder(args))()
+    deployment = serve.deployment(name="TTCore", max_ongoing_requests=args.max_requests * 2)(ingress)
+    return deployment.bind()

@@ -1,0 +1,107 @@
+"""Request and response schemas of the HTTP API (pydantic). A request converts itself to the
+sampler's settings; every field is documented with its rule and an example for the OpenAPI page."""
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_STEPS = 1024
+MAX_SAMPLES = 256
+MAX_PROMPT_CHARS = 8192
+
+
+class GenerateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"model": "qm9", "decomposition": "tt", "num_samples": 4, "steps": 8, "ordering": "random", "seed": 0},
+        {"model": "qm9", "num_samples": 2, "steps": 32, "sampler": "eb", "eb_gamma": 0.5, "stream": True},
+        {"model": "qm9", "num_samples": 2, "steps": 8, "prompt": "c1ccccc1[MASK][MASK]", "ordering": "top_prob"},
+    ]})
+
+    model: str | None = Field(None, description="Model family, e.g. `qm9` or `text`. Default: the first loaded.",
+                              examples=["qm9"], max_length=64)
+    decomposition: Literal["none", "cp", "tt"] | None = Field(
+        None, description="Joint distribution of the checkpoint: `none` (rank-1 MDM), `cp` or `tt`. "
+                          "Default: the best available (TT over CP over none, higher rank first).", examples=["tt"])
+    rank: int | None = Field(None, ge=1, le=1024, description="Rank of the checkpoint (with `decomposition`).",
+                             examples=[8])
+    num_samples: int = Field(4, ge=1, le=MAX_SAMPLES, description=f"Sequences to generate, 1..{MAX_SAMPLES}.",
+                             examples=[4])
+    steps: int = Field(16, ge=1, le=MAX_STEPS,
+                       description=f"Denoising steps K, 1..{MAX_STEPS} (one model call each; with `sampler: eb` "
+                                   "the cap on steps). The last step unmasks everything left.", examples=[8])
+    ordering: Literal["random", "left_to_right", "halton", "top_prob", "margin", "entropy"] = Field(
+        "random", description="Which masked positions a step unmasks: predetermined (`random`, `left_to_right`, "
+                              "`halton`: drawn jointly) or adaptive (`top_prob`, `margin`, `entropy`: chain rule). "
+                              "Ignored by `sampler: eb`, which ranks by `eb_proxy`.", examples=["random"])
+    schedule: Literal["loglinear", "linear", "cosine"] = Field(
+        "loglinear", description="Tokens per step: MDLM's log-linear (even), linear-noise or cosine schedule.")
+    sampler: Literal["fixed", "eb"] = Field(
+        "fixed", description="`fixed`: counts from `schedule`; `eb`: EB-Sampler's adaptive counts.")
+    eb_gamma: float = Field(0.5, ge=0, le=1e6, description="EB-Sampler entropy budget (>= 0; 0 = one token per "
+                                                           "step). Used by `sampler: eb`.", examples=[0.5])
+    eb_proxy: Literal["entropy", "confidence", "margin"] = Field(
+        "entropy", description="EB-Sampler's error proxy that ranks positions (lowest first).")
+    temperature: float = Field(1.0, gt=0, le=100, description="Softmax temperature of the heads (> 0).",
+                               examples=[1.0])
+    seed: int | None = Field(None, ge=0, le=2**62, description="RNG seed: the same seed gives the same output "
+                                                              "on the same device.", examples=[0])
+    prompt: str | None = Field(
+        None, max_length=MAX_PROMPT_CHARS,
+        description="A template: known tokens are kept, `[MASK]` placeholders are filled; a template shorter "
+                    "than the model length is followed by masks (a prefix for text). SMILES templates may use "
+                    "`[PAD]` to fix the end.", examples=["C1CC[MASK][MASK]1"])
+    stream: bool = Field(False, description="Stream server-sent events: one `step` event per denoising step, "
+                                            "then `done` (or `error`).")
+
+    def sampler_settings(self) -> dict:
+        """Keyword arguments of ``ttcore.sampling.GenerationRun`` (prompt excluded: it needs the tokenizer)."""
+        return {"ordering": self.ordering, "schedule": self.schedule, "temperature": self.temperature,
+                "seed": self.seed, "eb_gamma": self.eb_gamma if self.sampler == "eb" else None,
+                "eb_proxy": self.eb_proxy}
+
+
+class Sample(BaseModel):
+    text: str = Field(description="The generated sequence, padding stripped.", examples=["CC(=O)OC"])
+    valid: bool | None = Field(None, description="SMILES only: parses and sanitizes with RDKit.")
+    canonical: str | None = Field(None, description="SMILES only: RDKit canonical form when valid.")
+
+
+class Timings(BaseModel):
+    queue_ms: float = Field(description="From arrival to the first denoising step.")
+    first_event_ms: float = Field(description="From arrival to the first step's event.")
+    total_ms: float = Field(description="From arrival to the final sequences.")
+
+
+class GenerateResponse(BaseModel):
+    id: str
+    model: str = Field(description="Family of the checkpoint that answered.")
+    checkpoint: str = Field(description="Name (directory) of the checkpoint that answered.")
+    decomposition: str
+    rank: int
+    samples: list[Sample]
+    steps: int = Field(description="Denoising steps taken.")
+    model_calls: int = Field(description="Backbone forward passes this request took part in.")
+    timings: Timings
+
+
+class StepEvent(BaseModel):
+    step: int
+    sequences: list[str] = Field(description="Partial sequences, masks shown as `[MASK]`.")
+    committed: list[list[int]] = Field(description="Positions unmasked in this step, per sequence.")
+
+
+class ModelInfo(BaseModel):
+    model: str
+    checkpoint: str
+    domain: str
+    decomposition: str
+    rank: int
+    head: str
+    length: int
+    vocab_size: int
+    parameters: int
+    card: str | None = None
+
+
+class ModelList(BaseModel):
+    models: list[ModelInfo]

@@ -1,0 +1,152 @@
+"""The HTTP API against a real uvicorn server (subprocess) on tiny trained checkpoints."""
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from common import lone_run_texts, metric, stream_events
+from conftest import start_uvicorn
+
+
+def test_health_ready_models(server):
+    assert httpx.get(server + "/health").json()["status"] == "ok"
+    ready = httpx.get(server + "/ready").json()
+    assert ready["models"] == 3 and "broken" in ready["refused"]  # the broken checkpoint is refused, the rest served
+    models = httpx.get(server + "/models").json()["models"]
+    assert {(m["model"], m["decomposition"], m["rank"]) for m in models} == {("qm9", "none", 1), ("qm9", "tt", 2),
+                                                                             ("qm9", "cp", 3)}
+    assert all(m["length"] > 0 and m["vocab_size"] > 0 and m["card"] for m in models)
+    spec = httpx.get(server + "/openapi.json").json()
+    fields = spec["components"]["schemas"]["GenerateRequest"]["properties"]
+    assert all(f.get("description") for f in fields.values())
+
+
+@pytest.mark.parametrize("body", [
+    dict(num_samples=3, steps=5, seed=1),
+    dict(decomposition="cp", num_samples=2, steps=4, seed=2, ordering="top_prob"),
+    dict(decomposition="none", num_samples=2, steps=6, seed=3, sampler="eb", eb_gamma=0.3),
+    dict(num_samples=2, steps=4, seed=4, prompt="C[MASK]O", ordering="left_to_right"),
+])
+def test_seeded_answer_equals_a_lone_generate_run(server, checkpoints, body):
+    r = httpx.post(server + "/generate", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    want_dir = {"tt": "qm9-tt-r2", "cp": "qm9-cp-r3", "none": "qm9-base"}[body.get("decomposition", "tt")]
+    assert out["checkpoint"] == want_dir and out["steps"] <= body["steps"]
+    assert [s["text"] for s in out["samples"]] == lone_run_texts(checkpoints / want_dir, body)
+    assert all(isinstance(s["valid"], bool) for s in out["samples"])
+    if body.get("prompt"):
+        assert all(s["text"].startswith("C") for s in out["samples"])
+
+
+def test_stream_events_arrive_as_they_happen(server):
+    events = stream_events(server, dict(num_samples=64, steps=30, seed=0, ordering="top_prob"))
+    steps = [e for e in events if e[1] == "step"]
+    assert len(steps) == 30 and events[-1][1] == "done"
+    assert [p["step"] for _, _, p in steps] == list(range(1, 31))
+    first, last = steps[0][0], events[-1][0]
+    assert last - first > 0.5 * last  # the first step's event came long before the end
+    arrivals = sorted({round(t, 3) for t, _, _ in steps})
+    assert len(arrivals) > 20  # not one buffered burst
+    assert "[MASK]" in steps[0][2]["sequences"][0] and "[MASK]" not in steps[-1][2]["sequences"][0]
+    assert sum(len(c) for c in steps[0][2]["committed"]) > 0
+
+
+def test_concurrent_requests_share_forward_passes(server, checkpoints):
+    before = httpx.get(server + "/metrics").text
+    bodies = [dict(num_samples=2, steps=20 + 3 * k, seed=10 + k, ordering=o)
+              for k, o in enumerate(["random", "top_prob", "entropy", "left_to_right", "halton", "margin"])]
+
+    async def go():
+        async with httpx.AsyncClient(timeout=120) as client:
+            return await asyncio.gather(*[client.post(server + "/generate", json=b) for b in bodies])
+
+    answers = asyncio.run(go())
+    after = httpx.get(server + "/metrics").text
+    for body, r in zip(bodies, answers):
+        assert r.status_code == 200
+        assert [s["text"] for s in r.json()["samples"]] == lone_run_texts(checkpoints / "qm9-tt-r2", body)
+    name = "ttcore_forward_batch_requests"
+    shared = (metric(after, name + "_count") - metric(after, name + "_bucket", 'le="1.0"')) - \
+             (metric(before, name + "_count") - metric(before, name + "_bucket", 'le="1.0"'))
+    assert shared > 0  # some forward passes served several requests at once
+    calls = sum(r.json()["model_calls"] for r in answers)
+    passes = metric(after, name + "_count") - metric(before, name + "_count")
+    assert passes < calls
+
+
+def test_disconnect_cancels(server):
+    before = httpx.get(server + "/metrics").text
+    with httpx.stream("POST", server + "/generate", json=dict(num_samples=128, steps=1000, stream=True, seed=0,
+                                                             ordering="entropy"), timeout=60) as r:
+        lines = r.iter_lines()
+        while not next(lines).startswith("data: "):
+            pass
+        r.close()  # one event, then hang up
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        text = httpx.get(server + "/metrics").text
+        if metric(text, "ttcore_cancelled_total") > metric(before, "ttcore_cancelled_total"):
+            break
+        time.sleep(0.1)
+    assert metric(text, "ttcore_cancelled_total") == metric(before, "ttcore_cancelled_total") + 1
+    assert metric(text, "ttcore_queue_depth") == 0
+    # K = 1000 > l: a token every ~50 steps; stopped after a few steps, it unmasked few of its 128 x l
+    tokens = metric(text, "ttcore_tokens_generated_total") - metric(before, "ttcore_tokens_generated_total")
+    assert tokens < 128 * 5
+
+
+@pytest.mark.parametrize("body,field", [
+    (dict(steps=0), "steps"), (dict(steps=5000), "steps"), (dict(num_samples=0), "num_samples"),
+    (dict(num_samples=1000), "num_samples"), (dict(ordering="sideways"), "ordering"),
+    (dict(temperature=0), "temperature"), (dict(eb_gamma=-1), "eb_gamma"), (dict(sampler="greedy"), "sampler"),
+    (dict(eb_proxy="vibes"), "eb_proxy"), (dict(seed=-3), "seed"), (dict(prompt="CXC"), "prompt"),
+    (dict(prompt="C" * 200), "prompt"), (dict(prompt="CBr"), "prompt"), (dict(stream="maybe"), "stream"),
+    (dict(steps="many"), "steps"), (dict(unknown_field=1), "unknown_field"), (dict(rank=0), "rank"),
+])
+def test_bad_input_is_422_naming_the_field(server, body, field):
+    r = httpx.post(server + "/generate", json=body)
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"]
+    assert any(d["loc"][-1] == field and d["msg"] for d in detail), detail
+
+
+def test_malformed_json_and_unknown_model(server):
+    r = httpx.post(server + "/generate", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 422
+    r = httpx.post(server + "/generate", json=dict(model="text"))
+    assert r.status_code == 404 and "qm9/tt/r2" in r.json()["detail"]
+    r = httpx.post(server + "/generate", json=dict(decomposition="tt", rank=8))
+    assert r.status_code == 404 and {"model": "qm9", "decomposition": "tt", "rank": 2} in r.json()["available"]
+
+
+def test_metrics_expose_the_series(server):
+    httpx.post(server + "/generate", json=dict(num_samples=1, steps=2, seed=0))
+    text = httpx.get(server + "/metrics").text
+    for name in ["ttcore_requests_total", "ttcore_request_latency_seconds_bucket",
+                 "ttcore_time_to_first_event_seconds_bucket", "ttcore_samples_generated_total",
+                 "ttcore_tokens_generated_total", "ttcore_denoising_steps_total", "ttcore_forward_batch_samples_bucket",
+                 "ttcore_queue_depth", "ttcore_model_calls_per_request_bucket"]:
+        assert name in text, name
+    assert metric(text, "ttcore_requests_total", 'route="/generate",status="200"') >= 1
+
+
+def test_backpressure_503_with_retry_after(checkpoints):
+    proc, url = start_uvicorn(checkpoints, "--max-requests", "1")
+    try:
+        with httpx.stream("POST", url + "/generate", json=dict(num_samples=256, steps=1000, stream=True),
+                          timeout=60) as r:
+            lines = r.iter_lines()  # kept referenced: the connection stays open while we wait
+            while not next(lines).startswith("data: "):
+                pass
+            busy = httpx.post(url + "/generate", json=dict(num_samples=1, steps=2))
+            assert busy.status_code == 503 and busy.headers["retry-after"] == "1"
+        deadline = time.time() + 30  # the hung-up stream is cancelled, and the slot comes back
+        while httpx.post(url + "/generate", json=dict(num_samples=1, steps=2)).status_code != 200:
+            assert time.time() < deadline
+            time.sleep(0.2)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
