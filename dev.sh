@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's two set-up commands live here, so README, CI and Dockerfile share one install path.
-#   bash dev.sh run    install, then run the main job
+#   bash dev.sh run    install, then serve the bundled checkpoints on http://127.0.0.1:8000 (embedded mode)
 #   bash dev.sh test   install with test extras, then run the whole test suite (CI runs exactly this)
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -18,12 +18,12 @@ install() {  # $1: extras
 
 case "${1:-}" in
   run)
-    install chem
+    install chem,serve
     shift
-    exec "$VENV/bin/python" benchmarks/joint_sampling.py --quick "$@"
+    exec "$VENV/bin/python" -m service "$@"
     ;;
   test)
-    install chem,dev
+    install chem,serve,dev
     shift
     # pytest exits 5 when no test was collected: that is a failure here too.
     exec "$VENV/bin/python" -m pytest -q "$@"

@@ -39,6 +39,8 @@ def _models(size: dict) -> dict:
 
 
 def _seconds_per_sample(model, n: int, steps: int, reps: int, **settings) -> tuple[float, int]:
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # warm-up (allocator, kernels)
+        list(generate(model, n, min(steps, 2), seed=0, **settings))
     best, calls = float("inf"), 0
     for rep in range(reps):
         t0 = time.perf_counter()

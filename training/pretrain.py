@@ -27,7 +27,8 @@ def main():
         model = JointModel(ModelConfig(DiTConfig(
             vocab_size=tokenizer.vocab_size + 1, out_vocab=tokenizer.vocab_size, length=tokenizer.length,
             hidden_dim=cfg.hidden_dim, cond_dim=cfg.cond_dim, n_blocks=cfg.n_blocks, n_heads=cfg.n_heads,
-            dropout=cfg.dropout, time_conditioning=cfg.time_conditioning, rotary_values=cfg.rotary_values)))
+            dropout=cfg.dropout, time_conditioning=cfg.time_conditioning, rotary_values=cfg.rotary_values),
+            extra={"family": cfg.family}))
     train, val = tensors(ds)
     meta = fit(model, tokenizer, train, val, cfg, args.out, resume=resuming, max_steps=args.max_steps,
                max_minutes=args.max_minutes, title=f"{cfg.data} base MDM (rank 1)", quiet=args.quiet)

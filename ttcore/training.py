@@ -59,6 +59,7 @@ class TrainConfig:
     val_batches: int = 8
     ckpt_minutes: float = 10.0
     data: str = "qm9"  # qm9, or a text file with one SMILES per line
+    family: str = "qm9"  # the model family the service exposes (`model` in requests)
     val_fraction: float = 0.05
 
 

@@ -64,3 +64,17 @@ def test_base_must_be_rank_one():
         JointModel.from_base(joint, "tt", 2)
     with pytest.raises(ValueError, match="decomposition must be one of"):
         ModelConfig(base.cfg.dit, "tucker", 2)
+
+
+@pytest.mark.parametrize("decomposition,rank", [("cp", 3), ("tt", 2)])
+@pytest.mark.parametrize("head", ["1layer", "2layer"])
+def test_select_logits_are_slices_of_all_outputs(decomposition, rank, head):
+    joint = JointModel.from_base(_base(), decomposition, rank, head, noise=0.2,
+                                 generator=torch.Generator().manual_seed(0)).eval()
+    h = torch.randn(7, 16, dtype=torch.float64)
+    full = joint.head.component_logits(h, joint.output_layer.linear)  # [n, e, v]
+    count = 1 if decomposition == "cp" else rank
+    start = torch.tensor([0, 1, 1, 0, 1, 0, 1]) * count
+    got = joint.select_logits(h, start, count)
+    for i in range(7):
+        torch.testing.assert_close(got[i], full[i, start[i]:start[i] + count].float())

@@ -1,7 +1,8 @@
 """Fixed tiny 'models' whose p(x | x_t) is written down explicitly, for exact sampler tests.
 
-Features carry (x_t, position) so the heads know where each masked row sits. They implement the
-interface the sampler uses: cfg, features, head_outputs, head.contracted.
+Features carry (position, x_t) at every position, so a head applied to some rows knows where they
+sit and what the whole input is. They implement the interface the sampler uses: cfg, features,
+head_outputs (all E outputs on a mask), select_logits, cp_weight_logits, contracted_cores.
 """
 
 import itertools
@@ -21,10 +22,15 @@ class _Explicit(nn.Module):
         self._device = nn.Parameter(torch.zeros(1), requires_grad=False)
         self.calls = 0
 
-    def features(self, x):  # [b, l] -> [b, l, 2]
+    def features(self, x):  # [b, l] -> [b, l, 1 + l]: (position, x_t)
         self.calls += 1
-        pos = torch.arange(x.shape[1]).expand_as(x)
-        return torch.stack([x, pos], -1).double()
+        b, l = x.shape
+        pos = torch.arange(l).expand(b, l)
+        return torch.cat([pos[..., None], x[:, None, :].expand(b, l, l)], -1).double()
+
+    @staticmethod
+    def _pos(h):
+        return h[..., 0].long()
 
 
 class ExplicitTT(_Explicit):
@@ -34,11 +40,16 @@ class ExplicitTT(_Explicit):
         l, v, r, _ = cores.shape
         super().__init__(v, l, "tt", r)
         self.cores = cores
-        self.head = SimpleNamespace(contracted=lambda h: self.cores[h[:, 1].long()].sum(1).log())
 
     def head_outputs(self, h, mask):
-        pos = h[..., 1][mask].long()
-        return HeadOutputs(mask, self.cores[pos].log(), contracted_logits=None)
+        return HeadOutputs(mask, self.cores[self._pos(h[mask])].log())
+
+    def select_logits(self, h, start, count):  # row j = start / r of G_pos: [n, k, v]
+        j = start // self.cfg.rank
+        return self.cores[self._pos(h), :, j, :].transpose(1, 2).log()
+
+    def contracted_cores(self, h):
+        return self.cores[self._pos(h)].sum(1)
 
 
 class ExplicitCP(_Explicit):
@@ -48,8 +59,14 @@ class ExplicitCP(_Explicit):
         self.weights, self.factors = weights, factors
 
     def head_outputs(self, h, mask):
-        pos = h[..., 1][mask].long()
-        return HeadOutputs(mask, self.factors[pos].log(), weight_logits=self.weights.log().expand(h.shape[0], -1))
+        return HeadOutputs(mask, self.factors[self._pos(h[mask])].log(),
+                           weight_logits=self.weights.log().expand(h.shape[0], -1))
+
+    def select_logits(self, h, start, count):
+        return self.factors[self._pos(h), start].log().unsqueeze(1)
+
+    def cp_weight_logits(self, h):
+        return self.weights.log().expand(h.shape[0], -1)
 
 
 class PerfectMarginals(_Explicit):
@@ -69,6 +86,12 @@ class PerfectMarginals(_Explicit):
         m = torch.einsum("bs,slv->blv", w, onehot)
         return m / m.sum(-1, keepdim=True)
 
+    def _logits(self, h):  # h [n, 1 + l] -> [n, v]
+        marg = self.conditional_marginals(h[:, 1:].long())  # [n, l, v]
+        return marg[torch.arange(len(h)), self._pos(h)].clamp_min(1e-300).log()
+
     def head_outputs(self, h, mask):
-        x = h[..., 0].long()
-        return HeadOutputs(mask, self.conditional_marginals(x)[mask].clamp_min(1e-300).log())
+        return HeadOutputs(mask, self._logits(h[mask]))
+
+    def select_logits(self, h, start, count):
+        return self._logits(h).unsqueeze(1)

@@ -88,6 +88,7 @@ class CP:
         position from p^(a, i). Other positions are marginalized out and returned as -1."""
         positions = check_positions(positions, self.b, self.l, self.factors.device)
         a = sample_categorical(self.weights, generator)  # [b]
-        comp = self.factors[torch.arange(self.b, device=a.device), :, a]  # [b, l, v]
-        x = sample_categorical(comp, generator)  # [b, l]
-        return torch.where(positions, x, torch.full_like(x, -1))
+        rows, cols = positions.nonzero(as_tuple=True)  # the chosen (row, position) pairs
+        x = torch.full((self.b, self.l), -1, dtype=torch.long, device=positions.device)
+        x[rows, cols] = sample_categorical(self.factors[rows, cols, a[rows]], generator)  # [m] from component a
+        return x

@@ -129,32 +129,33 @@ def chosen_index(chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return idx.clamp_max(l - 1), valid
 
 
-def tt_sample_chosen(contracted: torch.Tensor, chosen: torch.Tensor, chosen_cores: torch.Tensor,
-                     generator: torch.Generator | None = None) -> torch.Tensor:
+def tt_sample_path(contracted: torch.Tensor, chosen: torch.Tensor, core_rows,
+                   generator: torch.Generator | None = None) -> torch.Tensor:
     """Exact joint draw of x_T (Sec. 4.3, special case) by ancestral sampling of the hidden chain.
 
-    contracted [b, l, r, r] (sum_x G_j(x), e.g. from the contracted-core head), chosen [b, l] bool,
-    chosen_cores [b, t, v, r, r]: full cores at the chosen positions in increasing order (as
-    ``chosen_index``). Only |T| sequential draws; no division. -> [b, l] long, -1 off T.
+    With row-normalized cores the train is a hidden Markov chain: the state j starts uniform, and
+    G_i(x, j, k) is the probability of emitting x and moving to state k. Unchosen positions enter
+    only through their contracted cores ``contracted`` [b, l, r, r] (sum_x G_j(x); for example from
+    the contracted-core head), multiplied over each gap. At each chosen position the state j is drawn
+    from the gap's transition, then (x, k) from row j alone: ``core_rows(t, j)`` with t, j [b] returns
+    G_t(x, j, k) as [b, v, r]. So only r of the r * r core rows are ever needed at a chosen position,
+    and nothing is divided. ``chosen`` [b, l] bool -> [b, l] long, -1 off T.
     """
     b, l, r, _ = contracted.shape
     idx, valid = chosen_index(chosen)  # [b, t]
     out = torch.full((b, l), -1, dtype=torch.long, device=chosen.device)
-    if r == 1:  # a rank-1 train is factorized: all chosen positions are independent
-        draws = sample_categorical(chosen_cores[..., 0, 0], generator)  # [b, t]
-        return torch.where(valid, draws, -1).new_full((b, l + 1), -1).scatter_(
-            1, torch.where(valid, idx, l), torch.where(valid, draws, -1))[:, :l]
     gaps = tt_gap_products(contracted, chosen)  # [b, l, r, r]
     eye = torch.eye(r, dtype=contracted.dtype, device=contracted.device)
     rows = torch.arange(b, device=chosen.device)
-    state = contracted.new_full((b, r), 1.0 / r)  # distribution of the hidden state j before G_1
+    state = contracted.new_full((b, r), 1.0 / r)  # distribution of the hidden state before G_1
     for a in range(idx.shape[1]):
         t = idx[:, a]  # [b]
         gap = torch.where((t > 0)[:, None, None], gaps[rows, (t - 1).clamp_min(0)], eye)  # [b, r, r]
-        state = (state.unsqueeze(1) @ gap).squeeze(1)  # [b, r]
-        joint = torch.einsum("bj,bvjk->bvk", state, chosen_cores[:, a])  # p(x, k | past) [b, v, r]
-        flat = sample_categorical(joint.reshape(b, -1), generator)  # [b] over v * r
-        out[rows[valid[:, a]], t[valid[:, a]]] = (flat // r)[valid[:, a]]
+        j = sample_categorical((state.unsqueeze(1) @ gap).squeeze(1), generator)  # state entering t
+        row = core_rows(t, j)  # [b, v, r]: G_t(x, j, k)
+        flat = sample_categorical(row.reshape(b, -1), generator)  # over (x, k)
+        ok = valid[:, a]
+        out[rows[ok], t[ok]] = (flat // r)[ok]
         state = torch.nn.functional.one_hot(flat % r, r).to(contracted.dtype)
     return out
 
@@ -211,6 +212,5 @@ class TensorTrain:
     def sample(self, positions: torch.Tensor | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
         """Exact joint draw at ``positions`` [b, l] (all when None); other positions marginalized, -1."""
         positions = check_positions(positions, self.b, self.l, self.cores.device)
-        idx, _ = chosen_index(positions)  # [b, t]
-        rows = torch.arange(self.b, device=idx.device)[:, None]
-        return tt_sample_chosen(self.contracted(), positions, self.cores[rows, idx], generator)
+        rows = torch.arange(self.b, device=positions.device)
+        return tt_sample_path(self.contracted(), positions, lambda t, j: self.cores[rows, t, :, j, :], generator)

@@ -90,5 +90,23 @@ class JointModel(nn.Module):
         contracted = self.head.contracted(hm).float().view(-1, r, r)  # [m, r, r]
         return HeadOutputs(mask, cores, contracted_logits=contracted)
 
+    # --- sampling-time pieces: only what a step needs, on the positions that need it
+
+    def select_logits(self, h: torch.Tensor, start: torch.Tensor, count: int) -> torch.Tensor:
+        """Outputs e in [start, start + count) per row (rank 1: e = 0): h [n, d] -> [n, count, v] float32."""
+        if self.head is None:
+            return self.output_layer.linear(h).float().unsqueeze(1)
+        return self.head.select_logits(h, start, count, self.output_layer.linear).float()
+
+    def cp_weight_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """CP mixture weights' logits from the features of whole sequences: h [b, l, d] -> [b, r]."""
+        return self.head.weights(h.mean(1)).float()
+
+    def contracted_cores(self, h: torch.Tensor) -> torch.Tensor:
+        """The contracted-core head (Sec. 4.3, special case): Gbar_j = sum_x G_j(x) predicted directly,
+        row-stochastic. h [n, d] -> [n, r, r] float32."""
+        r = self.cfg.rank
+        return torch.softmax(self.head.contracted(h).float().view(-1, r, r), -1)
+
     def forward(self, x_t: torch.Tensor, mask: torch.Tensor, sigma: torch.Tensor | None = None) -> HeadOutputs:
         return self.head_outputs(self.features(x_t, sigma), mask)

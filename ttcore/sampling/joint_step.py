@@ -9,8 +9,7 @@
 
 import torch
 
-from ttcore.distributions import (CP, Factorized, TensorTrain, chosen_index, sample_categorical,
-                                  tt_cores_from_logits, tt_sample_chosen)
+from ttcore.distributions import CP, Factorized, TensorTrain, sample_categorical, tt_cores_from_logits, tt_sample_path
 
 from .eb import eb_accepts
 from .orderings import entropy
@@ -29,31 +28,38 @@ def joint_distribution(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Te
 
 def predetermined_step(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, chosen: torch.Tensor,
                        temperature: float, generator: torch.Generator | None) -> torch.Tensor:
-    """Joint exact draw of x_T, T = ``chosen`` [b, l] (a subset of ``masked``). -> [b, l], -1 off T."""
-    b, l = x.shape
+    """Joint exact draw of x_T, T = ``chosen`` [b, l] (a subset of ``masked``). -> [b, l], -1 off T.
+
+    Rank 1: independent draws (MDLM). CP (Eq. 18): a component per sequence, then each x^j from that
+    component's factor, computed for that component only. TT: ancestral sampling of the hidden
+    chain (``tt_sample_path``): the contracted-core head covers the masked positions outside T, and at
+    a chosen position only the core row of the sampled state is computed (r outputs of the r * r).
+    """
     values = torch.full_like(x, -1)
     if not chosen.any():
         return values
-    out = model.head_outputs(h, chosen)  # heads on T only
-    rows = chosen.nonzero()[:, 0]  # [m] batch row of each chosen position
-    if out.weight_logits is not None:  # CP (Eq. 18): one component per sequence, then each x^j from it
-        comp = sample_categorical(torch.softmax(out.weight_logits / temperature, -1), generator)  # [b]
-        factors = torch.softmax(out.logits / temperature, -1)  # [m, r, v]
-        values[chosen] = sample_categorical(factors[torch.arange(len(rows)), comp[rows]], generator)
-        return values
-    if out.logits.dim() == 2:  # rank 1: independent draws (MDLM)
-        values[chosen] = sample_categorical(torch.softmax(out.logits / temperature, -1), generator)
+    b, l = x.shape
+    rows_of = chosen.nonzero()[:, 0]  # [m] batch row of each chosen position
+    decomposition = model.cfg.decomposition
+    if decomposition in ("none", "cp"):
+        comp = torch.zeros(b, dtype=torch.long, device=x.device)
+        if decomposition == "cp":
+            comp = sample_categorical(torch.softmax(model.cp_weight_logits(h) / temperature, -1), generator)
+        logits = model.select_logits(h[chosen], comp[rows_of], 1)[:, 0]  # [m, v]
+        values[chosen] = sample_categorical(torch.softmax(logits / temperature, -1), generator)
         return values
     r = model.cfg.rank
-    cores = tt_cores_from_logits(out.logits / temperature)  # [m, v, r, r] on T
-    idx, valid = chosen_index(chosen)  # [b, t]
-    chosen_cores = cores.new_zeros((b, idx.shape[1]) + cores.shape[1:])  # [b, t, v, r, r]
-    chosen_cores[valid] = cores
-    contracted = torch.eye(r, dtype=cores.dtype, device=cores.device).repeat(b, l, 1, 1)  # known: I
+    contracted = torch.eye(r, dtype=torch.float32, device=x.device).repeat(b, l, 1, 1)  # known: I
     rest = masked & ~chosen
     if rest.any():  # Gbar_j from the contracted-core head, never from V x r x r cores
-        contracted[rest] = torch.softmax(model.head.contracted(h[rest]).to(cores.dtype).view(-1, r, r), -1)
-    return tt_sample_chosen(contracted, chosen, chosen_cores, generator)
+        contracted[rest] = model.contracted_cores(h[rest]).to(contracted.dtype)
+    rows = torch.arange(b, device=x.device)
+
+    def core_rows(t, j):  # G_t(x, j, k) for the sampled state j: [b, v, r]
+        logits = model.select_logits(h[rows, t], j * r, r) / temperature  # [b, k, v]
+        return torch.softmax(logits.reshape(b, -1), -1).view(b, r, -1).transpose(1, 2)
+
+    return tt_sample_path(contracted, chosen, core_rows, generator)
 
 
 def chain_rule_step(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, count: torch.Tensor | None,

@@ -1,0 +1,102 @@
+"""Load on the embedded server: concurrent clients against the same requests served one at a time.
+
+    python benchmarks/service_load.py                          # bundled checkpoints/ (qm9)
+    python benchmarks/service_load.py --checkpoints DIR --requests-per-client 4
+
+Starts `python -m service` (uvicorn) in a subprocess on a free port. For C in {1, 8, 32} concurrent
+clients, each sends R requests in a row (2 molecules, 8 steps, random order); the baseline sends the
+same C * R requests one at a time. Prints molecules/s, p50/p99 latency, the speed-up, and the share
+of server wall time spent in the backbone's forward pass (from the server's own metrics).
+"""
+
+import argparse
+import asyncio
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _metric(text: str, name: str) -> float:
+    return sum(float(m.group(1)) for m in re.finditer(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+
+
+async def _client(http, url, body, n, latencies):
+    for _ in range(n):
+        t0 = time.perf_counter()
+        r = await http.post(url + "/generate", json=body)
+        r.raise_for_status()
+        latencies.append(time.perf_counter() - t0)
+
+
+async def _run(url, body, clients, per_client):
+    latencies = []
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=clients + 4)) as http:
+        before = (await http.get(url + "/metrics")).text
+        t0 = time.perf_counter()
+        await asyncio.gather(*[_client(http, url, body, per_client, latencies) for _ in range(clients)])
+        wall = time.perf_counter() - t0
+        after = (await http.get(url + "/metrics")).text
+    forward = _metric(after, "ttcore_forward_seconds_total") - _metric(before, "ttcore_forward_seconds_total")
+    return wall, latencies, forward
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--checkpoints", default=str(ROOT / "checkpoints"))
+    ap.add_argument("--model", default="qm9")
+    ap.add_argument("--decomposition", default=None)
+    ap.add_argument("--requests-per-client", type=int, default=4)
+    ap.add_argument("--precision", default="fp32")
+    args = ap.parse_args()
+    port = _port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "service", "--checkpoints", args.checkpoints, "--port", str(port),
+                             "--log-level", "warning", "--precision", args.precision], cwd=ROOT,
+                            env=dict(os.environ), stderr=subprocess.PIPE)
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(url + "/ready").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        else:
+            raise SystemExit(f"server did not start: {proc.stderr.read().decode()[-2000:]}")
+        body = {"model": args.model, "num_samples": 2, "steps": 8, "ordering": "random"}
+        if args.decomposition:
+            body["decomposition"] = args.decomposition
+        info = httpx.post(url + "/generate", json=body, timeout=600).json()  # warm-up
+        print(f"checkpoint {info['checkpoint']} ({info['decomposition']} r={info['rank']}), 2 molecules x 8 steps "
+              f"per request, {args.requests_per_client} requests per client, {args.precision}")
+        print(f"{'clients':>7} | {'mol/s':>7} {'p50 s':>7} {'p99 s':>7} | {'1-at-a-time mol/s':>17} | "
+              f"{'speed-up':>8} | {'forward share':>13}")
+        for clients in (1, 8, 32):
+            n = clients * args.requests_per_client
+            wall, lat, fwd = asyncio.run(_run(url, body, clients, args.requests_per_client))
+            wall1, _, _ = asyncio.run(_run(url, body, 1, n))
+            rate, rate1 = 2 * n / wall, 2 * n / wall1
+            p99 = statistics.quantiles(lat, n=100)[98] if len(lat) > 1 else lat[0]
+            print(f"{clients:>7} | {rate:>7.1f} {statistics.median(lat):>7.3f} {p99:>7.3f} | {rate1:>17.1f} | "
+                  f"{rate / rate1:>7.2f}x | {fwd / wall:>12.0%}", flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    main()
