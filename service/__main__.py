@@ -5,21 +5,19 @@
 
 import argparse
 import logging
-from pathlib import Path
-
 import uvicorn
 
+from . import default_checkpoints
 from .app import create_app
 from .engine import Engine
-
-DEFAULT_CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
-    ap.add_argument("--checkpoints", default=str(DEFAULT_CHECKPOINTS), help="directory of checkpoint directories")
+    ap.add_argument("--checkpoints", default=default_checkpoints(),
+                    help="directory of checkpoint directories (default: $TTCORE_CHECKPOINTS or the bundled ones)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--max-batch-samples", type=int, default=256)

@@ -14,11 +14,12 @@ from pydantic import BaseModel, Field
 from ray import serve
 from ray.serve import Application
 
-DEFAULT_CHECKPOINTS = str(Path(__file__).resolve().parent.parent / "checkpoints")
+from . import default_checkpoints
 
 
 class AppArgs(BaseModel):
-    checkpoints: str = Field(DEFAULT_CHECKPOINTS, description="Directory of checkpoint directories")
+    checkpoints: str = Field(default_factory=default_checkpoints,
+                             description="Directory of checkpoint directories ($TTCORE_CHECKPOINTS or the bundled)")
     device: str = "cpu"
     precision: str = Field("fp32", pattern="^(fp32|bf16)$")
     max_batch_samples: int = Field(256, ge=1)

@@ -1,4 +1,14 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parent))
+
+from servers import make_checkpoints  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory) -> Path:
+    """Tiny trained checkpoints (base, TT r=2, CP r=3) plus a broken one, shared by the server tests."""
+    return make_checkpoints(tmp_path_factory.mktemp("checkpoints"))

@@ -237,7 +237,8 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
         bar.update(1)
         if meta["step"] % cfg.val_every == 0 or meta["step"] == max_steps:
             meta["val"] = evaluate_loss(model, val_tokens, mask_id, cfg, device)
-            bar.write(f"step {meta['step']}: val nll {meta['val']['nll']:.4f} nelbo {meta['val']['nelbo']:.4f}")
+            if not quiet:
+                bar.write(f"step {meta['step']}: val nll {meta['val']['nll']:.4f} nelbo {meta['val']['nelbo']:.4f}")
         if time.time() - last_ckpt > 60 * cfg.ckpt_minutes:
             checkpoint()
             last_ckpt = time.time()

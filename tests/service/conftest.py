@@ -1,80 +1,13 @@
-"""Real servers for the service tests: tiny trained checkpoints, uvicorn in a subprocess, and a
-local Ray Serve application (started once per test session)."""
+"""Real servers for the service tests: uvicorn in a subprocess and a local Ray Serve application
+(started once per test session)."""
 
 import os
-import socket
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
-from pathlib import Path
 
-import httpx
 import pytest
-import torch
 
-from ttcore.data import SmilesDataset
-from ttcore.models import DiTConfig, JointModel, ModelConfig
-from ttcore.training import fit, load_config
-
-ROOT = Path(__file__).resolve().parents[2]
-SAMPLE = ROOT / "tests" / "data" / "qm9_sample.txt"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(url: str, timeout: float = 120, proc: subprocess.Popen | None = None) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}: {proc.stderr.read().decode()[-2000:]}")
-        try:
-            if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"{url} not ready after {timeout} s")
-
-
-@pytest.fixture(scope="session")
-def checkpoints(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("checkpoints")
-    cfg = load_config("tiny", ["threads=1", "val_batches=1"])
-    ds = SmilesDataset.from_file(SAMPLE)
-    tok = ds.tokenizer
-    train, val = torch.from_numpy(ds.train_tokens), torch.from_numpy(ds.val_tokens)
-    torch.manual_seed(0)
-    base = JointModel(ModelConfig(DiTConfig(vocab_size=tok.vocab_size + 1, out_vocab=tok.vocab_size,
-                                            length=tok.length, hidden_dim=cfg.hidden_dim, cond_dim=cfg.cond_dim,
-                                            n_blocks=cfg.n_blocks, n_heads=cfg.n_heads)))
-    fit(base, tok, train, val, cfg, root / "qm9-base", max_steps=60, quiet=True)
-    for dec, rank in (("tt", 2), ("cp", 3)):
-        joint = JointModel.from_base(base, dec, rank, "1layer", 0.05, torch.Generator().manual_seed(0))
-        fit(joint, tok, train, val, cfg, root / f"qm9-{dec}-r{rank}", max_steps=20, quiet=True)
-    (root / "broken").mkdir()
-    (root / "broken" / "config.json").write_text("{truncated")
-    return root
-
-
-def start_uvicorn(checkpoints: Path, *extra: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "service", "--checkpoints", str(checkpoints), "--port", str(port),
-                             "--threads", "1", "--log-level", "warning", *extra],
-                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url, proc=proc)
-    except BaseException:
-        proc.kill()
-        raise
-    return proc, url
+from servers import free_port, start_uvicorn, wait_ready
 
 
 @pytest.fixture(scope="session")
@@ -86,7 +19,7 @@ def server(checkpoints):
 
 
 @pytest.fixture(scope="session")
-def ray_server(checkpoints, tmp_path_factory):
+def ray_server(checkpoints):
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
     from ray import serve

@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from common import lone_run_texts, metric, stream_events
-from conftest import start_uvicorn
+from servers import start_uvicorn
 
 
 def test_health_ready_models(server):

@@ -1,0 +1,38 @@
+# ttcore: CPU image. Default command: the Ray Serve application (Ray head + Serve);
+# TTCORE_MODE=embedded runs the same app under plain uvicorn; TTCORE_MODE=worker joins a Ray head.
+#   docker build -t ttcore .                       (GPU: --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128)
+#   docker run -p 8000:8000 --shm-size=2g ttcore
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+# torch first and pinned (as dev.sh does): an unpinned torch would pull a multi-GB CUDA build
+RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}"
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY ttcore ttcore
+COPY service service
+# hadolint ignore=DL3013
+RUN pip install ".[chem,serve]"  # the project itself; its dependency ranges live in pyproject.toml
+
+FROM ${PYTHON_IMAGE}
+RUN useradd --create-home --uid 1000 ttcore
+COPY --from=build /opt/venv /opt/venv
+WORKDIR /app
+COPY --chown=ttcore:ttcore checkpoints checkpoints
+COPY --chown=ttcore:ttcore deploy deploy
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    TTCORE_MODE=ray \
+    TTCORE_CHECKPOINTS=/app/checkpoints \
+    PORT=8000 \
+    RAY_AUTH_MODE=disabled
+USER 1000
+EXPOSE 8000 8080 8265 6379
+HEALTHCHECK --interval=15s --timeout=5s --start-period=90s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ.get('PORT', '8000'), timeout=4)"]
+ENTRYPOINT ["sh", "deploy/entrypoint.sh"]

@@ -1,0 +1,132 @@
+"""What CI can check of the deployment without a Docker engine: compose and Dockerfile lint, the
+Kubernetes YAML, agreement of the Dockerfile with the README's install path, and the container's
+command line (same arguments and environment, run here) bringing up a ready service."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from servers import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name, path=str(BIN)) or shutil.which(name)
+    assert path, f"{name} not installed (dev extra)"
+    return path
+
+
+def test_compose_file_is_valid():
+    out = subprocess.run([_tool("docker-compose"), "-f", str(ROOT / "compose.yaml"), "config", "-q"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    services = compose["services"]
+    assert {"ttcore", "ray-worker", "prometheus", "grafana"} <= set(services)
+    assert services["ttcore"]["shm_size"] and services["ray-worker"]["shm_size"]
+    assert services["ray-worker"]["environment"]["TTCORE_MODE"] == "worker"
+
+
+def test_dockerfile_lints_clean():
+    out = subprocess.run([_tool("hadolint"), str(ROOT / "Dockerfile")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_dockerfile_installs_what_the_readme_command_installs():
+    docker = (ROOT / "Dockerfile").read_text()
+    dev = (ROOT / "dev.sh").read_text()
+    torch_pin = re.search(r"torch==([\d.]+)", dev).group(1)
+    assert re.search(r"ARG TORCH_VERSION=" + re.escape(torch_pin), docker)
+    torch_line = docker.index('pip install "torch==${TORCH_VERSION}"')
+    project_line = docker.index('pip install ".[')
+    assert torch_line < project_line  # torch first, pinned, as dev.sh does
+    run_extras = re.search(r"run\)\s*\n\s*install ([\w,]+)", dev).group(1)
+    assert re.search(r'pip install "\.\[' + re.escape(run_extras) + r'\]"', docker)
+    assert "bash dev.sh run" in (ROOT / "README.md").read_text()
+    assert re.search(r"^HEALTHCHECK .*?/health", docker, re.M | re.S)
+    assert re.search(r"^USER 1000", docker, re.M)
+
+
+def test_kuberay_manifest_runs_the_same_serve_config():
+    docs = list(yaml.safe_load_all((ROOT / "deploy" / "kuberay" / "rayservice.yaml").read_text()))
+    service = next(d for d in docs if d["kind"] == "RayService")
+    assert service["apiVersion"] == "ray.io/v1"
+    inner = yaml.safe_load(service["spec"]["serveConfigV2"])
+    local = yaml.safe_load((ROOT / "deploy" / "serve_config.yaml").read_text())
+    a, b = inner["applications"][0], local["applications"][0]
+    assert a["import_path"] == b["import_path"] == "service.deployment:build_app"
+    assert a["deployments"][0]["name"] == b["deployments"][0]["name"] == "TTCore"
+    auto = a["deployments"][0]["autoscaling_config"]
+    assert 1 <= auto["min_replicas"] <= auto["max_replicas"]
+    workers = service["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
+    assert workers["minReplicas"] <= workers["maxReplicas"]
+
+
+def _container_env(**extra) -> dict:
+    """The image's ENV (Dockerfile), with this venv's PATH standing in for /opt/venv."""
+    docker = (ROOT / "Dockerfile").read_text()
+    block = re.search(r"^ENV PATH=\S+ \\\n((?:\s+\w+=\S+(?: \\)?\n)+)", docker, re.M).group(1)
+    env = dict(re.findall(r"(\w+)=(\S+?)(?: \\)?\n", block))
+    return {**os.environ, **env, "PATH": f"{BIN}:{os.environ['PATH']}", **extra}
+
+
+def _wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+        try:
+            if httpx.get(url + "/ready", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(url)
+
+
+@pytest.fixture(scope="module")
+def entrypoint() -> list[str]:
+    return re.search(r'^ENTRYPOINT \["sh", "(.+?)"\]', (ROOT / "Dockerfile").read_text(), re.M).group(1)
+
+
+def test_container_command_embedded_mode_serves(entrypoint, checkpoints):
+    port = free_port()
+    env = _container_env(TTCORE_MODE="embedded", PORT=str(port), TTCORE_CHECKPOINTS=str(checkpoints))
+    proc = subprocess.Popen(["sh", entrypoint], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _wait_ready(f"http://127.0.0.1:{port}", proc, 120)
+        r = httpx.post(f"http://127.0.0.1:{port}/generate", json={"num_samples": 1, "steps": 2}, timeout=60)
+        assert r.status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_container_command_ray_mode_serves(entrypoint, checkpoints):
+    """The image's default command: a Ray head, then `serve run deploy/serve_config.yaml` (port 8000)."""
+    temp = tempfile.mkdtemp(prefix="rayd", dir="/tmp")
+    env = _container_env(TTCORE_CHECKPOINTS=str(checkpoints), RAY_START_ARGS=f"--temp-dir={temp} --num-cpus=2",
+                         OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(["sh", entrypoint], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _wait_ready("http://127.0.0.1:8000", proc, 240)
+        models = httpx.get("http://127.0.0.1:8000/models").json()["models"]
+        assert len(models) == 3
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        subprocess.run([str(BIN / "ray"), "stop", "--force"], env=env, capture_output=True, timeout=120)
+        shutil.rmtree(temp, ignore_errors=True)
