@@ -1,0 +1,153 @@
+"""Few-step quality of QM9 checkpoints: validity / uniqueness / novelty against the number of steps.
+
+    python training/evaluate.py --checkpoints checkpoints --out results/qm9
+    python training/evaluate.py --checkpoints runs/qm9-base runs/qm9-tt-r8 --samples 1024 --steps 1 2 4 8
+
+For every checkpoint, ordering and K it generates ``--samples`` molecules (in batches), and for every
+EB-Sampler gamma it records the average number of steps each molecule took. Writes
+``results.csv`` / ``results.json`` and ``validity.png`` (one panel per ordering, one line per
+checkpoint) plus ``eb.png`` under ``--out`` and prints the tables.
+"""
+
+import argparse
+import csv
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from ttcore.data import load_qm9
+from ttcore.metrics import molecule_metrics
+from ttcore.models import load_checkpoint
+from ttcore.sampling import generate
+
+
+def checkpoint_dirs(paths: list[str]) -> list[Path]:
+    """Each path is a checkpoint, or a directory of checkpoints."""
+    out = []
+    for p in map(Path, paths):
+        out += [p] if (p / "config.json").exists() else sorted(d for d in p.iterdir() if (d / "config.json").exists())
+    return out
+
+
+def run_setting(model, tok, n: int, steps: int, batch: int, seed: int, precision: str, **settings) -> dict:
+    texts, per_sample_steps, t0 = [], [], time.time()
+    for k in range(0, n, batch):
+        b = min(batch, n - k)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            states = list(generate(model, b, steps, seed=seed + k, **settings))
+        texts += [tok.decode(row) for row in states[-1].tokens.tolist()]
+        active = torch.stack([s.committed.any(1) for s in states])  # [s, b]: the sample took this step
+        per_sample_steps += active.sum(0).tolist()
+    return {"texts": texts, "avg_steps": sum(per_sample_steps) / len(per_sample_steps), "seconds": time.time() - t0}
+
+
+def _plot(rows: list[dict], orderings: list[str], out: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fixed = [r for r in rows if r["eb_gamma"] is None]
+    fig, axes = plt.subplots(1, len(orderings), figsize=(5 * len(orderings), 4), sharey=True, squeeze=False)
+    for ax, ordering in zip(axes[0], orderings):
+        for name in dict.fromkeys(r["checkpoint"] for r in fixed):
+            pts = sorted((r["steps"], 100 * r["validity"]) for r in fixed if r["checkpoint"] == name
+                         and r["ordering"] == ordering)
+            ax.plot(*zip(*pts), marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_title(ordering)
+        ax.set_xlabel("denoising steps K")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("validity (%)")
+    axes[0][-1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "validity.png", dpi=120)
+    eb = [r for r in rows if r["eb_gamma"] is not None]
+    if eb:
+        fig, ax = plt.subplots(figsize=(5, 4))
+        for name in dict.fromkeys(r["checkpoint"] for r in eb):
+            pts = sorted((r["avg_steps"], 100 * r["validity"]) for r in eb if r["checkpoint"] == name)
+            ax.plot(*zip(*pts), marker="o", label=name)
+        ax.set_xlabel("average steps (EB-Sampler)")
+        ax.set_ylabel("validity (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "eb.png", dpi=120)
+
+
+def _print_tables(rows: list[dict], orderings: list[str], steps: list[int]) -> None:
+    names = list(dict.fromkeys(r["checkpoint"] for r in rows))
+    for ordering in orderings:
+        print(f"\nvalidity % / uniqueness % / novelty %, ordering {ordering}")
+        print(f"{'checkpoint':>16} | " + " | ".join(f"{'K=' + str(k):>15}" for k in steps))
+        for name in names:
+            cells = []
+            for k in steps:
+                r = next((r for r in rows if r["checkpoint"] == name and r["ordering"] == ordering
+                          and r["steps"] == k and r["eb_gamma"] is None), None)
+                cells.append(f"{100 * r['validity']:4.1f}/{100 * r['uniqueness']:4.1f}/{100 * r['novelty']:4.1f}"
+                             if r else "-")
+            print(f"{name:>16} | " + " | ".join(f"{c:>15}" for c in cells))
+    eb = [r for r in rows if r["eb_gamma"] is not None]
+    if eb:
+        print("\nEB-Sampler: validity % (average steps)")
+        gammas = sorted({r["eb_gamma"] for r in eb})
+        print(f"{'checkpoint':>16} | " + " | ".join(f"{'g=' + str(g):>13}" for g in gammas))
+        for name in names:
+            cells = [next((f"{100 * r['validity']:4.1f} ({r['avg_steps']:4.1f})" for r in eb
+                           if r["checkpoint"] == name and r["eb_gamma"] == g), "-") for g in gammas]
+            print(f"{name:>16} | " + " | ".join(f"{c:>13}" for c in cells))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoints", nargs="+", default=["checkpoints"])
+    ap.add_argument("--out", default="results/qm9")
+    ap.add_argument("--samples", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--steps", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
+    ap.add_argument("--orderings", nargs="+", default=["random", "left_to_right", "top_prob"])
+    ap.add_argument("--eb-gammas", type=float, nargs="*", default=[0.01, 0.1, 0.5, 1.0, 2.0])
+    ap.add_argument("--eb-max-steps", type=int, default=128)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="bf16")
+    ap.add_argument("--data", default="qm9", help="qm9 (novelty against its training split) or a SMILES file")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.data == "qm9":
+        training = set(load_qm9().train)
+    else:
+        training = set(Path(args.data).read_text().split())
+    rows = []
+    for path in checkpoint_dirs(args.checkpoints):
+        model, tok, config = load_checkpoint(path)
+        cfg = model.cfg
+        settings = [(o, k, None) for o in args.orderings for k in args.steps]
+        settings += [("eb", args.eb_max_steps, g) for g in args.eb_gammas]
+        for ordering, steps, gamma in settings:
+            kw = {"eb_gamma": gamma} if gamma is not None else {"ordering": ordering}
+            res = run_setting(model, tok, args.samples, steps, args.batch, args.seed, args.precision, **kw)
+            m = molecule_metrics(res["texts"], training)
+            row = {"checkpoint": path.name, "decomposition": cfg.decomposition, "rank": cfg.rank,
+                   "ordering": ordering, "steps": steps, "eb_gamma": gamma, "avg_steps": res["avg_steps"],
+                   "validity": m["validity"], "uniqueness": m["uniqueness"], "novelty": m["novelty"],
+                   "samples": m["n"], "seconds": res["seconds"]}
+            rows.append(row)
+            print(f"{path.name:>16} {ordering:>13} K={steps:<4} gamma={gamma} steps~{res['avg_steps']:.1f}: "
+                  f"validity {100 * m['validity']:.1f}%, uniqueness {100 * m['uniqueness']:.1f}%, "
+                  f"novelty {100 * m['novelty']:.1f}% ({res['seconds']:.0f} s)", flush=True)
+    with open(out / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    (out / "results.json").write_text(json.dumps(rows, indent=1))
+    _plot(rows, args.orderings, out)
+    _print_tables(rows, args.orderings, args.steps)
+    print(f"\nwrote {out}/results.csv, results.json, validity.png" + (", eb.png" if args.eb_gammas else ""))
+
+
+if __name__ == "__main__":
+    main()
