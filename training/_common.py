@@ -34,7 +34,15 @@ def config_from_args(args, extra: dict | None = None):
     return load_config(args.config, overrides)
 
 
-def dataset(cfg, tokenizer=None) -> SmilesDataset:
+def dataset(cfg, tokenizer=None):
+    if cfg.data == "text":
+        from ttcore.data import load_text, training_texts
+        from ttcore.tokenizers.text import gpt2_bpe, train_bpe
+
+        if tokenizer is None:
+            tokenizer = (gpt2_bpe(cfg.length) if cfg.tokenizer == "gpt2"
+                         else train_bpe(training_texts(cfg.val_fraction), cfg.bpe_vocab, cfg.length))
+        return load_text(tokenizer, val_fraction=cfg.val_fraction)
     if cfg.data == "qm9":
         ds = load_qm9(val_fraction=cfg.val_fraction)
     else:
@@ -44,5 +52,5 @@ def dataset(cfg, tokenizer=None) -> SmilesDataset:
     return ds
 
 
-def tensors(ds: SmilesDataset) -> tuple[torch.Tensor, torch.Tensor]:
+def tensors(ds) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(ds.train_tokens), torch.from_numpy(ds.val_tokens)

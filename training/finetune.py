@@ -3,6 +3,8 @@ fine-tuning (``--decomposition none``, the fair baseline at equal budget).
 
     python training/finetune.py --config qm9_finetune --base checkpoints/qm9-base \
         --decomposition tt --rank 8 --head 1layer --out checkpoints/qm9-tt-r8 --max-minutes 60 --resume
+    python training/finetune.py --config text_finetune --base /path/to/mdlm-owt \
+        --decomposition tt --rank 4 --head 2layer --out runs/owt-tt-r4 --set tokenizer=gpt2 length=1024
 """
 
 from pathlib import Path
@@ -11,6 +13,7 @@ import torch
 from _common import config_from_args, dataset, parser, tensors
 
 from ttcore.models import JointModel, load_checkpoint, load_train_state
+from ttcore.models.mdlm_compat import is_mdlm_checkpoint, load_mdlm
 from ttcore.training import fit
 
 
@@ -27,6 +30,8 @@ def main():
     resuming = args.resume and Path(args.out).exists() and load_train_state(args.out) is not None
     if resuming:
         model, tokenizer, _ = load_checkpoint(args.out)
+    elif is_mdlm_checkpoint(args.base):  # an official MDLM (e.g. mdlm-owt) directory
+        base, tokenizer = load_mdlm(args.base, length=cfg.length)
     else:
         base, tokenizer, _ = load_checkpoint(args.base)
         model = JointModel.from_base(base, cfg.decomposition, cfg.rank, cfg.head, cfg.head_noise,

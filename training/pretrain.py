@@ -2,6 +2,7 @@
 
     python training/pretrain.py --config qm9 --out checkpoints/qm9-base --max-minutes 150 --resume
     python training/pretrain.py --config tiny --data tests/data/qm9_sample.txt --out runs/tiny --max-steps 50
+    python training/pretrain.py --config text --out runs/text-base --max-minutes 120 --resume
 """
 
 from pathlib import Path

@@ -58,8 +58,11 @@ class TrainConfig:
     val_every: int = 500
     val_batches: int = 8
     ckpt_minutes: float = 10.0
-    data: str = "qm9"  # qm9, or a text file with one SMILES per line
+    data: str = "qm9"  # qm9; text (the public-domain corpus); or a file with one SMILES per line
     family: str = "qm9"  # the model family the service exposes (`model` in requests)
+    tokenizer: str = "bpe"  # text only: bpe (trained on the corpus) or gpt2
+    bpe_vocab: int = 8192  # text only: size of the trained BPE
+    length: int = 128  # text only: sequence length l
     val_fraction: float = 0.05
 
 

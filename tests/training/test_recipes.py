@@ -83,3 +83,22 @@ def test_finetune_recipe_from_base(tmp_path):
         assert ft.wait(timeout=300) == 0, ft.stderr.read().decode()
         model, _, config = load_checkpoint(tmp_path / dec)
         assert (config["model"]["decomposition"], config["model"]["rank"]) == (dec, rank)
+
+
+def test_text_recipes_and_prefix_generation(tmp_path):
+    """A tiny text MDM on the public-domain corpus, its TT fine-tune, and prefix-prompted generation."""
+    small = ["--set", "data=text", "family=text", "bpe_vocab=512", "length=32", "threads=1"]
+    base = _run(ROOT / "training" / "pretrain.py", "--config", "tiny", "--out", tmp_path / "base", "--max-steps", 10,
+                "--quiet", *small)
+    assert base.wait(timeout=600) == 0, base.stderr.read().decode()
+    ft = _run(ROOT / "training" / "finetune.py", "--config", "tiny", "--base", tmp_path / "base", "--decomposition",
+              "tt", "--rank", 2, "--head", "2layer", "--out", tmp_path / "tt", "--max-steps", 5, "--quiet", *small)
+    assert ft.wait(timeout=600) == 0, ft.stderr.read().decode()
+    model, tok, config = load_checkpoint(tmp_path / "tt")
+    assert tok.kind == "text" and config["model"]["extra"]["family"] == "text" and model.cfg.head == "2layer"
+    from ttcore.sampling import generate
+    prefix = tok.tokenize("The state of the Union")
+    prompt = torch.tensor(prefix + [tok.mask_id] * (tok.length - len(prefix)))
+    *_, last = generate(model, 3, 4, prompt=prompt, seed=0)
+    assert (last.tokens[:, : len(prefix)] == torch.tensor(prefix)).all() and (last.tokens != tok.mask_id).all()
+    assert all(tok.decode(row).startswith("The state of the Union") for row in last.tokens.tolist())
