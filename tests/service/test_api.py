@@ -13,10 +13,10 @@ from servers import start_uvicorn
 def test_health_ready_models(server):
     assert httpx.get(server + "/health").json()["status"] == "ok"
     ready = httpx.get(server + "/ready").json()
-    assert ready["models"] == 3 and "broken" in ready["refused"]  # the broken checkpoint is refused, the rest served
+    assert ready["models"] == 4 and "broken" in ready["refused"]  # the broken checkpoint is refused, the rest served
     models = httpx.get(server + "/models").json()["models"]
-    assert {(m["model"], m["decomposition"], m["rank"]) for m in models} == {("qm9", "none", 1), ("qm9", "tt", 2),
-                                                                             ("qm9", "cp", 3)}
+    assert {(m["model"], m["decomposition"], m["rank"]) for m in models} == {
+        ("qm9", "none", 1), ("qm9", "tt", 2), ("qm9", "cp", 3), ("text", "none", 1)}
     assert all(m["length"] > 0 and m["vocab_size"] > 0 and m["card"] for m in models)
     spec = httpx.get(server + "/openapi.json").json()
     fields = spec["components"]["schemas"]["GenerateRequest"]["properties"]
@@ -39,6 +39,14 @@ def test_seeded_answer_equals_a_lone_generate_run(server, checkpoints, body):
     assert all(isinstance(s["valid"], bool) for s in out["samples"])
     if body.get("prompt"):
         assert all(s["text"].startswith("C") for s in out["samples"])
+
+
+def test_text_family_streams_with_a_prefix_prompt(server):
+    events = stream_events(server, dict(model="text", num_samples=2, steps=6, seed=0, prompt="The Congress shall"))
+    assert [e[1] for e in events] == ["step"] * 6 + ["done"]
+    answer = events[-1][2]
+    assert answer["model"] == "text" and answer["checkpoint"] == "text-base"
+    assert all(s["text"].startswith("The Congress shall") and s["valid"] is None for s in answer["samples"])
 
 
 def test_stream_events_arrive_as_they_happen(server):
@@ -116,7 +124,7 @@ def test_bad_input_is_422_naming_the_field(server, body, field):
 def test_malformed_json_and_unknown_model(server):
     r = httpx.post(server + "/generate", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 422
-    r = httpx.post(server + "/generate", json=dict(model="text"))
+    r = httpx.post(server + "/generate", json=dict(model="proteins"))
     assert r.status_code == 404 and "qm9/tt/r2" in r.json()["detail"]
     r = httpx.post(server + "/generate", json=dict(decomposition="tt", rank=8))
     assert r.status_code == 404 and {"model": "qm9", "decomposition": "tt", "rank": 2} in r.json()["available"]

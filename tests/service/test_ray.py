@@ -7,7 +7,7 @@ from common import lone_run_texts, stream_events
 
 def test_ray_serve_streams_and_validates(ray_server, checkpoints):
     models = httpx.get(ray_server + "/models").json()["models"]
-    assert len(models) == 3
+    assert len(models) == 4
     body = dict(num_samples=32, steps=25, seed=5, ordering="top_prob")
     events = stream_events(ray_server, body)
     steps = [e for e in events if e[1] == "step"]

@@ -26,3 +26,20 @@ def test_evaluate_writes_results(checkpoints, tmp_path):
     assert (out / "validity.png").stat().st_size > 10_000 and (out / "eb.png").exists()
     assert (out / "results.csv").read_text().startswith("checkpoint,decomposition,rank")
     assert "validity % / uniqueness % / novelty %, ordering top_prob" in done.stdout
+
+
+def test_evaluate_text_writes_genppl(tmp_path):
+    """A tiny text model, judged by the packaged SmolLM2: files written, GenPPL finite and > 1."""
+    small = ["--set", "data=text", "family=text", "bpe_vocab=512", "length=32", "threads=1"]
+    base = subprocess.run([sys.executable, "training/pretrain.py", "--config", "tiny", "--out", str(tmp_path / "b"),
+                           "--max-steps", "5", "--quiet", *small], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert base.returncode == 0, base.stderr[-2000:]
+    out = tmp_path / "res"
+    done = subprocess.run([sys.executable, "training/evaluate.py", "--data", "text", "--checkpoints",
+                           str(tmp_path / "b"), "--out", str(out), "--samples", "4", "--batch", "4", "--steps", "2",
+                           "8", "--precision", "fp32"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads((out / "text_results.json").read_text())
+    assert [r["steps"] for r in rows] == [2, 8] and all(1 < r["genppl"] < 1e7 and r["entropy"] > 0 for r in rows)
+    assert (out / "genppl.png").exists() and "GenPPL (entropy)" in done.stdout
