@@ -49,38 +49,54 @@ def run_setting(model, tok, n: int, steps: int, batch: int, seed: int, precision
     return {"texts": texts, "avg_steps": sum(per_sample_steps) / len(per_sample_steps), "seconds": time.time() - t0}
 
 
-def _plot(rows: list[dict], orderings: list[str], out: Path) -> None:
+def _write(rows: list[dict], stem: Path) -> None:
+    """rows as CSV and JSON next to each other."""
+    with open(stem.with_suffix(".csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    stem.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+
+
+def _pyplot():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    return plt
+
+
+def _lines(ax, rows: list[dict], x: str, y: str, scale: float = 1.0) -> None:
+    """One line per checkpoint: ``y`` against ``x``."""
+    for name in dict.fromkeys(r["checkpoint"] for r in rows):
+        pts = sorted((r[x], scale * r[y]) for r in rows if r["checkpoint"] == name)
+        ax.plot(*zip(*pts), marker="o", label=name)
+    ax.grid(alpha=0.3)
+
+
+def _save(fig, ax, path: Path, xlabel: str, ylabel: str) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def _plot(rows: list[dict], orderings: list[str], out: Path) -> None:
+    plt = _pyplot()
 
     fixed = [r for r in rows if r["eb_gamma"] is None]
     fig, axes = plt.subplots(1, len(orderings), figsize=(5 * len(orderings), 4), sharey=True, squeeze=False)
     for ax, ordering in zip(axes[0], orderings):
-        for name in dict.fromkeys(r["checkpoint"] for r in fixed):
-            pts = sorted((r["steps"], 100 * r["validity"]) for r in fixed if r["checkpoint"] == name
-                         and r["ordering"] == ordering)
-            ax.plot(*zip(*pts), marker="o", label=name)
+        _lines(ax, [r for r in fixed if r["ordering"] == ordering], "steps", "validity", 100)
         ax.set_xscale("log", base=2)
         ax.set_title(ordering)
         ax.set_xlabel("denoising steps K")
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("validity (%)")
-    axes[0][-1].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "validity.png", dpi=120)
+    _save(fig, axes[0][0], out / "validity.png", "denoising steps K", "validity (%)")
     eb = [r for r in rows if r["eb_gamma"] is not None]
     if eb:
         fig, ax = plt.subplots(figsize=(5, 4))
-        for name in dict.fromkeys(r["checkpoint"] for r in eb):
-            pts = sorted((r["avg_steps"], 100 * r["validity"]) for r in eb if r["checkpoint"] == name)
-            ax.plot(*zip(*pts), marker="o", label=name)
-        ax.set_xlabel("average steps (EB-Sampler)")
-        ax.set_ylabel("validity (%)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / "eb.png", dpi=120)
+        _lines(ax, eb, "avg_steps", "validity", 100)
+        _save(fig, ax, out / "eb.png", "average steps (EB-Sampler)", "validity (%)")
 
 
 def _print_tables(rows: list[dict], orderings: list[str], steps: list[int]) -> None:
@@ -127,26 +143,12 @@ def evaluate_text(args, out: Path) -> None:
             rows.append(row)
             print(f"{path.name:>16} K={steps:<4} GenPPL {row['genppl']:.1f} entropy {row['entropy']:.2f} "
                   f"({row['seconds']:.0f} s)", flush=True)
-    with open(out / "text_results.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    (out / "text_results.json").write_text(json.dumps(rows, indent=1))
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(5, 4))
-    for name in dict.fromkeys(r["checkpoint"] for r in rows):
-        pts = sorted((r["steps"], r["genppl"]) for r in rows if r["checkpoint"] == name)
-        ax.plot(*zip(*pts), marker="o", label=name)
+    _write(rows, out / "text_results")
+    fig, ax = _pyplot().subplots(figsize=(5, 4))
+    _lines(ax, rows, "steps", "genppl")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("denoising steps K")
-    ax.set_ylabel("generative perplexity")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "genppl.png", dpi=120)
+    _save(fig, ax, out / "genppl.png", "denoising steps K", "generative perplexity")
     print("\nGenPPL (entropy), random order")
     print(f"{'checkpoint':>16} | " + " | ".join(f"{'K=' + str(k):>14}" for k in args.steps))
     for name in dict.fromkeys(r["checkpoint"] for r in rows):
@@ -197,11 +199,7 @@ def main():
             print(f"{path.name:>16} {ordering:>13} K={steps:<4} gamma={gamma} steps~{res['avg_steps']:.1f}: "
                   f"validity {100 * m['validity']:.1f}%, uniqueness {100 * m['uniqueness']:.1f}%, "
                   f"novelty {100 * m['novelty']:.1f}% ({res['seconds']:.0f} s)", flush=True)
-    with open(out / "results.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    (out / "results.json").write_text(json.dumps(rows, indent=1))
+    _write(rows, out / "results")
     _plot(rows, args.orderings, out)
     _print_tables(rows, args.orderings, args.steps)
     print(f"\nwrote {out}/results.csv, results.json, validity.png" + (", eb.png" if args.eb_gammas else ""))

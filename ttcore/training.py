@@ -10,7 +10,9 @@ import math
 import os
 import resource
 import shlex
+import signal
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -117,6 +119,24 @@ class BatchOrder:
         return idx
 
 
+class _StopOnSignal:
+    """Turns SIGTERM / SIGINT into a request to stop after the current step (main thread only)."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        self.requested = True
+
+    def restore(self):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
 def _autocast(device: torch.device, precision: str):
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
@@ -217,7 +237,8 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
 
     bar = tqdm(total=max_steps, initial=meta["step"], disable=quiet, dynamic_ncols=True, mininterval=5)
     tokens_seen, t0 = 0, time.time()
-    while meta["step"] < max_steps:
+    stop = _StopOnSignal()  # SIGTERM / SIGINT: finish the step, checkpoint, return
+    while meta["step"] < max_steps and not stop.requested:
         if max_minutes is not None and time.time() - start_time > 60 * max_minutes:
             break
         step = meta["step"]
@@ -246,6 +267,7 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
             checkpoint()
             last_ckpt = time.time()
     bar.close()
+    stop.restore()
     if not meta["val"]:
         meta["val"] = evaluate_loss(model, val_tokens, mask_id, cfg, device)
     checkpoint()

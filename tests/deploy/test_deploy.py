@@ -8,14 +8,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 
-from servers import free_port
+from servers import free_port, wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -81,19 +80,6 @@ def _container_env(**extra) -> dict:
     return {**os.environ, **env, "PATH": f"{BIN}:{os.environ['PATH']}", **extra}
 
 
-def _wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
-        try:
-            if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(url)
-
-
 @pytest.fixture(scope="module")
 def entrypoint() -> list[str]:
     return re.search(r'^ENTRYPOINT \["sh", "(.+?)"\]', (ROOT / "Dockerfile").read_text(), re.M).group(1)
@@ -104,7 +90,7 @@ def test_container_command_embedded_mode_serves(entrypoint, checkpoints):
     env = _container_env(TTCORE_MODE="embedded", PORT=str(port), TTCORE_CHECKPOINTS=str(checkpoints))
     proc = subprocess.Popen(["sh", entrypoint], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        _wait_ready(f"http://127.0.0.1:{port}", proc, 120)
+        wait_ready(f"http://127.0.0.1:{port}", 120, proc)
         r = httpx.post(f"http://127.0.0.1:{port}/generate", json={"num_samples": 1, "steps": 2}, timeout=60)
         assert r.status_code == 200
     finally:
@@ -119,7 +105,7 @@ def test_container_command_ray_mode_serves(entrypoint, checkpoints):
                          OMP_NUM_THREADS="1")
     proc = subprocess.Popen(["sh", entrypoint], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        _wait_ready("http://127.0.0.1:8000", proc, 240)
+        wait_ready("http://127.0.0.1:8000", 240, proc)
         models = httpx.get("http://127.0.0.1:8000/models").json()["models"]
         assert len(models) == 4
     finally:
