@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The bundled QM9 suite, resumable: every fine-tune of the base gets the same budget (steps, batch,
+# schedule), then bf16 exports into checkpoints/ and the few-step quality table.
+#   bash training/qm9_suite.sh            (re-run after an interruption: finished runs are skipped)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+STEPS=${STEPS:-1500}
+BASE=${BASE:-runs/qm9-base}
+$PY training/pretrain.py --config qm9 --out "$BASE" --resume --quiet   # no-op once finished
+for spec in "tt 8" "none 1" "cp 64" "tt 2" "tt 4"; do
+  set -- $spec
+  out="runs/qm9-$1-r$2"
+  $PY training/finetune.py --config qm9_finetune --base "$BASE" --decomposition "$1" --rank "$2" \
+    --head 1layer --out "$out" --max-steps "$STEPS" --resume --quiet
+done
+$PY training/export.py --src "$BASE" --out checkpoints/qm9-base --family qm9
+for spec in "tt 8" "none 1" "cp 64" "tt 2" "tt 4"; do
+  set -- $spec
+  $PY training/export.py --src "runs/qm9-$1-r$2" --out "checkpoints/qm9-$1-r$2" --family qm9
+done
+$PY training/evaluate.py --checkpoints checkpoints --out results/qm9 | tee results/qm9/table.txt
