@@ -19,4 +19,5 @@ for spec in "tt 8" "none 1" "cp 64" "tt 2" "tt 4"; do
   set -- $spec
   $PY training/export.py --src "runs/qm9-$1-r$2" --out "checkpoints/qm9-$1-r$2" --family qm9
 done
+mkdir -p results/qm9
 $PY training/evaluate.py --checkpoints checkpoints --out results/qm9 | tee results/qm9/table.txt
