@@ -174,10 +174,11 @@ class _Batcher:
     def _answer(self, job: Job, state) -> dict:
         tok, lm = self.lm.tokenizer, self.lm
         samples = []
+        if lm.domain == "smiles":
+            from ttcore.metrics import canonical  # RDKit, imported once per answer, only for SMILES
         for row in state.tokens.tolist():
             text = tok.decode(row)
             if lm.domain == "smiles":
-                from ttcore.metrics import canonical
                 c = canonical(text)
                 samples.append(Sample(text=text, valid=c is not None, canonical=c))
             else:
