@@ -5,7 +5,8 @@
 
 One randomly initialized backbone per size; rank-1, CP and TT heads are built from it exactly as
 fine-tuning does (heads with noise, so the joints are not degenerate). For each setting it times the
-full generation of a batch and prints seconds per sample and the ratio to rank 1.
+full generation of a batch (best of ``--reps``, interleaved across the three models) and prints
+seconds per sample and the ratio to rank 1. Models are served as in bf16 (``cast_linears_``).
 QM9-sized: l = 32, v = 40, 1-layer heads (CP r = 64, TT r = 8), as the paper's QM9 setup.
 Text-sized: l = 128, v = 8192, 2-layer heads (CP r = 16, TT r = 4), as the paper's text setup.
 Adaptive orderings and EB-Sampler run the chain rule over full V x r x r cores on every masked
@@ -35,31 +36,36 @@ def _models(size: dict) -> dict:
         for p in base.parameters():
             p.add_(0.02 * torch.randn_like(p))
     g = torch.Generator().manual_seed(0)
-    return {"rank1": base.eval(),
-            f"cp{size['cp']}": JointModel.from_base(base, "cp", size["cp"], size["head"], 0.1, g).eval(),
-            f"tt{size['tt']}": JointModel.from_base(base, "tt", size["tt"], size["head"], 0.1, g).eval()}
+    models = {"rank1": base,
+              f"cp{size['cp']}": JointModel.from_base(base, "cp", size["cp"], size["head"], 0.1, g),
+              f"tt{size['tt']}": JointModel.from_base(base, "tt", size["tt"], size["head"], 0.1, g)}
+    return {name: m.eval().cast_linears_(torch.bfloat16) for name, m in models.items()}  # as served in bf16
 
 
-def _seconds_per_sample(model, n: int, steps: int, reps: int, **settings) -> tuple[float, int]:
+def _seconds_per_sample(models: dict, n: int, steps: int, reps: int, **settings) -> dict:
+    """Best time per sample of each model; the reps are interleaved across the models, so a slow
+    spell of the machine hits all of them alike. -> {name: (seconds per sample, model calls)}."""
     with torch.autocast("cpu", dtype=torch.bfloat16):  # warm-up (allocator, kernels)
-        list(generate(model, n, min(steps, 2), seed=0, **settings))
-    best, calls = float("inf"), 0
+        for model in models.values():
+            list(generate(model, n, min(steps, 2), seed=0, **settings))
+    best = {name: (float("inf"), 0) for name in models}
     for rep in range(reps):
-        t0 = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            *_, last = generate(model, n, steps, seed=rep, **settings)
-        best = min(best, time.perf_counter() - t0)
-        calls = last.model_calls
-    return best / n, calls
+        for name, model in models.items():
+            t0 = time.perf_counter()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                *_, last = generate(model, n, steps, seed=rep, **settings)
+            best[name] = (min(best[name][0], (time.perf_counter() - t0) / n), last.model_calls)
+    return best
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--size", choices=sorted(SIZES), help="only this model size")
+    ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--text-adaptive", action="store_true", help="also time top_prob and EB at text size (slow)")
     args = ap.parse_args()
-    sizes = ["qm9"] if args.quick else ["qm9", "text"]
+    sizes = [args.size] if args.size else ["qm9"] if args.quick else ["qm9", "text"]
     settings = [("random", dict(ordering="random")), ("top_prob", dict(ordering="top_prob")),
                 ("eb g=0.5", dict(eb_gamma=0.5))]
     steps_list = [8, 32] if args.quick else [8, 32, 128]
@@ -76,12 +82,9 @@ def main():
             if name == "text" and label != "random" and not args.text_adaptive:
                 continue
             for steps in steps_list if label != "eb g=0.5" else [steps_list[-1]]:
-                base = None
-                cells = []
-                for m, model in models.items():
-                    s, calls = _seconds_per_sample(model, size["batch"], steps, args.reps, **kw)
-                    base = base or s
-                    cells.append(f"{s * 1e3:8.2f} ms ({calls:3d}) x{s / base:4.2f}")
+                times = _seconds_per_sample(models, size["batch"], steps, args.reps, **kw)
+                base = times["rank1"][0]
+                cells = [f"{s * 1e3:8.2f} ms ({calls:3d}) x{s / base:4.2f}" for s, calls in times.values()]
                 print(f"{label:>10} {steps:>4} | " + " | ".join(f"{c:>22}" for c in cells), flush=True)
 
 

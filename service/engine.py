@@ -9,6 +9,7 @@ backpressure (``Overloaded`` -> HTTP 503); a cancelled request leaves at the nex
 """
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
@@ -138,6 +139,13 @@ class _Batcher:
             self.jobs.remove(job)
             self.engine._release(job, cancelled)
 
+    @contextlib.contextmanager
+    def _compute_mode(self, device: torch.device):
+        """Inference mode, and bf16 autocast when serving bf16 (the linears then hold bf16 weights)."""
+        with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16,
+                                                    enabled=self.engine.precision == "bf16"):
+            yield
+
     def _step(self, batch: list[Job]) -> list[tuple[Job, list]]:
         """One denoising step for every job in ``batch`` with one shared forward pass (compute thread)."""
         t0 = time.perf_counter()
@@ -147,8 +155,7 @@ class _Batcher:
         if need:
             x = torch.cat([job.run.tokens for job in need])  # [sum b, l]
             tf = time.perf_counter()
-            with torch.inference_mode(), torch.autocast(x.device.type, dtype=torch.bfloat16,
-                                                        enabled=self.engine.precision == "bf16"):
+            with self._compute_mode(x.device):
                 h = self.lm.model.features(x)  # [sum b, l, d]
             m.forward_seconds.labels(name).inc(time.perf_counter() - tf)
             m.forward_samples.labels(name).observe(x.shape[0])
@@ -158,7 +165,8 @@ class _Batcher:
         for job in batch:
             if job.started is None:
                 job.started = t0
-            state = job.run.step(features.get(id(job)))
+            with self._compute_mode(self.engine.device):
+                state = job.run.step(features.get(id(job)))
             tok = self.lm.tokenizer
             events = [("step", StepEvent(step=state.step,
                                          sequences=[tok.decode(row) for row in state.tokens.tolist()],
@@ -218,6 +226,8 @@ class Engine:
         for d in dirs:
             try:
                 model, tok, config = load_checkpoint(d, device=self.device)
+                if self.precision == "bf16":
+                    model.cast_linears_(torch.bfloat16)  # cast once, not by autocast on every call
             except (CheckpointError, OSError, ValueError) as e:
                 self.refused[d.name] = str(e)
                 log.error("refusing checkpoint %s: %s", d, e)

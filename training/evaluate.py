@@ -37,6 +37,13 @@ def checkpoint_dirs(paths: list[str]) -> list[Path]:
     return out
 
 
+def load(path: Path, precision: str):
+    """A checkpoint for sampling; bf16: linear weights cast once (``JointModel.cast_linears_``)."""
+    model, tok, config = load_checkpoint(path)
+    model.eval()
+    return (model.cast_linears_(torch.bfloat16) if precision == "bf16" else model), tok, config
+
+
 def run_setting(model, tok, n: int, steps: int, batch: int, seed: int, precision: str, **settings) -> dict:
     texts, per_sample_steps, t0 = [], [], time.time()
     for k in range(0, n, batch):
@@ -129,7 +136,7 @@ def evaluate_text(args, out: Path) -> None:
     judge = load_judge(args.judge)
     rows = []
     for path in checkpoint_dirs(args.checkpoints):
-        model, tok, _ = load_checkpoint(path)
+        model, tok, _ = load(path, args.precision)
         for steps in args.steps:
             texts, ids, t0 = [], [], time.time()
             for k in range(0, args.samples, args.batch):
@@ -183,7 +190,7 @@ def main():
         training = set(Path(args.data).read_text().split())
     rows = []
     for path in checkpoint_dirs(args.checkpoints):
-        model, tok, config = load_checkpoint(path)
+        model, tok, config = load(path, args.precision)
         cfg = model.cfg
         settings = [(o, k, None) for o in args.orderings for k in args.steps]
         settings += [("eb", args.eb_max_steps, g) for g in args.eb_gammas]

@@ -189,3 +189,19 @@ def test_construction_errors_state_the_rule_and_value():
     with pytest.raises(ValueError, match="one row per masked position"):
         Factorized.from_masked(torch.full((3, 2), 0.5), torch.zeros(1, 4, dtype=torch.long),
                                torch.tensor([[True, False, False, False]]))
+
+
+def test_tt_sample_one_position_per_row_at_different_places():
+    """The one-position path (prefix products): each row's draw is that position's exact marginal."""
+    n = 30000
+    dist = _params("tt", l=5, seed=6)
+    seqs = all_sequences(5, V).numpy()
+    dense = _dense(dist, torch.from_numpy(seqs))
+    where = torch.arange(n) % 3 * 2  # positions 0, 2, 4
+    positions = torch.nn.functional.one_hot(where, 5).bool()
+    draws = _expand(dist, n).sample(positions, generator=torch.Generator().manual_seed(8)).numpy()
+    for col in (0, 2, 4):
+        rows = where.numpy() == col
+        outcomes = np.arange(V)[:, None]
+        p = np.array([dense[seqs[:, col] == o].sum() for o in range(V)])
+        assert chi_square_pvalue(draws[rows][:, [col]], p, outcomes) > 1e-3

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from brute import all_sequences
-from ttcore.distributions import CP, TensorTrain, tt_gap_products
+from ttcore.distributions import CP, TensorTrain, tt_gap_products, tt_prefix_products
 
 
 def _sequential_log_value(cores: np.ndarray, x: np.ndarray) -> float:
@@ -87,3 +87,16 @@ def test_gap_products_match_naive_products():
                 if not chosen[k, j]:
                     want = want @ contracted[k, j]
             torch.testing.assert_close(q[k, i], want)
+
+
+def test_prefix_products_match_naive_products():
+    g = torch.Generator().manual_seed(2)
+    b, l, r = 4, 11, 3
+    contracted = torch.softmax(torch.randn(b, l, r, r, generator=g, dtype=torch.float64), -1)
+    upto = torch.tensor([0, 1, 6, 11])
+    p = tt_prefix_products(contracted, upto)
+    for k in range(b):
+        want = torch.eye(r, dtype=torch.float64)
+        for j in range(int(upto[k])):
+            want = want @ contracted[k, j]
+        torch.testing.assert_close(p[k], want)

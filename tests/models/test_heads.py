@@ -1,5 +1,7 @@
 """Sec. 4.5: joint heads initialized from a base model keep its marginals and likelihood exactly."""
 
+import copy
+
 import pytest
 import torch
 
@@ -68,13 +70,41 @@ def test_base_must_be_rank_one():
 
 @pytest.mark.parametrize("decomposition,rank", [("cp", 3), ("tt", 2)])
 @pytest.mark.parametrize("head", ["1layer", "2layer"])
-def test_select_logits_are_slices_of_all_outputs(decomposition, rank, head):
+@pytest.mark.parametrize("gather_max_outputs", [0, 10**6], ids=["grouped", "gathered"])
+def test_select_logits_are_slices_of_all_outputs(decomposition, rank, head, gather_max_outputs):
     joint = JointModel.from_base(_base(), decomposition, rank, head, noise=0.2,
                                  generator=torch.Generator().manual_seed(0)).eval()
+    joint.head.gather_max_outputs = gather_max_outputs
     h = torch.randn(7, 16, dtype=torch.float64)
     full = joint.head.component_logits(h, joint.output_layer.linear)  # [n, e, v]
     count = 1 if decomposition == "cp" else rank
     start = torch.tensor([0, 1, 1, 0, 1, 0, 1]) * count
     got = joint.select_logits(h, start, count)
     for i in range(7):
-        torch.testing.assert_close(got[i], full[i, start[i]:start[i] + count].float())
+        torch.testing.assert_close(got[i], full[i, start[i]:start[i] + count])
+
+
+
+@pytest.mark.parametrize("decomposition,rank,head", [("none", 1, "1layer"), ("cp", 3, "1layer"), ("tt", 2, "2layer")])
+def test_bf16_linears_match_autocast_exactly(decomposition, rank, head):
+    """cast_linears_ stores what CPU autocast would cast on every call: the outputs are bit-identical."""
+    base = _base().float()
+    model = base if decomposition == "none" else JointModel.from_base(
+        base, decomposition, rank, head, noise=0.2, generator=torch.Generator().manual_seed(0)).eval()
+    cast = copy.deepcopy(model).cast_linears_(torch.bfloat16)
+    linears = [mod for mod in cast.modules() if isinstance(mod, torch.nn.Linear)]
+    assert linears and all(mod.weight.dtype == torch.bfloat16 for mod in linears)
+    x = torch.randint(0, V, (3, L))
+    x[:, ::2] = V  # [MASK]
+    mask = x == V
+    outs = []
+    for m in (model, cast):
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            h = m.features(x)
+            o = m.head_outputs(h, mask)
+            sel = m.select_logits(h[mask], torch.zeros(int(mask.sum()), dtype=torch.long), rank if decomposition == "tt" else 1)
+            outs.append([h, o.logits, sel] + ([o.contracted_logits] if decomposition == "tt" else [])
+                        + ([o.weight_logits] if decomposition == "cp" else []))
+    assert outs[0][1].abs().max() > 0
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)

@@ -26,9 +26,11 @@ def stream_events(url: str, body: dict, timeout: float = 120) -> list[tuple[floa
     return out
 
 
-def lone_run_texts(checkpoint_dir, body: dict) -> list[str]:
+def lone_run_texts(checkpoint_dir, body: dict, precision: str = "fp32") -> list[str]:
     """What the same request gives when run alone through ttcore.sampling.generate."""
     model, tok, _ = load_checkpoint(checkpoint_dir)
+    if precision == "bf16":
+        model.cast_linears_(torch.bfloat16)
     settings = dict(ordering=body.get("ordering", "random"), seed=body["seed"],
                     eb_gamma=body.get("eb_gamma", 0.5) if body.get("sampler") == "eb" else None,
                     temperature=body.get("temperature", 1.0))
@@ -37,7 +39,8 @@ def lone_run_texts(checkpoint_dir, body: dict) -> list[str]:
         ids = tok.tokenize(body["prompt"], allow_mask=True)
         prompt = torch.tensor(ids + [tok.mask_id] * (tok.length - len(ids)))
     torch.set_num_threads(1)
-    *_, last = generate(model, body["num_samples"], body["steps"], prompt=prompt, **settings)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        *_, last = generate(model, body["num_samples"], body["steps"], prompt=prompt, **settings)
     return [tok.decode(row) for row in last.tokens.tolist()]
 
 

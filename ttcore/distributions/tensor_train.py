@@ -119,6 +119,25 @@ def tt_gap_products(contracted: torch.Tensor, chosen: torch.Tensor) -> torch.Ten
     return mats
 
 
+def tt_prefix_products(contracted: torch.Tensor, upto: torch.Tensor) -> torch.Tensor:
+    """P = product of Gbar_j over j < upto, per row, by a balanced tree (log l small batched matmuls).
+
+    The gap product before the first chosen position, when there is only one (every step of a
+    generation with K >= l): the same quantity as ``tt_gap_products`` at upto - 1, for a fraction
+    of its work. contracted [b, l, r, r], upto [b] -> [b, r, r] (identity where upto = 0).
+    """
+    b, l, r, _ = contracted.shape
+    eye = torch.eye(r, dtype=contracted.dtype, device=contracted.device)
+    span = max(int(upto.max()), 1)  # positions from the last needed one on do not enter
+    pos = torch.arange(span, device=contracted.device)
+    mats = torch.where((pos < upto[:, None])[:, :, None, None], contracted[:, :span], eye)  # [b, span, r, r]
+    while mats.shape[1] > 1:
+        if mats.shape[1] % 2:
+            mats = torch.cat([mats, eye.expand(b, 1, r, r)], 1)
+        mats = mats[:, 0::2] @ mats[:, 1::2]  # ordered pairs: the product keeps the chain's order
+    return mats[:, 0]
+
+
 def chosen_index(chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Chosen positions in increasing order, padded: chosen [b, l] -> (idx [b, t], valid [b, t])."""
     b, l = chosen.shape
@@ -144,19 +163,26 @@ def tt_sample_path(contracted: torch.Tensor, chosen: torch.Tensor, core_rows,
     b, l, r, _ = contracted.shape
     idx, valid = chosen_index(chosen)  # [b, t]
     out = torch.full((b, l), -1, dtype=torch.long, device=chosen.device)
-    gaps = tt_gap_products(contracted, chosen)  # [b, l, r, r]
-    eye = torch.eye(r, dtype=contracted.dtype, device=contracted.device)
     rows = torch.arange(b, device=chosen.device)
+    if idx.shape[1] == 1:  # one position per row: its gap is a prefix product
+        gaps = None
+    else:
+        gaps = tt_gap_products(contracted, chosen)  # [b, l, r, r]
+        eye = torch.eye(r, dtype=contracted.dtype, device=contracted.device)
     state = contracted.new_full((b, r), 1.0 / r)  # distribution of the hidden state before G_1
     for a in range(idx.shape[1]):
         t = idx[:, a]  # [b]
-        gap = torch.where((t > 0)[:, None, None], gaps[rows, (t - 1).clamp_min(0)], eye)  # [b, r, r]
+        if gaps is None:
+            gap = tt_prefix_products(contracted, torch.where(valid[:, a], t, 0))  # [b, r, r]
+        else:
+            gap = torch.where((t > 0)[:, None, None], gaps[rows, (t - 1).clamp_min(0)], eye)  # [b, r, r]
         j = sample_categorical((state.unsqueeze(1) @ gap).squeeze(1), generator)  # state entering t
         row = core_rows(t, j)  # [b, v, r]: G_t(x, j, k)
-        flat = sample_categorical(row.reshape(b, -1), generator)  # over (x, k)
+        x = sample_categorical(row.sum(-1), generator)  # (x, k) by the chain rule: x, then k | x
+        k = sample_categorical(row[rows, x], generator)
         ok = valid[:, a]
-        out[rows[ok], t[ok]] = (flat // r)[ok]
-        state = torch.nn.functional.one_hot(flat % r, r).to(contracted.dtype)
+        out[rows[ok], t[ok]] = x[ok]
+        state = torch.nn.functional.one_hot(k, r).to(contracted.dtype)
     return out
 
 

@@ -45,6 +45,7 @@ class JointHead(nn.Module):
             raise ValueError(f"head must be '1layer' or '2layer', got {head!r}")
         self.decomposition, self.rank, self.head = decomposition, rank, head
         self.e = rank if decomposition == "cp" else rank * rank
+        self.gather_max_outputs = 8192  # see select_logits
         if head == "1layer":
             self.proj = nn.Linear(hidden_dim, self.e * out_vocab)  # W'
         else:
@@ -76,23 +77,35 @@ class JointHead(nn.Module):
         """Only outputs e in [start, start + count) of each row: h [n, d], start [n] -> [n, count, v].
 
         Sampling needs one CP component (count 1) or one TT core row j (e = j*r .. j*r + r - 1) per
-        position, a factor r (CP) or r (TT) less head work than all E outputs. Rows sharing a start
-        share one matmul."""
-        n = h.shape[0]
+        position, a factor r less head work than all E outputs. When the first matmul is small (E * v
+        outputs of W', or E * d of W~, at most ``gather_max_outputs``) it runs over all E outputs and
+        the rows' slices are gathered: a few large ops instead of one small matmul per distinct start.
+        Otherwise rows sharing a start share one matmul on that slice of the weight."""
+        n, d = h.shape
+        idx = start[:, None] + torch.arange(count, device=h.device)  # [n, count]
+        rows = torch.arange(n, device=h.device)[:, None]
+        if self.head == "2layer":
+            if self.e * d <= self.gather_max_outputs:
+                mixed = self.mix(h).view(n, self.e, d)[rows, idx]  # [n, count, d]
+            else:
+                mixed = self._grouped(h, start, count, self.mix.weight, None, d)
+            return base(mixed)
+        v = self.proj.out_features // self.e
+        if self.e * v <= self.gather_max_outputs:
+            return self.proj(h).view(n, self.e, v)[rows, idx]
+        return self._grouped(h, start, count, self.proj.weight, self.proj.bias, v)
+
+    def _grouped(self, h, start, count, weight, bias, width) -> torch.Tensor:
+        """One matmul per distinct start on rows [start * width, (start + count) * width) of ``weight``."""
         out = None
         for s0 in start.unique().tolist():
             sel = (start == s0).nonzero().flatten()
-            if self.head == "1layer":
-                v = self.proj.out_features // self.e
-                w, b = self.proj.weight[s0 * v:(s0 + count) * v], self.proj.bias[s0 * v:(s0 + count) * v]
-                logits = torch.nn.functional.linear(h[sel], w, b).view(len(sel), count, v)
-            else:
-                d = h.shape[1]
-                mixed = torch.nn.functional.linear(h[sel], self.mix.weight[s0 * d:(s0 + count) * d])
-                logits = base(mixed.view(len(sel), count, d))
+            w = weight[s0 * width:(s0 + count) * width]
+            b = None if bias is None else bias[s0 * width:(s0 + count) * width]
+            y = torch.nn.functional.linear(h[sel], w, b).view(len(sel), count, width)
             if out is None:
-                out = logits.new_empty((n,) + logits.shape[1:])
-            out[sel] = logits
+                out = y.new_empty((h.shape[0],) + y.shape[1:])
+            out[sel] = y
         return out
 
     def component_logits(self, h: torch.Tensor, base: nn.Linear | None) -> torch.Tensor:

@@ -93,10 +93,11 @@ class JointModel(nn.Module):
     # --- sampling-time pieces: only what a step needs, on the positions that need it
 
     def select_logits(self, h: torch.Tensor, start: torch.Tensor, count: int) -> torch.Tensor:
-        """Outputs e in [start, start + count) per row (rank 1: e = 0): h [n, d] -> [n, count, v] float32."""
+        """Outputs e in [start, start + count) per row (rank 1: e = 0): h [n, d] -> [n, count, v], in the
+        matmul's dtype (bf16 under autocast): the sampler's float32 softmax upcasts inside its kernel."""
         if self.head is None:
-            return self.output_layer.linear(h).float().unsqueeze(1)
-        return self.head.select_logits(h, start, count, self.output_layer.linear).float()
+            return self.output_layer.linear(h).unsqueeze(1)
+        return self.head.select_logits(h, start, count, self.output_layer.linear)
 
     def cp_weight_logits(self, h: torch.Tensor) -> torch.Tensor:
         """CP mixture weights' logits from the features of whole sequences: h [b, l, d] -> [b, r]."""
@@ -107,6 +108,19 @@ class JointModel(nn.Module):
         row-stochastic. h [n, d] -> [n, r, r] float32."""
         r = self.cfg.rank
         return torch.softmax(self.head.contracted(h).float().view(-1, r, r), -1)
+
+    @torch.no_grad()
+    def cast_linears_(self, dtype: torch.dtype) -> "JointModel":
+        """For inference under autocast to ``dtype``: store every nn.Linear's weight and bias in it.
+
+        CPU autocast re-casts float32 weights on every call (torch 2.13 caches no casts on CPU), so
+        each denoising step paid a copy of all the weights. Casting once gives bit-identical outputs
+        (autocast rounds the same way); embeddings, norms and the rest stay float32. Not for training,
+        and only under autocast (a float32 input meets a bf16 weight otherwise)."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                module.to(dtype)
+        return self
 
     def forward(self, x_t: torch.Tensor, mask: torch.Tensor, sigma: torch.Tensor | None = None) -> HeadOutputs:
         return self.head_outputs(self.features(x_t, sigma), mask)

@@ -15,6 +15,13 @@ from .eb import eb_accepts
 from .orderings import entropy
 
 
+def softmax32(logits: torch.Tensor, temperature: float, dim: int = -1) -> torch.Tensor:
+    """float32 probabilities of logits / temperature; a bf16 input is upcast inside the softmax kernel."""
+    if temperature != 1.0:
+        logits = logits.float() / temperature
+    return torch.softmax(logits, dim, dtype=torch.float32)
+
+
 def joint_distribution(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, temperature: float):
     """p(x | x_t) over the whole sequence from the head on the masked positions (known ones exact)."""
     out = model.head_outputs(h, masked)
@@ -44,20 +51,22 @@ def predetermined_step(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Te
     if decomposition in ("none", "cp"):
         comp = torch.zeros(b, dtype=torch.long, device=x.device)
         if decomposition == "cp":
-            comp = sample_categorical(torch.softmax(model.cp_weight_logits(h) / temperature, -1), generator)
+            comp = sample_categorical(softmax32(model.cp_weight_logits(h), temperature), generator)
         logits = model.select_logits(h[chosen], comp[rows_of], 1)[:, 0]  # [m, v]
-        values[chosen] = sample_categorical(torch.softmax(logits / temperature, -1), generator)
+        values[chosen] = sample_categorical(softmax32(logits, temperature), generator)
         return values
     r = model.cfg.rank
     contracted = torch.eye(r, dtype=torch.float32, device=x.device).repeat(b, l, 1, 1)  # known: I
-    rest = masked & ~chosen
+    pos = torch.arange(l, device=x.device)
+    last = torch.where(chosen, pos, -1).amax(1)  # [b] last chosen position: the rows after it sum to 1
+    rest = masked & ~chosen & (pos < last[:, None])
     if rest.any():  # Gbar_j from the contracted-core head, never from V x r x r cores
         contracted[rest] = model.contracted_cores(h[rest]).to(contracted.dtype)
     rows = torch.arange(b, device=x.device)
 
     def core_rows(t, j):  # G_t(x, j, k) for the sampled state j: [b, v, r]
-        logits = model.select_logits(h[rows, t], j * r, r) / temperature  # [b, k, v]
-        return torch.softmax(logits.reshape(b, -1), -1).view(b, r, -1).transpose(1, 2)
+        logits = model.select_logits(h[rows, t], j * r, r)  # [b, k, v]
+        return softmax32(logits.reshape(b, -1), temperature).view(b, r, -1).transpose(1, 2)
 
     return tt_sample_path(contracted, chosen, core_rows, generator)
 
