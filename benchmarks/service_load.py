@@ -96,6 +96,33 @@ def main():
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+    _forward_bound(Path(args.checkpoints) / info["checkpoint"], args.precision, (1, 8, 32))
+
+
+def _forward_bound(checkpoint: Path, precision: str, clients: tuple[int, ...]) -> None:
+    """The most that batching can gain on this machine: the backbone's forward time per sample at the
+    batch one request brings (2) against the batch C clients bring (2C), in this process, alone."""
+    import torch
+
+    from ttcore.models import load_checkpoint
+
+    model, _, _ = load_checkpoint(checkpoint)
+    model.eval()
+    if precision == "bf16":
+        model.cast_linears_(torch.bfloat16)
+    times = {}
+    for b in sorted({2 * c for c in clients}):
+        x = torch.full((b, model.cfg.dit.length), model.cfg.dit.vocab_size - 1)
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            for _ in range(3):
+                model.features(x)
+            t0 = time.perf_counter()
+            for _ in range(20):
+                model.features(x)
+        times[b] = (time.perf_counter() - t0) / 20
+    cells = ", ".join(f"batch {b}: {t * 1e3:.1f} ms" for b, t in times.items())
+    bounds = ", ".join(f"{c} clients {times[2] / (times[2 * c] / c):.2f}x" for c in clients if c > 1)
+    print(f"forward alone ({cells}); speed-up bound if only the forward counted: {bounds}")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from ttcore.models import CheckpointError, load_checkpoint
-from ttcore.sampling import GenerationRun
+from ttcore.sampling import GenerationRun, step_together
 
 from .metrics import Metrics
 from .schema import GenerateRequest, GenerateResponse, ModelInfo, Sample, StepEvent, Timings
@@ -161,12 +161,12 @@ class _Batcher:
             m.forward_samples.labels(name).observe(x.shape[0])
             m.forward_requests.labels(name).observe(len(need))
             features = dict(zip(map(id, need), h.float().split([job.run.tokens.shape[0] for job in need])))
+        with self._compute_mode(self.engine.device):  # one joint draw for the jobs that can share it
+            states = step_together([job.run for job in batch], [features.get(id(job)) for job in batch])
         out = []
-        for job in batch:
+        for job, state in zip(batch, states):
             if job.started is None:
                 job.started = t0
-            with self._compute_mode(self.engine.device):
-                state = job.run.step(features.get(id(job)))
             tok = self.lm.tokenizer
             events = [("step", StepEvent(step=state.step,
                                          sequences=[tok.decode(row) for row in state.tokens.tolist()],

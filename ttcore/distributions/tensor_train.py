@@ -148,41 +148,38 @@ def chosen_index(chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return idx.clamp_max(l - 1), valid
 
 
-def tt_sample_path(contracted: torch.Tensor, chosen: torch.Tensor, core_rows,
-                   generator: torch.Generator | None = None) -> torch.Tensor:
+def tt_sample_path(contracted: torch.Tensor, chosen: torch.Tensor, core_rows, generator=None) -> torch.Tensor:
     """Exact joint draw of x_T (Sec. 4.3, special case) by ancestral sampling of the hidden chain.
 
     With row-normalized cores the train is a hidden Markov chain: the state j starts uniform, and
     G_i(x, j, k) is the probability of emitting x and moving to state k. Unchosen positions enter
     only through their contracted cores ``contracted`` [b, l, r, r] (sum_x G_j(x); for example from
     the contracted-core head), multiplied over each gap. At each chosen position the state j is drawn
-    from the gap's transition, then (x, k) from row j alone: ``core_rows(t, j)`` with t, j [b] returns
-    G_t(x, j, k) as [b, v, r]. So only r of the r * r core rows are ever needed at a chosen position,
-    and nothing is divided. ``chosen`` [b, l] bool -> [b, l] long, -1 off T.
+    from the gap's transition, then (x, k) from row j alone: ``core_rows(n, t, j)`` with batch rows n,
+    positions t and states j [n] returns G_t(x, j, k) as [n, v, r]. So only r of the r * r core rows
+    are ever needed at a chosen position, and nothing is divided. ``generator``: a torch.Generator or
+    ``RowStreams``. ``chosen`` [b, l] bool -> [b, l] long, -1 off T.
     """
     b, l, r, _ = contracted.shape
     idx, valid = chosen_index(chosen)  # [b, t]
     out = torch.full((b, l), -1, dtype=torch.long, device=chosen.device)
     rows = torch.arange(b, device=chosen.device)
-    if idx.shape[1] == 1:  # one position per row: its gap is a prefix product
-        gaps = None
-    else:
-        gaps = tt_gap_products(contracted, chosen)  # [b, l, r, r]
-        eye = torch.eye(r, dtype=contracted.dtype, device=contracted.device)
+    gaps = tt_gap_products(contracted, chosen) if idx.shape[1] > 1 else None  # [b, l, r, r]
     state = contracted.new_full((b, r), 1.0 / r)  # distribution of the hidden state before G_1
     for a in range(idx.shape[1]):
-        t = idx[:, a]  # [b]
-        if gaps is None:
-            gap = tt_prefix_products(contracted, torch.where(valid[:, a], t, 0))  # [b, r, r]
+        live = rows[valid[:, a]]  # [n] rows with an a-th chosen position: only they draw
+        t = idx[live, a]  # [n]
+        if gaps is None:  # one position per row: its gap is a prefix product
+            gap = tt_prefix_products(contracted if len(live) == b else contracted[live], t)  # [n, r, r]
         else:
-            gap = torch.where((t > 0)[:, None, None], gaps[rows, (t - 1).clamp_min(0)], eye)  # [b, r, r]
-        j = sample_categorical((state.unsqueeze(1) @ gap).squeeze(1), generator)  # state entering t
-        row = core_rows(t, j)  # [b, v, r]: G_t(x, j, k)
-        x = sample_categorical(row.sum(-1), generator)  # (x, k) by the chain rule: x, then k | x
-        k = sample_categorical(row[rows, x], generator)
-        ok = valid[:, a]
-        out[rows[ok], t[ok]] = x[ok]
-        state = torch.nn.functional.one_hot(k, r).to(contracted.dtype)
+            eye = torch.eye(r, dtype=contracted.dtype, device=contracted.device)
+            gap = torch.where((t > 0)[:, None, None], gaps[live, (t - 1).clamp_min(0)], eye)  # [n, r, r]
+        j = sample_categorical((state[live].unsqueeze(1) @ gap).squeeze(1), generator, live)  # state entering t
+        row = core_rows(live, t, j)  # [n, v, r]: G_t(x, j, k)
+        x = sample_categorical(row.sum(-1), generator, live)  # (x, k) by the chain rule: x, then k | x
+        k = sample_categorical(row[torch.arange(len(live), device=row.device), x], generator, live)
+        out[live, t] = x
+        state = state.index_put((live,), torch.nn.functional.one_hot(k, r).to(contracted.dtype))
     return out
 
 
@@ -238,5 +235,4 @@ class TensorTrain:
     def sample(self, positions: torch.Tensor | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
         """Exact joint draw at ``positions`` [b, l] (all when None); other positions marginalized, -1."""
         positions = check_positions(positions, self.b, self.l, self.cores.device)
-        rows = torch.arange(self.b, device=positions.device)
-        return tt_sample_path(self.contracted(), positions, lambda t, j: self.cores[rows, t, :, j, :], generator)
+        return tt_sample_path(self.contracted(), positions, lambda n, t, j: self.cores[n, t, :, j, :], generator)

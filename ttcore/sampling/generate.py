@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ttcore.distributions import RowStreams
+
 from .joint_step import chain_rule_step, predetermined_step
 from .eb import PROXIES
 from .orderings import ADAPTIVE, PREDETERMINED, top_k_mask
@@ -99,7 +101,6 @@ class GenerationRun:
         if self._needed:
             if h is None:
                 h = self.model.features(self.tokens)
-            self.model_calls += 1
             if self.eb_gamma is not None:  # EB ranks by its proxy; the last allowed step takes all
                 last = self._counts is not None
                 values = chain_rule_step(self.model, h, self.tokens, masked, self._counts, self._eb_score,
@@ -108,14 +109,57 @@ class GenerationRun:
                 values = chain_rule_step(self.model, h, self.tokens, masked, self._counts, ADAPTIVE[self.ordering],
                                          self.temperature, self.generator)
             else:
-                chosen = top_k_mask(self.priority, masked, self._counts)
-                values = predetermined_step(self.model, h, self.tokens, masked, chosen, self.temperature,
+                values = predetermined_step(self.model, h, self.tokens, masked, self.chosen(), self.temperature,
                                             self.generator)
+        return self._commit(values)
+
+    @property
+    def joins_batch(self) -> bool:
+        """Whether this step can share its joint draw with other runs (``step_together``): a model call
+        with a predetermined ordering (the set T is fixed before the head runs)."""
+        return bool(self._needed) and self.eb_gamma is None and self.ordering in PREDETERMINED
+
+    def chosen(self) -> torch.Tensor:
+        """This step's set T for a predetermined ordering: [b, l] bool."""
+        return top_k_mask(self.priority, self.tokens == self.mask_id, self._counts)
+
+    def _commit(self, values: torch.Tensor) -> StepState:
         committed = values >= 0
+        self.model_calls += int(bool(self._needed))
         self.tokens = torch.where(committed, values, self.tokens)
         self.step_index += 1
         self._counts, self._needed = None, None
         return StepState(self.tokens.clone(), committed, self.step_index, self.model_calls, self.done)
+
+
+@torch.inference_mode()
+def step_together(runs: list[GenerationRun], features: list[torch.Tensor | None]) -> list[StepState]:
+    """One step of several runs of one model, given each run's features (computed in one batch).
+
+    Runs whose step is a predetermined joint draw (``joins_batch``) with the same temperature share
+    one ``predetermined_step``: one head call, one softmax and one sampling pass for all their rows,
+    each run drawing from its own generator (``RowStreams``), so every run gets exactly the tokens it
+    would get alone. The rest (adaptive orderings, EB-Sampler, no-op steps) step one by one."""
+    for run in runs:
+        if run._needed is None:
+            run.prepare()
+    groups: dict[float, list[int]] = {}
+    for i, run in enumerate(runs):
+        if run.joins_batch and features[i] is not None:
+            groups.setdefault(run.temperature, []).append(i)
+    states: list[StepState | None] = [None] * len(runs)
+    for temperature, members in groups.items():
+        if len(members) == 1:
+            continue
+        group = [runs[i] for i in members]
+        x = torch.cat([run.tokens for run in group])  # [sum b, l]
+        masked = x == group[0].mask_id
+        streams = RowStreams([run.generator for run in group], [run.tokens.shape[0] for run in group], x.device)
+        values = predetermined_step(group[0].model, torch.cat([features[i] for i in members]), x, masked,
+                                    torch.cat([run.chosen() for run in group]), temperature, streams)
+        for i, run, v in zip(members, group, values.split([run.tokens.shape[0] for run in group])):
+            states[i] = run._commit(v)
+    return [state if state is not None else run.step(h) for run, h, state in zip(runs, features, states)]
 
 
 def generate(model, num_samples: int, steps: int, **settings):

@@ -53,7 +53,7 @@ def predetermined_step(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Te
         if decomposition == "cp":
             comp = sample_categorical(softmax32(model.cp_weight_logits(h), temperature), generator)
         logits = model.select_logits(h[chosen], comp[rows_of], 1)[:, 0]  # [m, v]
-        values[chosen] = sample_categorical(softmax32(logits, temperature), generator)
+        values[chosen] = sample_categorical(softmax32(logits, temperature), generator, rows_of)
         return values
     r = model.cfg.rank
     contracted = torch.eye(r, dtype=torch.float32, device=x.device).repeat(b, l, 1, 1)  # known: I
@@ -62,11 +62,10 @@ def predetermined_step(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Te
     rest = masked & ~chosen & (pos < last[:, None])
     if rest.any():  # Gbar_j from the contracted-core head, never from V x r x r cores
         contracted[rest] = model.contracted_cores(h[rest]).to(contracted.dtype)
-    rows = torch.arange(b, device=x.device)
 
-    def core_rows(t, j):  # G_t(x, j, k) for the sampled state j: [b, v, r]
-        logits = model.select_logits(h[rows, t], j * r, r)  # [b, k, v]
-        return softmax32(logits.reshape(b, -1), temperature).view(b, r, -1).transpose(1, 2)
+    def core_rows(n, t, j):  # G_t(x, j, k) for the sampled state j of rows n: [n, v, r]
+        logits = model.select_logits(h[n, t], j * r, r)  # [n, k, v]
+        return softmax32(logits.reshape(len(n), -1), temperature).view(len(n), r, -1).transpose(1, 2)
 
     return tt_sample_path(contracted, chosen, core_rows, generator)
 
