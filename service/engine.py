@@ -168,11 +168,12 @@ class _Batcher:
             if job.started is None:
                 job.started = t0
             tok = self.lm.tokenizer
-            events = [("step", StepEvent(step=state.step,
-                                         sequences=[tok.decode(row) for row in state.tokens.tolist()],
-                                         committed=[row.nonzero().flatten().tolist() for row in state.committed]
-                                         ).model_dump())]
-            m.tokens.labels(name).inc(int(state.committed.sum()))
+            committed = [[] for _ in range(state.committed.shape[0])]
+            for i, pos in state.committed.nonzero().tolist():  # one op for all rows, not one per row
+                committed[i].append(pos)
+            events = [("step", StepEvent(step=state.step, sequences=[tok.decode(row) for row in state.tokens.tolist()],
+                                         committed=committed).model_dump())]
+            m.tokens.labels(name).inc(sum(map(len, committed)))
             if job.run.done:
                 events.append(("done", self._answer(job, state)))
             out.append((job, events))
