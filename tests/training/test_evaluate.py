@@ -43,3 +43,13 @@ def test_evaluate_text_writes_genppl(tmp_path):
     rows = json.loads((out / "text_results.json").read_text())
     assert [r["steps"] for r in rows] == [2, 8] and all(1 < r["genppl"] < 1e7 and r["entropy"] > 0 for r in rows)
     assert (out / "genppl.png").exists() and "GenPPL (entropy)" in done.stdout
+
+
+def test_count_schedule_identifies_runs_that_only_differ_by_idle_steps():
+    sys.path.insert(0, str(ROOT / "training"))
+    from evaluate import count_schedule
+
+    assert count_schedule(22, 32) == count_schedule(22, 64) == (1,) * 22  # K >= l: one token a step
+    assert count_schedule(22, 16) != count_schedule(22, 32)
+    few = count_schedule(22, 8)
+    assert len(few) == 8 and sum(few) == 22
