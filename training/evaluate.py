@@ -18,6 +18,7 @@ checkpoint) plus ``eb.png`` under ``--out`` and prints the tables.
 import argparse
 import csv
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -118,6 +119,27 @@ def _plot(rows: list[dict], orderings: list[str], out: Path) -> None:
         _save(fig, ax, out / "eb.png", "average steps (EB-Sampler)", "validity (%)")
 
 
+CARD_SECTION = "## Few-step quality"
+
+
+def _update_cards(rows: list[dict], paths: list[Path], command: str) -> None:
+    """Replace each checkpoint's model-card section with its own rows (atomic: temp file, rename)."""
+    for path in paths:
+        mine = [r for r in rows if r["checkpoint"] == path.name]
+        lines = [CARD_SECTION, "", f"    {command}", "",
+                 "| ordering | K | avg steps | validity % | uniqueness % | novelty % |", "| --- | --- | --- | --- | --- | --- |"]
+        for r in mine:
+            label = r["ordering"] if r["eb_gamma"] is None else f"EB-Sampler gamma={r['eb_gamma']:g}"
+            lines.append(f"| {label} | {r['steps']} | {r['avg_steps']:.1f} | {100 * r['validity']:.1f} | "
+                         f"{100 * r['uniqueness']:.1f} | {100 * r['novelty']:.1f} |")
+        card_path = path / "model_card.md"
+        card = card_path.read_text() if card_path.exists() else f"# {path.name}\n"
+        card = card.split("\n" + CARD_SECTION)[0].rstrip("\n") + "\n\n" + "\n".join(lines) + "\n"
+        tmp = card_path.with_suffix(".md.tmp")
+        tmp.write_text(card)
+        tmp.replace(card_path)
+
+
 def _print_tables(rows: list[dict], orderings: list[str], steps: list[int]) -> None:
     names = list(dict.fromkeys(r["checkpoint"] for r in rows))
     for ordering in orderings:
@@ -191,6 +213,7 @@ def main():
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="bf16")
     ap.add_argument("--data", default="qm9", help="qm9 (novelty against its training split), a SMILES file, or text")
     ap.add_argument("--judge", default=None, help="text: a local causal LM directory or .gguf (default SmolLM2)")
+    ap.add_argument("--cards", action="store_true", help="write each checkpoint's rows into its model card")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -223,6 +246,8 @@ def main():
                   f"validity {100 * m['validity']:.1f}%, uniqueness {100 * m['uniqueness']:.1f}%, "
                   f"novelty {100 * m['novelty']:.1f}% ({res['seconds']:.0f} s)", flush=True)
     _write(rows, out / "results")
+    if args.cards:
+        _update_cards(rows, checkpoint_dirs(args.checkpoints), "python training/evaluate.py " + " ".join(sys.argv[1:]))
     _plot(rows, args.orderings, out)
     _print_tables(rows, args.orderings, args.steps)
     print(f"\nwrote {out}/results.csv, results.json, validity.png" + (", eb.png" if args.eb_gammas else ""))

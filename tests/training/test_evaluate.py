@@ -53,3 +53,20 @@ def test_count_schedule_identifies_runs_that_only_differ_by_idle_steps():
     assert count_schedule(22, 16) != count_schedule(22, 32)
     few = count_schedule(22, 8)
     assert len(few) == 8 and sum(few) == 22
+
+
+def test_cards_get_one_quality_section(checkpoints, tmp_path):
+    import shutil
+
+    ckpt = tmp_path / "qm9-base"
+    shutil.copytree(checkpoints / "qm9-base", ckpt)
+    before = (ckpt / "model_card.md").read_text()
+    cmd = [sys.executable, "training/evaluate.py", "--checkpoints", str(ckpt), "--out", str(tmp_path / "r"),
+           "--samples", "8", "--batch", "8", "--steps", "1", "--orderings", "random", "--eb-gammas",
+           "--data", str(ROOT / "tests" / "data" / "qm9_sample.txt"), "--precision", "fp32", "--cards"]
+    for _ in range(2):  # re-running replaces the section
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+    card = (ckpt / "model_card.md").read_text()
+    assert card.startswith(before.rstrip("\n")) and card.count("## Few-step quality") == 1
+    assert "| random | 1 | 1.0 |" in card and "--cards" in card
