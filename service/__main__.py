@@ -19,7 +19,8 @@ def main():
     ap.add_argument("--checkpoints", default=default_checkpoints(),
                     help="directory of checkpoint directories (default: $TTCORE_CHECKPOINTS or the bundled ones)")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
+                    help="auto: bf16 where the CPU (AVX512-BF16 / AMX) or GPU runs bf16 matmuls natively")
     ap.add_argument("--max-batch-samples", type=int, default=256)
     ap.add_argument("--max-requests", type=int, default=64)
     ap.add_argument("--threads", type=int, default=0)

@@ -21,7 +21,8 @@ class AppArgs(BaseModel):
     checkpoints: str = Field(default_factory=default_checkpoints,
                              description="Directory of checkpoint directories ($TTCORE_CHECKPOINTS or the bundled)")
     device: str = "cpu"
-    precision: str = Field("fp32", pattern="^(fp32|bf16)$")
+    precision: str = Field("auto", pattern="^(auto|fp32|bf16)$",
+                           description="auto: bf16 where bf16 matmuls are native, else fp32")
     max_batch_samples: int = Field(256, ge=1)
     max_requests: int = Field(64, ge=1, description="Admitted requests per replica before 503")
     threads: int = Field(0, ge=0, description="torch threads per replica (0: torch's default)")

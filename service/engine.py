@@ -201,16 +201,33 @@ class _Batcher:
                                 timings=Timings(queue_ms=0, first_event_ms=0, total_ms=0)).model_dump()
 
 
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """``auto``: bf16 where bf16 matmuls are native (a CUDA device that supports them; a CPU with
+    AVX512-BF16 or AMX, read from /proc/cpuinfo), fp32 elsewhere. The quality tables are measured in
+    bf16; on this project's CPUs bf16 serves 1.3-1.5x the molecules/s of fp32 (README)."""
+    if precision != "auto":
+        return precision
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return "fp32"
+    return "bf16" if {"avx512_bf16", "amx_bf16"} & set(flags) else "fp32"
+
+
 class Engine:
     """Loads every checkpoint under a directory and serves generation requests (``submit`` /
     ``events`` / ``abort`` / ``check_health``)."""
 
     def __init__(self, checkpoints: str | Path, *, device: str = "cpu", max_batch_samples: int = 256,
-                 max_requests: int = 64, precision: str = "fp32", threads: int | None = None,
+                 max_requests: int = 64, precision: str = "auto", threads: int | None = None,
                  metrics: Metrics | None = None):
         if threads:
             torch.set_num_threads(threads)
-        self.device, self.precision = torch.device(device), precision
+        self.device = torch.device(device)
+        self.precision = resolve_precision(precision, self.device)
+        log.info("precision %s (asked: %s)", self.precision, precision)
         self.max_batch_samples, self.max_requests = max_batch_samples, max_requests
         self.metrics = metrics or Metrics()
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ttcore-compute")

@@ -78,7 +78,7 @@ def start_uvicorn(checkpoints: Path, *extra: str) -> tuple[subprocess.Popen, str
     port = free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, "-m", "service", "--checkpoints", str(checkpoints), "--port", str(port),
-                             "--threads", "1", "--log-level", "warning", *extra],
+                             "--threads", "1", "--log-level", "warning", "--precision", "fp32", *extra],
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
