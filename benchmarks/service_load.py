@@ -61,12 +61,13 @@ def main():
     ap.add_argument("--model", default="qm9")
     ap.add_argument("--decomposition", default=None)
     ap.add_argument("--requests-per-client", type=int, default=4)
-    ap.add_argument("--precision", default="fp32")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
     port = _port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen([sys.executable, "-m", "service", "--checkpoints", args.checkpoints, "--port", str(port),
-                             "--log-level", "warning", "--precision", args.precision], cwd=ROOT,
+                             "--log-level", "warning", "--precision", args.precision, "--device", args.device], cwd=ROOT,
                             env=dict(os.environ), stderr=subprocess.PIPE)
     try:
         for _ in range(600):
@@ -96,29 +97,38 @@ def main():
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    _forward_bound(Path(args.checkpoints) / info["checkpoint"], args.precision, (1, 8, 32))
+    _forward_bound(Path(args.checkpoints) / info["checkpoint"], args.precision, args.device, (1, 8, 32))
 
 
-def _forward_bound(checkpoint: Path, precision: str, clients: tuple[int, ...]) -> None:
+def _sync(device: str) -> None:
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _forward_bound(checkpoint: Path, precision: str, device: str, clients: tuple[int, ...]) -> None:
     """The most that batching can gain on this machine: the backbone's forward time per sample at the
     batch one request brings (2) against the batch C clients bring (2C), in this process, alone."""
     import torch
 
     from ttcore.models import load_checkpoint
 
-    model, _, _ = load_checkpoint(checkpoint)
+    model, _, _ = load_checkpoint(checkpoint, device=device)
     model.eval()
     if precision == "bf16":
         model.cast_linears_(torch.bfloat16)
     times = {}
     for b in sorted({2 * c for c in clients}):
-        x = torch.full((b, model.cfg.dit.length), model.cfg.dit.vocab_size - 1)
-        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        x = torch.full((b, model.cfg.dit.length), model.cfg.dit.vocab_size - 1, device=device)
+        with torch.inference_mode(), torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
             for _ in range(3):
                 model.features(x)
+            _sync(device)
             t0 = time.perf_counter()
             for _ in range(20):
                 model.features(x)
+            _sync(device)
         times[b] = (time.perf_counter() - t0) / 20
     cells = ", ".join(f"batch {b}: {t * 1e3:.1f} ms" for b, t in times.items())
     bounds = ", ".join(f"{c} clients {times[2] / (times[2 * c] / c):.2f}x" for c in clients if c > 1)

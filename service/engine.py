@@ -157,6 +157,8 @@ class _Batcher:
             tf = time.perf_counter()
             with self._compute_mode(x.device):
                 h = self.lm.model.features(x)  # [sum b, l, d]
+            if x.is_cuda:  # kernels run asynchronously: time the forward pass, not its launch
+                torch.cuda.synchronize(x.device)
             m.forward_seconds.labels(name).inc(time.perf_counter() - tf)
             m.forward_samples.labels(name).observe(x.shape[0])
             m.forward_requests.labels(name).observe(len(need))

@@ -1,0 +1,44 @@
+"""The same exactness checks on a CUDA device (skipped where there is none; run them when a GPU is lent)."""
+
+import pytest
+import torch
+
+from brute import all_sequences, chi_square_pvalue, dense_tt
+from ttcore.distributions import TensorTrain
+from ttcore.models import DiTConfig, JointModel, ModelConfig
+from ttcore.sampling import GenerationRun, generate, step_together
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def test_tt_joint_sample_on_cuda_is_exact():
+    n, l, v = 20000, 4, 3
+    g = torch.Generator().manual_seed(3)
+    tt = TensorTrain.from_logits(2 * torch.randn(1, l, v, 3, 3, generator=g, dtype=torch.float64))
+    seqs = all_sequences(l, v).numpy()
+    p = dense_tt(tt.cores[0].numpy(), seqs)
+    positions = torch.ones(n, l, dtype=torch.bool, device="cuda")
+    draws = TensorTrain(tt.cores.cuda().expand(n, -1, -1, -1, -1)).sample(
+        positions, generator=torch.Generator("cuda").manual_seed(1)).cpu().numpy()
+    assert chi_square_pvalue(draws, p, seqs) > 1e-3
+
+
+@pytest.mark.parametrize("decomposition", ["none", "cp", "tt"])
+def test_batched_runs_equal_lone_runs_on_cuda_in_bf16(decomposition):
+    torch.manual_seed(0)
+    base = JointModel(ModelConfig(DiTConfig(vocab_size=9, out_vocab=8, length=10, hidden_dim=16, cond_dim=8,
+                                            n_blocks=1, n_heads=2)))
+    model = base if decomposition == "none" else JointModel.from_base(base, decomposition, 3, noise=0.3)
+    model = model.cuda().eval().cast_linears_(torch.bfloat16)
+    specs = [(3, 4, dict(seed=1)), (2, 25, dict(seed=2)), (4, 2, dict(seed=3, ordering="left_to_right"))]
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        alone = [list(generate(model, n, k, **kw))[-1].tokens for n, k, kw in specs]
+        again = [list(generate(model, n, k, **kw))[-1].tokens for n, k, kw in specs]
+        runs = [GenerationRun(model, n, k, **kw) for n, k, kw in specs]
+        while not all(run.done for run in runs):
+            live = [run for run in runs if not run.done]
+            feats = [model.features(run.tokens) if run.prepare() else None for run in live]
+            step_together(live, feats)
+    for a, b, run in zip(alone, again, runs):
+        assert a.is_cuda and torch.equal(a, b)  # seeded runs repeat on the device
+        assert torch.equal(a, run.tokens) and (a < 8).all()
