@@ -134,21 +134,21 @@ class GenerationRun:
 
 @torch.inference_mode()
 def step_together(runs: list[GenerationRun], features: list[torch.Tensor | None]) -> list[StepState]:
-    """One step of several runs of one model, given each run's features (computed in one batch).
+    """One step of several runs, given each run's features (computed in one batch).
 
-    Runs whose step is a predetermined joint draw (``joins_batch``) with the same temperature share
-    one ``predetermined_step``: one head call, one softmax and one sampling pass for all their rows,
-    each run drawing from its own generator (``RowStreams``), so every run gets exactly the tokens it
-    would get alone. The rest (adaptive orderings, EB-Sampler, no-op steps) step one by one."""
+    Runs whose step is a predetermined joint draw (``joins_batch``) with the same model and
+    temperature share one ``predetermined_step``: one head call, one softmax and one sampling pass for
+    all their rows, each run drawing from its own generator (``RowStreams``), so every run gets
+    exactly the tokens it would get alone. The rest (adaptive orderings, EB-Sampler, no-op steps) step one by one."""
     for run in runs:
         if run._needed is None:
             run.prepare()
-    groups: dict[float, list[int]] = {}
+    groups: dict[tuple[int, float], list[int]] = {}  # (model, temperature) -> runs drawing together
     for i, run in enumerate(runs):
         if run.joins_batch and features[i] is not None:
-            groups.setdefault(run.temperature, []).append(i)
+            groups.setdefault((id(run.model), run.temperature), []).append(i)
     states: list[StepState | None] = [None] * len(runs)
-    for temperature, members in groups.items():
+    for (_, temperature), members in groups.items():
         if len(members) == 1:
             continue
         group = [runs[i] for i in members]
