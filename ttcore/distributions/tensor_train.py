@@ -165,6 +165,7 @@ def tt_sample_path(contracted: torch.Tensor, chosen: torch.Tensor, core_rows, ge
     out = torch.full((b, l), -1, dtype=torch.long, device=chosen.device)
     rows = torch.arange(b, device=chosen.device)
     gaps = tt_gap_products(contracted, chosen) if idx.shape[1] > 1 else None  # [b, l, r, r]
+    eye = torch.eye(r, dtype=contracted.dtype, device=contracted.device)
     state = contracted.new_full((b, r), 1.0 / r)  # distribution of the hidden state before G_1
     for a in range(idx.shape[1]):
         live = rows[valid[:, a]]  # [n] rows with an a-th chosen position: only they draw
@@ -172,7 +173,6 @@ def tt_sample_path(contracted: torch.Tensor, chosen: torch.Tensor, core_rows, ge
         if gaps is None:  # one position per row: its gap is a prefix product
             gap = tt_prefix_products(contracted if len(live) == b else contracted[live], t)  # [n, r, r]
         else:
-            eye = torch.eye(r, dtype=contracted.dtype, device=contracted.device)
             gap = torch.where((t > 0)[:, None, None], gaps[live, (t - 1).clamp_min(0)], eye)  # [n, r, r]
         j = sample_categorical((state[live].unsqueeze(1) @ gap).squeeze(1), generator, live)  # state entering t
         row = core_rows(live, t, j)  # [n, v, r]: G_t(x, j, k)
