@@ -3,6 +3,7 @@
     python training/pretrain.py --config qm9 --out checkpoints/qm9-base --max-minutes 150 --resume
     python training/pretrain.py --config tiny --data tests/data/qm9_sample.txt --out runs/tiny --max-steps 50
     python training/pretrain.py --config text --out runs/text-base --max-minutes 120 --resume
+    python training/pretrain.py --config text --tokenizer runs/text-base --out runs/text-base-2   # same vocabulary
 """
 
 from pathlib import Path
@@ -11,18 +12,22 @@ import torch
 from _common import config_from_args, dataset, parser, tensors
 
 from ttcore.models import DiTConfig, JointModel, ModelConfig, load_checkpoint, load_train_state
+from ttcore.tokenizers import load_tokenizer
 from ttcore.training import fit
 
 
 def main():
-    args = parser(__doc__).parse_args()
+    ap = parser(__doc__)
+    ap.add_argument("--tokenizer", help="a directory holding the tokenizer.json to use (a checkpoint's), "
+                                        "instead of building one from the data")
+    args = ap.parse_args()
     cfg = config_from_args(args)
     resuming = args.resume and Path(args.out).exists() and load_train_state(args.out) is not None
     if resuming:
         model, tokenizer, _ = load_checkpoint(args.out)
         ds = dataset(cfg, tokenizer)
     else:
-        ds = dataset(cfg)
+        ds = dataset(cfg, load_tokenizer(args.tokenizer) if args.tokenizer else None)
         tokenizer = ds.tokenizer
         torch.manual_seed(cfg.seed)  # the initialization is part of the run's seed
         model = JointModel(ModelConfig(DiTConfig(

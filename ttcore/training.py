@@ -182,6 +182,18 @@ def _load_optimizer_state(opt, tensors: dict, meta: dict) -> None:
     opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
 
 
+def _restore_generator(gen: torch.Generator, state: torch.Tensor, meta: dict, seed: int) -> None:
+    """The mask stream continues exactly on the device type it was saved on. A run that moves between
+    CPU and CUDA cannot continue it (the generators' states differ in kind), so it reseeds from
+    (seed, step), which is deterministic too, and the move is recorded in the metadata."""
+    saved_on = torch.device(meta.get("device", "cpu")).type
+    if saved_on == gen.device.type:
+        gen.set_state(state)
+        return
+    gen.manual_seed(seed + 1_000_003 * meta["step"])
+    meta.setdefault("device_moves", []).append({"step": meta["step"], "from": saved_on, "to": gen.device.type})
+
+
 def model_card(title: str, cfg: TrainConfig, model: JointModel, meta: dict) -> str:
     n_params = sum(p.numel() for p in model.parameters())
     lines = [f"# {title}", "", f"- decomposition: {model.cfg.decomposition}, rank {model.cfg.rank}, "
@@ -217,8 +229,9 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
     if saved is not None:
         tensors, meta = saved
         _load_optimizer_state(opt, tensors, meta.pop("optimizer"))
-        gen.set_state(tensors["rng.generator"])
+        _restore_generator(gen, tensors["rng.generator"], meta, cfg.seed)
         torch.set_rng_state(tensors["rng.torch"])
+        meta["device"] = str(device)
         order = BatchOrder(len(train_tokens), cfg.batch_size, cfg.seed, meta["epoch"], meta["index"])
     meta["commands"] = meta["commands"] + [shlex.join([Path(sys.executable).name] + sys.argv)]
     mask_id = tokenizer.mask_id

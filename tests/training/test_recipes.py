@@ -102,3 +102,33 @@ def test_text_recipes_and_prefix_generation(tmp_path):
     *_, last = generate(model, 3, 4, prompt=prompt, seed=0)
     assert (last.tokens[:, : len(prefix)] == torch.tensor(prefix)).all() and (last.tokens != tok.mask_id).all()
     assert all(tok.decode(row).startswith("The state of the Union") for row in last.tokens.tolist())
+    again = _run(ROOT / "training" / "pretrain.py", "--config", "tiny", "--tokenizer", tmp_path / "base", "--out",
+                 tmp_path / "again", "--max-steps", 2, "--quiet", *small, "bpe_vocab=300")
+    assert again.wait(timeout=600) == 0, again.stderr.read().decode()
+    assert load_checkpoint(tmp_path / "again")[1].to_dict() == tok.to_dict()  # not a new 300-token BPE
+
+
+def test_resume_on_another_device_type_reseeds_deterministically(tmp_path):
+    """A train state saved on CUDA resumes on CPU (and back): the generator's state cannot move between
+    device types, so the mask stream reseeds from (seed, step); two such resumes agree exactly."""
+    cfg = load_config("tiny", ["threads=1", "device=cpu"])
+    ds = SmilesDataset.from_file(SAMPLE)
+    tok = ds.tokenizer
+    train, val = torch.from_numpy(ds.train_tokens), torch.from_numpy(ds.val_tokens)
+    torch.manual_seed(0)
+    model = JointModel(ModelConfig(DiTConfig(vocab_size=tok.vocab_size + 1, out_vocab=tok.vocab_size,
+                                             length=tok.length, hidden_dim=16, cond_dim=8, n_blocks=1, n_heads=2)))
+    fit(model, tok, train, val, cfg, tmp_path / "a", max_steps=6, quiet=True)
+    state = tmp_path / "a" / "train_state" / "state.json"
+    meta = json.loads(state.read_text())
+    state.write_text(json.dumps(dict(meta, device="cuda:0")))  # as if the first 6 steps ran on a GPU
+    finals = []
+    for copy in ("b", "c"):
+        subprocess.run(["cp", "-r", str(tmp_path / "a"), str(tmp_path / copy)], check=True)
+        resumed, _, _ = load_checkpoint(tmp_path / copy)
+        out = fit(resumed, tok, train, val, cfg, tmp_path / copy, resume=True, max_steps=10, quiet=True)
+        assert out["step"] == 10 and out["device"] == "cpu"
+        assert out["device_moves"] == [{"step": 6, "from": "cuda", "to": "cpu"}]
+        finals.append(load_file(str(tmp_path / copy / "model.safetensors")))
+    assert finals[0].keys() == finals[1].keys()
+    assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
