@@ -15,7 +15,7 @@ import numpy as np
 
 from ttcore.tokenizers import SmilesTokenizer
 
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2
 
 
 def default_cache_dir() -> Path:
@@ -74,17 +74,27 @@ class SmilesDataset:
 
 
 def load_qm9(cache_dir: str | Path | None = None, val_fraction: float = 0.05, seed: int = 0) -> SmilesDataset:
-    """QM9, split and tokenized, from the on-disk cache when present (written atomically)."""
-    sources = [p.stat().st_size for p in qm9_csv_paths()]
-    key = hashlib.sha1(json.dumps([_CACHE_VERSION, sources, val_fraction, seed]).encode()).hexdigest()[:12]
+    """QM9, split and tokenized, from the on-disk cache when present (written atomically).
+
+    The cache records the sizes of the package's CSV files and is rebuilt when they change; a machine
+    without qm9pack (a GPU box with no registry, say) uses a cache copied to it as it is."""
+    key = hashlib.sha1(json.dumps([_CACHE_VERSION, val_fraction, seed]).encode()).hexdigest()[:12]
     path = Path(cache_dir or default_cache_dir()) / f"qm9-{key}.json"
+    try:
+        sources = [p.stat().st_size for p in qm9_csv_paths()]
+    except FileNotFoundError:
+        if not path.exists():
+            raise
+        sources = None  # no package here: the copied cache is the data
     if path.exists():
         d = json.loads(path.read_text())
-        return SmilesDataset(d["train"], d["val"], SmilesTokenizer.from_dict(d["tokenizer"]))
+        if sources is None or d.get("sources") == sources:
+            return SmilesDataset(d["train"], d["val"], SmilesTokenizer.from_dict(d["tokenizer"]))
     train, val = split(read_qm9_smiles(), val_fraction, seed)
     ds = SmilesDataset(train, val)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"train": train, "val": val, "tokenizer": ds.tokenizer.to_dict()}))
+    tmp.write_text(json.dumps({"sources": sources, "train": train, "val": val,
+                               "tokenizer": ds.tokenizer.to_dict()}))
     os.replace(tmp, path)
     return ds
