@@ -10,6 +10,7 @@ backpressure (``Overloaded`` -> HTTP 503); a cancelled request leaves at the nex
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import time
@@ -185,12 +186,11 @@ class _Batcher:
     def _answer(self, job: Job, state) -> dict:
         tok, lm = self.lm.tokenizer, self.lm
         samples = []
-        if lm.domain == "smiles":
-            from ttcore.metrics import canonical  # RDKit, imported once per answer, only for SMILES
+        check = smiles_checker() if lm.domain == "smiles" else None
         for row in state.tokens.tolist():
             text = tok.decode(row)
-            if lm.domain == "smiles":
-                c = canonical(text)
+            if check is not None:
+                c = check(text)
                 samples.append(Sample(text=text, valid=c is not None, canonical=c))
             else:
                 samples.append(Sample(text=text))
@@ -201,6 +201,18 @@ class _Batcher:
         return GenerateResponse(id=job.id, model=lm.family, checkpoint=lm.name, decomposition=lm.info.decomposition,
                                 rank=lm.info.rank, samples=samples, steps=state.step, model_calls=state.model_calls,
                                 timings=Timings(queue_ms=0, first_event_ms=0, total_ms=0)).model_dump()
+
+
+@functools.cache
+def smiles_checker():
+    """RDKit's canonical form (None for an invalid SMILES), or None where RDKit is not installed: a
+    server without the `chem` extra still serves SMILES, with `valid` and `canonical` left null."""
+    try:
+        from ttcore.metrics.molecules import canonical
+    except ImportError as e:
+        log.warning("RDKit is not importable (%s; pip install '.[chem]'): SMILES answers carry valid=null", e)
+        return None
+    return canonical
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
@@ -260,6 +272,8 @@ class Engine:
                              length=cfg.dit.length, vocab_size=cfg.dit.out_vocab,
                              parameters=sum(p.numel() for p in model.parameters()), card=card)
             self.models.append(LoadedModel(d.name, family, tok.kind, model, tok, info))
+            if tok.kind == "smiles":
+                smiles_checker()  # says at start-up, not at the first answer, when RDKit is missing
             log.info("loaded %s: %s %s r=%d", d.name, family, cfg.decomposition, cfg.rank)
 
     # --- queries

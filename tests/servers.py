@@ -74,9 +74,9 @@ def _tiny_text_model(out: Path) -> None:
         quiet=True)
 
 
-def start_uvicorn(checkpoints: Path, *extra: str) -> tuple[subprocess.Popen, str]:
+def start_uvicorn(checkpoints: Path, *extra: str, env: dict | None = None) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
     proc = subprocess.Popen([sys.executable, "-m", "service", "--checkpoints", str(checkpoints), "--port", str(port),
                              "--threads", "1", "--log-level", "warning", "--precision", "fp32", *extra],
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

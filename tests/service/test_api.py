@@ -1,6 +1,7 @@
 """The HTTP API against a real uvicorn server (subprocess) on tiny trained checkpoints."""
 
 import asyncio
+import os
 import time
 
 import httpx
@@ -158,3 +159,19 @@ def test_backpressure_503_with_retry_after(checkpoints):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_smiles_served_without_rdkit(checkpoints, tmp_path):
+    """A server installed without the chem extra still serves SMILES, with valid/canonical null."""
+    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['rdkit'] = None  # import rdkit fails\n")
+    path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    proc, url = start_uvicorn(checkpoints, env={"PYTHONPATH": path})
+    try:
+        r = httpx.post(url + "/generate", json=dict(model="qm9", num_samples=3, steps=4, seed=0), timeout=60)
+        assert r.status_code == 200, r.text
+        samples = r.json()["samples"]
+        assert len(samples) == 3 and all(s["valid"] is None and s["canonical"] is None for s in samples)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert "RDKit is not importable" in proc.stderr.read().decode()
