@@ -122,16 +122,27 @@ def _plot(rows: list[dict], orderings: list[str], out: Path) -> None:
 CARD_SECTION = "## Few-step quality"
 
 
-def _update_cards(rows: list[dict], paths: list[Path], command: str) -> None:
+def _molecule_cells(r: dict) -> list:
+    label = r["ordering"] if r["eb_gamma"] is None else f"EB-Sampler gamma={r['eb_gamma']:g}"
+    return [label, r["steps"], f"{r['avg_steps']:.1f}", f"{100 * r['validity']:.1f}", f"{100 * r['uniqueness']:.1f}",
+            f"{100 * r['novelty']:.1f}"]
+
+
+MOLECULE_COLUMNS = ["ordering", "K", "avg steps", "validity %", "uniqueness %", "novelty %"]
+TEXT_COLUMNS = ["ordering", "K", "GenPPL", "unigram entropy", "samples"]
+
+
+def _text_cells(r: dict) -> list:
+    return ["random", r["steps"], f"{r['genppl']:.1f}", f"{r['entropy']:.2f}", r["samples"]]
+
+
+def _update_cards(rows: list[dict], paths: list[Path], command: str, columns=MOLECULE_COLUMNS,
+                  cells=_molecule_cells) -> None:
     """Replace each checkpoint's model-card section with its own rows (atomic: temp file, rename)."""
     for path in paths:
-        mine = [r for r in rows if r["checkpoint"] == path.name]
-        lines = [CARD_SECTION, "", f"    {command}", "",
-                 "| ordering | K | avg steps | validity % | uniqueness % | novelty % |", "| --- | --- | --- | --- | --- | --- |"]
-        for r in mine:
-            label = r["ordering"] if r["eb_gamma"] is None else f"EB-Sampler gamma={r['eb_gamma']:g}"
-            lines.append(f"| {label} | {r['steps']} | {r['avg_steps']:.1f} | {100 * r['validity']:.1f} | "
-                         f"{100 * r['uniqueness']:.1f} | {100 * r['novelty']:.1f} |")
+        lines = [CARD_SECTION, "", f"    {command}", "", "| " + " | ".join(columns) + " |",
+                 "| " + " | ".join("---" for _ in columns) + " |"]
+        lines += ["| " + " | ".join(map(str, cells(r))) + " |" for r in rows if r["checkpoint"] == path.name]
         card_path = path / "model_card.md"
         card = card_path.read_text() if card_path.exists() else f"# {path.name}\n"
         card = card.split("\n" + CARD_SECTION)[0].rstrip("\n") + "\n\n" + "\n".join(lines) + "\n"
@@ -185,6 +196,9 @@ def evaluate_text(args, out: Path) -> None:
             print(f"{path.name:>16} K={steps:<4} GenPPL {row['genppl']:.1f} entropy {row['entropy']:.2f} "
                   f"({row['seconds']:.0f} s)", flush=True)
     _write(rows, out / "text_results")
+    if args.cards:
+        _update_cards(rows, checkpoint_dirs(args.checkpoints), "python training/evaluate.py " + " ".join(sys.argv[1:]),
+                      TEXT_COLUMNS, _text_cells)
     fig, ax = _pyplot().subplots(figsize=(5, 4))
     _lines(ax, rows, "steps", "genppl")
     ax.set_xscale("log", base=2)

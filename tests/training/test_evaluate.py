@@ -38,11 +38,14 @@ def test_evaluate_text_writes_genppl(tmp_path):
     out = tmp_path / "res"
     done = subprocess.run([sys.executable, "training/evaluate.py", "--data", "text", "--checkpoints",
                            str(tmp_path / "b"), "--out", str(out), "--samples", "4", "--batch", "4", "--steps", "2",
-                           "8", "--precision", "fp32"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                           "8", "--precision", "fp32", "--cards"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads((out / "text_results.json").read_text())
     assert [r["steps"] for r in rows] == [2, 8] and all(1 < r["genppl"] < 1e7 and r["entropy"] > 0 for r in rows)
     assert (out / "genppl.png").exists() and "GenPPL (entropy)" in done.stdout
+    card = (tmp_path / "b" / "model_card.md").read_text()
+    assert card.count("## Few-step quality") == 1 and f"| random | 8 | {rows[1]['genppl']:.1f} |" in card
 
 
 def test_count_schedule_identifies_runs_that_only_differ_by_idle_steps():
