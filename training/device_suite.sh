@@ -36,8 +36,9 @@ fit_steps() {  # budget cap run...
   $PY - "$@" <<'EOF'
 import json, sys
 budget, cap, runs = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
-sps = max(json.load(open(f"{r}/train_state/state.json"))["wall_seconds"] / json.load(open(f"{r}/train_state/state.json"))["step"] for r in runs)
-print(max(1, min(cap, int(budget / sps))))
+metas = [json.load(open(f"{r}/train_state/state.json")) for r in runs]
+seconds_per_step = max(m["wall_seconds"] / m["step"] for m in metas)
+print(max(1, min(cap, int(budget / seconds_per_step))))
 EOF
 }
 waitall() { local p; for p in "$@"; do wait "$p"; done; }
