@@ -195,20 +195,25 @@ def evaluate_text(args, out: Path) -> None:
             rows.append(row)
             print(f"{path.name:>16} K={steps:<4} GenPPL {row['genppl']:.1f} entropy {row['entropy']:.2f} "
                   f"({row['seconds']:.0f} s)", flush=True)
-    _write(rows, out / "text_results")
     if args.cards:
         _update_cards(rows, checkpoint_dirs(args.checkpoints), "python training/evaluate.py " + " ".join(sys.argv[1:]),
                       TEXT_COLUMNS, _text_cells)
+    report_text(rows, out, args.steps)
+
+
+def report_text(rows: list[dict], out: Path, steps: list[int]) -> None:
+    """CSV/JSON, the GenPPL plot and the printed table of text rows (also for rows of several runs)."""
+    _write(rows, out / "text_results")
     fig, ax = _pyplot().subplots(figsize=(5, 4))
     _lines(ax, rows, "steps", "genppl")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     _save(fig, ax, out / "genppl.png", "denoising steps K", "generative perplexity")
     print("\nGenPPL (entropy), random order")
-    print(f"{'checkpoint':>16} | " + " | ".join(f"{'K=' + str(k):>14}" for k in args.steps))
+    print(f"{'checkpoint':>16} | " + " | ".join(f"{'K=' + str(k):>14}" for k in steps))
     for name in dict.fromkeys(r["checkpoint"] for r in rows):
         cells = [next(f"{r['genppl']:7.1f} ({r['entropy']:.2f})" for r in rows if r["checkpoint"] == name
-                      and r["steps"] == k) for k in args.steps]
+                      and r["steps"] == k) for k in steps]
         print(f"{name:>16} | " + " | ".join(f"{c:>14}" for c in cells))
     print(f"\nwrote {out}/text_results.csv, text_results.json, genppl.png")
 
