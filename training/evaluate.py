@@ -122,6 +122,10 @@ def _plot(rows: list[dict], orderings: list[str], out: Path) -> None:
 CARD_SECTION = "## Few-step quality"
 
 
+def _this_command() -> str:
+    return "python training/evaluate.py " + " ".join(sys.argv[1:])
+
+
 def _molecule_cells(r: dict) -> list:
     label = r["ordering"] if r["eb_gamma"] is None else f"EB-Sampler gamma={r['eb_gamma']:g}"
     return [label, r["steps"], f"{r['avg_steps']:.1f}", f"{100 * r['validity']:.1f}", f"{100 * r['uniqueness']:.1f}",
@@ -179,8 +183,8 @@ def evaluate_text(args, out: Path) -> None:
     from ttcore.metrics import generative_perplexity, load_judge, unigram_entropy
 
     judge = load_judge(args.judge)
-    rows = []
-    for path in checkpoint_dirs(args.checkpoints):
+    rows, paths = [], checkpoint_dirs(args.checkpoints)
+    for path in paths:
         model, tok, _ = load(path, args.precision)
         for steps in args.steps:
             texts, ids, t0 = [], [], time.time()
@@ -196,8 +200,7 @@ def evaluate_text(args, out: Path) -> None:
             print(f"{path.name:>16} K={steps:<4} GenPPL {row['genppl']:.1f} entropy {row['entropy']:.2f} "
                   f"({row['seconds']:.0f} s)", flush=True)
     if args.cards:
-        _update_cards(rows, checkpoint_dirs(args.checkpoints), "python training/evaluate.py " + " ".join(sys.argv[1:]),
-                      TEXT_COLUMNS, _text_cells)
+        _update_cards(rows, paths, _this_command(), TEXT_COLUMNS, _text_cells)
     report_text(rows, out, args.steps)
 
 
@@ -242,8 +245,8 @@ def main():
         training = set(load_qm9().train)
     else:
         training = set(Path(args.data).read_text().split())
-    rows = []
-    for path in checkpoint_dirs(args.checkpoints):
+    rows, paths = [], checkpoint_dirs(args.checkpoints)
+    for path in paths:
         model, tok, config = load(path, args.precision)
         cfg = model.cfg
         settings = [(o, k, None) for o in args.orderings for k in args.steps]
@@ -266,7 +269,7 @@ def main():
                   f"novelty {100 * m['novelty']:.1f}% ({res['seconds']:.0f} s)", flush=True)
     _write(rows, out / "results")
     if args.cards:
-        _update_cards(rows, checkpoint_dirs(args.checkpoints), "python training/evaluate.py " + " ".join(sys.argv[1:]))
+        _update_cards(rows, paths, _this_command())
     _plot(rows, args.orderings, out)
     _print_tables(rows, args.orderings, args.steps)
     print(f"\nwrote {out}/results.csv, results.json, validity.png" + (", eb.png" if args.eb_gammas else ""))

@@ -24,15 +24,20 @@ def _run(*args, **kw):
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)
 
 
-def test_tiny_model_loss_drops(tmp_path):
-    cfg = load_config("tiny", ["threads=1"])
+def _sample_model(**dims):
+    """The committed QM9 sample as tensors, its tokenizer, and a fresh (seeded) base model of ``dims``."""
     ds = SmilesDataset.from_file(SAMPLE)
     tok = ds.tokenizer
     torch.manual_seed(0)
     model = JointModel(ModelConfig(DiTConfig(vocab_size=tok.vocab_size + 1, out_vocab=tok.vocab_size,
-                                             length=tok.length, hidden_dim=cfg.hidden_dim, cond_dim=cfg.cond_dim,
-                                             n_blocks=cfg.n_blocks, n_heads=cfg.n_heads)))
-    train, val = torch.from_numpy(ds.train_tokens), torch.from_numpy(ds.val_tokens)
+                                             length=tok.length, **dims)))
+    return model, tok, torch.from_numpy(ds.train_tokens), torch.from_numpy(ds.val_tokens)
+
+
+def test_tiny_model_loss_drops(tmp_path):
+    cfg = load_config("tiny", ["threads=1"])
+    model, tok, train, val = _sample_model(hidden_dim=cfg.hidden_dim, cond_dim=cfg.cond_dim, n_blocks=cfg.n_blocks,
+                                           n_heads=cfg.n_heads)
     before = evaluate_loss(model, val, tok.mask_id, cfg, torch.device("cpu"))["nll"]
     meta = fit(model, tok, train, val, cfg, tmp_path / "ck", max_steps=80, quiet=True)
     assert meta["val"]["nll"] < before - 0.8, (before, meta["val"])
@@ -112,12 +117,7 @@ def test_resume_on_another_device_type_reseeds_deterministically(tmp_path):
     """A train state saved on CUDA resumes on CPU (and back): the generator's state cannot move between
     device types, so the mask stream reseeds from (seed, step); two such resumes agree exactly."""
     cfg = load_config("tiny", ["threads=1", "device=cpu"])
-    ds = SmilesDataset.from_file(SAMPLE)
-    tok = ds.tokenizer
-    train, val = torch.from_numpy(ds.train_tokens), torch.from_numpy(ds.val_tokens)
-    torch.manual_seed(0)
-    model = JointModel(ModelConfig(DiTConfig(vocab_size=tok.vocab_size + 1, out_vocab=tok.vocab_size,
-                                             length=tok.length, hidden_dim=16, cond_dim=8, n_blocks=1, n_heads=2)))
+    model, tok, train, val = _sample_model(hidden_dim=16, cond_dim=8, n_blocks=1, n_heads=2)
     fit(model, tok, train, val, cfg, tmp_path / "a", max_steps=6, quiet=True)
     state = tmp_path / "a" / "train_state" / "state.json"
     meta = json.loads(state.read_text())
