@@ -2,6 +2,7 @@
 
     python benchmarks/sampling_overhead.py            # QM9-sized and text-sized models
     python benchmarks/sampling_overhead.py --quick    # QM9-sized only, fewer settings
+    python benchmarks/sampling_overhead.py --size smoke --reps 1    # a 2-block toy: seconds (the tests run it)
 
 One randomly initialized backbone per size; rank-1, CP and TT heads are built from it exactly as
 fine-tuning does (heads with noise, so the joints are not degenerate). For each setting it times the
@@ -23,6 +24,7 @@ from ttcore.sampling import generate
 
 SIZES = {
     "qm9": dict(length=32, vocab=40, hidden=256, blocks=6, heads=8, batch=64, head="1layer", cp=64, tt=8),
+    "smoke": dict(length=8, vocab=6, hidden=32, blocks=1, heads=2, batch=2, head="1layer", cp=2, tt=2),
     "text": dict(length=128, vocab=8192, hidden=256, blocks=6, heads=8, batch=8, head="2layer", cp=16, tt=4),
 }
 
@@ -68,7 +70,7 @@ def main():
     sizes = [args.size] if args.size else ["qm9"] if args.quick else ["qm9", "text"]
     settings = [("random", dict(ordering="random")), ("top_prob", dict(ordering="top_prob")),
                 ("eb g=0.5", dict(eb_gamma=0.5))]
-    steps_list = [8, 32] if args.quick else [8, 32, 128]
+    steps_list = [2, 4] if args.size == "smoke" else [8, 32] if args.quick else [8, 32, 128]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, bf16 autocast backbone, "
           f"best of {args.reps}; s/sample (model calls) and ratio to rank 1")
     for name in sizes:

@@ -2,6 +2,7 @@
 
     python benchmarks/service_load.py                          # bundled checkpoints/ (qm9)
     python benchmarks/service_load.py --checkpoints DIR --requests-per-client 4
+    python benchmarks/service_load.py --clients 1 2 --requests-per-client 1    # smoke size (the tests run it)
 
 Starts `python -m service` (uvicorn) in a subprocess on a free port. For C in {1, 8, 32} concurrent
 clients, each sends R requests in a row (2 molecules, 8 steps, random order); the baseline sends the
@@ -63,6 +64,7 @@ def main():
     ap.add_argument("--requests-per-client", type=int, default=4)
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32], help="concurrency levels to measure")
     args = ap.parse_args()
     port = _port()
     url = f"http://127.0.0.1:{port}"
@@ -86,7 +88,7 @@ def main():
               f"per request, {args.requests_per_client} requests per client, {args.precision}")
         print(f"{'clients':>7} | {'mol/s':>7} {'p50 s':>7} {'p99 s':>7} | {'1-at-a-time mol/s':>17} | "
               f"{'speed-up':>8} | {'forward share':>13}")
-        for clients in (1, 8, 32):
+        for clients in args.clients:
             n = clients * args.requests_per_client
             wall, lat, fwd = asyncio.run(_run(url, body, clients, args.requests_per_client))
             wall1, _, _ = asyncio.run(_run(url, body, 1, n))
@@ -97,7 +99,7 @@ def main():
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    _forward_bound(Path(args.checkpoints) / info["checkpoint"], args.precision, args.device, (1, 8, 32))
+    _forward_bound(Path(args.checkpoints) / info["checkpoint"], args.precision, args.device, tuple(args.clients))
 
 
 def _sync(device: str) -> None:

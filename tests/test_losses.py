@@ -1,14 +1,20 @@
-"""The MDLM objective for joints: rank 1 is MDLM's factorized loss; the TT/CP NLLs match the
-distribution classes; L_C is Eq. 21."""
+"""The MDLM objective for joints: rank 1 is MDLM's factorized loss; the TT/CP NLLs and marginals match
+the distribution classes; the NELBO is a bound (App. B pairs: tight, where the 1/t-weighted joint NLL
+is not); L_C is Eq. 19."""
+
+import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from ttcore.distributions import CP, TensorTrain
-from ttcore.losses import (contracted_core_loss, cp_masked_log_prob, factorized_masked_log_prob,
-                           forward_mask, mdlm_loss, tt_masked_log_prob)
-from ttcore.models import DiTConfig, JointModel, ModelConfig
+from torch import nn
+
+from ttcore.losses import (contracted_core_loss, cp_masked_log_prob, cp_masked_marginal_log_probs,
+                           factorized_masked_log_prob, forward_mask, masked_log_prob, mdlm_loss, sample_times,
+                           tt_masked_log_prob, tt_masked_marginal_log_probs)
+from ttcore.models import DiTConfig, HeadOutputs, JointModel, ModelConfig
 
 V, L, B = 7, 6, 5
 
@@ -66,7 +72,7 @@ def test_mdlm_loss_of_base_model_equals_hand_written_mdlm_loss():
     assert out1["nll"].item() == pytest.approx((ce1.sum() / mask.sum()).item(), rel=1e-5)
 
 
-def test_contracted_core_loss_is_eq_21():
+def test_contracted_core_loss_is_eq_19():
     g = torch.Generator().manual_seed(0)
     m, r = 4, 3
     core_logits = torch.randn(m, V, r, r, dtype=torch.float64, generator=g)
@@ -81,3 +87,57 @@ def test_contracted_core_loss_is_eq_21():
     contracted_core_loss(pred_logits, core_logits).backward()
     assert pred_logits.grad.abs().max() > 0
     assert core_logits.grad is None  # stopgrad on the target
+
+
+def test_marginal_log_probs_match_the_distributions_marginals():
+    x0, x_t, mask = _mask(3)
+    m, r = int(mask.sum()), 3
+    g = torch.Generator().manual_seed(4)
+    x_cond = torch.where(mask, torch.full_like(x_t, -1), x_t)
+    core_logits = 3 * torch.randn(m, V, r, r, dtype=torch.float64, generator=g)
+    tt = TensorTrain.from_masked(TensorTrain.from_logits(core_logits.unsqueeze(0)).cores[0], x_t, mask)
+    want = tt.marginals(x_cond)[mask].gather(-1, x0[mask][:, None]).squeeze(-1).log()
+    torch.testing.assert_close(tt_masked_marginal_log_probs(core_logits, x0[mask], mask), want)
+    w, f = torch.randn(B, r, dtype=torch.float64, generator=g), torch.randn(m, r, V, dtype=torch.float64, generator=g)
+    cp = CP.from_masked(torch.softmax(w, -1), torch.softmax(f, -1), x_t, mask)
+    want = cp.marginals(x_cond)[mask].gather(-1, x0[mask][:, None]).squeeze(-1).log()
+    torch.testing.assert_close(cp_masked_marginal_log_probs(w, f, x0[mask], mask), want)
+
+
+class _PerfectPairs(nn.Module):
+    """App. B data (N pairs of equal bits, each pair uniform): the exact posterior p(x_M | x_t) as a
+    rank-2 TT, for every x_t. A masked odd token draws the pair's bit into the state; a masked even
+    token copies the state, or its known odd partner; an odd token with a known even partner copies it."""
+
+    def forward(self, x_t, mask, sigma=None):
+        b, l = x_t.shape
+        cores = torch.zeros(b, l, 2, 2, 2, dtype=torch.float64)  # [b, l, x, j, k]
+        for bi in range(b):
+            for i in range(0, l, 2):
+                a, c = x_t[bi, i].item(), x_t[bi, i + 1].item()
+                if mask[bi, i] and mask[bi, i + 1]:
+                    cores[bi, i, 0, :, 0] = cores[bi, i, 1, :, 1] = 0.5  # (x, k) = (bit, bit)
+                    cores[bi, i + 1, 0, 0, :] = cores[bi, i + 1, 1, 1, :] = 0.5  # emit the state's bit
+                elif mask[bi, i]:
+                    cores[bi, i, c, :, :] = 0.5  # copy the known even partner
+                elif mask[bi, i + 1]:
+                    cores[bi, i + 1, a, :, :] = 0.5  # copy the known odd partner
+        return HeadOutputs(mask, cores[mask].clamp_min(1e-300).log())
+
+
+def test_nelbo_is_a_bound_on_app_b_pairs_and_the_joint_weighting_is_not():
+    """Per token, true NLL = log 2 / 2 = 0.347. The NELBO integrand per token is t * t * log 2 / t (masked,
+    partner masked), so the bound is tight: log 2 / 2. The joint NLL weighted by 1/t gives log 2 / 4."""
+    n_pairs, b = 3, 6000
+    g = torch.Generator().manual_seed(0)
+    x0 = torch.randint(0, 2, (b, n_pairs), generator=g).repeat_interleave(2, 1)  # [b, 2N]
+    t = sample_times(b, 1e-3, "cpu", g)
+    model = _PerfectPairs()
+    out = mdlm_loss(model, x0, 2, generator=g, t=t)
+    true_nll = math.log(2) / 2
+    assert out["nelbo"].item() == pytest.approx(true_nll, abs=0.01)
+    x_t, mask = forward_mask(x0, t, 2, torch.Generator().manual_seed(7))
+    joint_weighted = (-masked_log_prob(model(x_t, mask), x0) / t).sum().item() / x0.numel()
+    assert joint_weighted == pytest.approx(true_nll / 2, abs=0.01)  # what the old "NELBO" printed
+    # the joint NLL scores each masked pair once; the marginals score both of its tokens
+    assert out["marginal_nll"].item() > out["nll"].item() + 0.05

@@ -30,13 +30,14 @@ def main():
     resuming = args.resume and Path(args.out).exists() and load_train_state(args.out) is not None
     if resuming:
         model, tokenizer, _ = load_checkpoint(args.out)
-    elif is_mdlm_checkpoint(args.base):  # an official MDLM (e.g. mdlm-owt) directory
-        base, tokenizer = load_mdlm(args.base, length=cfg.length)
     else:
-        base, tokenizer, _ = load_checkpoint(args.base)
+        if is_mdlm_checkpoint(args.base):  # an official MDLM (e.g. mdlm-owt) directory
+            base, tokenizer = load_mdlm(args.base, length=cfg.length)
+        else:
+            base, tokenizer, _ = load_checkpoint(args.base)
         model = JointModel.from_base(base, cfg.decomposition, cfg.rank, cfg.head, cfg.head_noise,
                                      torch.Generator().manual_seed(cfg.seed))
-        model.cfg.extra["base"] = str(args.base)
+        model.cfg.extra["base"] = Path(args.base).name  # a name, not a path of this machine
     train, val = tensors(dataset(cfg, tokenizer))
     title = f"{cfg.data} {cfg.decomposition} r={cfg.rank} fine-tune of {Path(args.base).name}"
     meta = fit(model, tokenizer, train, val, cfg, args.out, resume=resuming, max_steps=args.max_steps,

@@ -1,15 +1,23 @@
-"""MDLM's continuous-time objective (Sahoo et al. 2024) for any joint p(x_M | x_t).
+"""MDLM's continuous-time objective (Sahoo et al. 2024) for any joint p(x_M | x_t), and the bound.
 
-Log-linear schedule: a token is masked with probability (1 - eps) t, and the NELBO weight
--alpha'_t / (1 - alpha_t) is 1 / t. SUBS: the model never predicts [MASK] (it has no output for it)
-and known tokens are carried over exactly, so only -log p(x_M | x_t) over the masked set M is scored
-(Sec. 4.5, masked-token-only modeling).
+Log-linear schedule alpha_t = 1 - t: with t ~ U[eps, 1] (antithetic strata), each token is masked
+with probability t (Eq. 1), and the NELBO weight -alpha'_t / (1 - alpha_t) is 1 / t. SUBS: the model
+never predicts [MASK] (it has no output for it) and known tokens are carried over exactly, so only the
+masked set M is scored (Sec. 4.5, masked-token-only modeling).
+
+Two quantities, not to be confused:
+- the training objective, L_NLL of Eq. 3: -log p(x_M | x_t) of the *joint* over the masked set;
+- the NELBO, a bound on the NLL of the continuous-time sampler. In the K -> infinity limit one token
+  unmasks per infinitesimal step, drawn from the model's *single-position marginal* p(x^i | x_t), so the
+  bound is  int_eps^1 (1/t) E[ sum_{i in M} -log p(x^i | x_t) ] dt,  with the joint's exact marginals
+  (Eqs. 14-15 for CP, Eqs. 16-17 for TT, both with S = the unmasked positions). For rank 1 the two
+  integrands coincide (MDLM's NELBO); for CP / TT the joint NLL weighted by 1/t is not a bound.
 """
 
 import torch
 import torch.nn.functional as F
 
-from ttcore.distributions import tt_chain_log_value
+from ttcore.distributions import tt_chain_log_value, tt_state_marginals
 from ttcore.models import HeadOutputs
 
 
@@ -22,7 +30,7 @@ def sample_times(b: int, eps: float, device, generator: torch.Generator | None =
 
 def forward_mask(x0: torch.Tensor, t: torch.Tensor, mask_id: int,
                  generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """q(x_t | x): each token is replaced by [MASK] with probability t (Eq. 1). -> (x_t, mask)."""
+    """q(x_t | x): each token is replaced by [MASK] with probability t (Eq. 1), t [b]. -> (x_t, mask)."""
     mask = torch.rand(x0.shape, device=x0.device, generator=generator) < t[:, None]
     return torch.where(mask, torch.full_like(x0, mask_id), x0), mask
 
@@ -76,6 +84,38 @@ def masked_log_prob(out: HeadOutputs, x0: torch.Tensor) -> torch.Tensor:
     return factorized_masked_log_prob(out.logits, targets, out.mask)
 
 
+def cp_masked_marginal_log_probs(weight_logits: torch.Tensor, factor_logits: torch.Tensor,
+                                 targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """log p(x^i | x_t) = log sum_a w_a p^(a,i)(x^i) for each masked i (Eqs. 14-15, S = the known
+    positions, whose factors are one-hot at their own token and so equal 1). -> [m]."""
+    log_f = F.log_softmax(factor_logits, -1)
+    log_f = log_f.gather(-1, targets[:, None, None].expand(-1, log_f.shape[1], 1)).squeeze(-1)  # [m, r]
+    log_w = F.log_softmax(weight_logits, -1)[mask.nonzero()[:, 0]]  # [m, r]: each position's sequence
+    return torch.logsumexp(log_w + log_f, -1)
+
+
+def tt_masked_marginal_log_probs(core_logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """log p(x^i | x_t) for each masked i (Eqs. 16-17, S = the known positions, which contract to the
+    identity): log pi_i^T G_i(x^i) 1 with pi_i the hidden-state marginal (``tt_state_marginals``).
+    Needs only the selected and the summed cores, [m, r, r] each. core_logits [m, v, r, r] -> [m]."""
+    b, l = mask.shape
+    r = core_logits.shape[-1]
+    gbar = torch.eye(r, dtype=core_logits.dtype, device=core_logits.device).repeat(b, l, 1, 1)  # [b, l, r, r]
+    gbar[mask] = tt_contracted_targets(core_logits)
+    log_pi = tt_state_marginals(gbar)[mask].clamp_min(torch.finfo(gbar.dtype).tiny).log()  # [m, r]
+    return torch.logsumexp(log_pi[:, :, None] + tt_selected_log_cores(core_logits, targets), (1, 2))
+
+
+def masked_marginal_log_probs(out: HeadOutputs, x0: torch.Tensor) -> torch.Tensor:
+    """log p(x^i | x_t) under the joint's exact single-position marginal, per masked i. -> [m]."""
+    targets = x0[out.mask]
+    if out.weight_logits is not None:
+        return cp_masked_marginal_log_probs(out.weight_logits, out.logits, targets, out.mask)
+    if out.logits.dim() == 4:
+        return tt_masked_marginal_log_probs(out.logits, targets, out.mask)
+    return -F.cross_entropy(out.logits, targets, reduction="none")
+
+
 def tt_contracted_targets(core_logits: torch.Tensor) -> torch.Tensor:
     """sum_x G_j(x) from core logits [m, v, r, r] -> [m, r, r] (row-stochastic)."""
     lse = core_logits.logsumexp(dim=(1, 3))  # [m, r]
@@ -83,7 +123,7 @@ def tt_contracted_targets(core_logits: torch.Tensor) -> torch.Tensor:
 
 
 def contracted_core_loss(contracted_logits: torch.Tensor, core_logits: torch.Tensor) -> torch.Tensor:
-    """L_C = (1/N) sum_j ||Gbar_j - stopgrad(sum_x G_j(x))||_F^2  (Eq. 21), over the masked positions."""
+    """L_C = (1/N) sum_j ||Gbar_j - stopgrad(sum_x G_j(x))||_F^2  (Eq. 19), over the masked positions."""
     if contracted_logits.shape[0] == 0:
         return contracted_logits.sum()
     pred = torch.softmax(contracted_logits, -1)  # rows of Gbar_j
@@ -93,11 +133,16 @@ def contracted_core_loss(contracted_logits: torch.Tensor, core_logits: torch.Ten
 
 def mdlm_loss(model, x0: torch.Tensor, mask_id: int, eps: float = 1e-3,
               generator: torch.Generator | None = None, t: torch.Tensor | None = None) -> dict:
-    """One batch of the objective. Returns
-    - ``loss``: -log p(x_M | x_t) summed over the batch, normalized by |M| (paper, Sec. 4.5), plus L_C;
-    - ``nll``: that NLL per masked token (no L_C);
-    - ``nelbo``: MDLM's weighted bound in nats per token, sum_b (1/t_b) (-log p(x_M | x_t)) / (b * l);
+    """One batch of the objective (Eq. 20: L_NLL + L_C). Returns, for this batch:
+    - ``loss``: the joint NLL per masked token (below) plus L_C; what the optimizer sees;
+    - ``nll``: the joint NLL per masked token, sum_b -log p(x_{M_b} | x_t) / sum_b |M_b|: a ratio of
+      batch totals, so every masked token weighs the same (not a mean of per-sequence averages);
+    - ``marginal_nll``: the same with each token scored by its exact single-position marginal,
+      sum_b sum_{i in M_b} -log p(x^i | x_t) / sum_b |M_b| (equal to ``nll`` for rank 1);
+    - ``nelbo``: a one-sample Monte Carlo estimate of the NELBO in nats per token (module docstring),
+      sum_b (1/t_b) sum_{i in M_b} -log p(x^i | x_t) / (b * l), t_b ~ U[eps, 1];
     - ``lc``: L_C (zero without a contracted head).
+    ``marginal_nll`` and ``nelbo`` are metrics: computed without gradient.
     """
     b, l = x0.shape
     if t is None:
@@ -108,6 +153,8 @@ def mdlm_loss(model, x0: torch.Tensor, mask_id: int, eps: float = 1e-3,
     n_masked = mask.sum().clamp_min(1)
     lc = (contracted_core_loss(out.contracted_logits, out.logits) if out.contracted_logits is not None
           else nll.new_zeros(()))
+    with torch.no_grad():
+        per_position = _per_sequence(-masked_marginal_log_probs(out, x0), mask)  # [b]
     per_token = nll.sum() / n_masked
     return {"loss": per_token + lc, "nll": per_token.detach(), "lc": lc.detach(),
-            "nelbo": (nll / t).sum().detach() / (b * l)}
+            "marginal_nll": per_position.sum() / n_masked, "nelbo": (per_position / t).sum() / (b * l)}

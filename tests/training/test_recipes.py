@@ -132,3 +132,35 @@ def test_resume_on_another_device_type_reseeds_deterministically(tmp_path):
         finals.append(load_file(str(tmp_path / copy / "model.safetensors")))
     assert finals[0].keys() == finals[1].keys()
     assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
+
+
+def test_finetune_recipe_from_an_mdlm_checkpoint_then_served(tmp_path):
+    """The README's MDLM-OWT command on a tiny directory in MDLM's layout (config.json +
+    model.safetensors, GPT-2 vocabulary): fine-tune a few steps, export, serve, generate."""
+    import httpx
+    from models.test_mdlm_compat import _write_mdlm
+    from servers import start_uvicorn
+
+    _write_mdlm(tmp_path / "mdlm")
+    ft = _run(ROOT / "training" / "finetune.py", "--config", "text_finetune", "--base", tmp_path / "mdlm",
+              "--decomposition", "tt", "--rank", 2, "--head", "2layer", "--out", tmp_path / "owt-tt-r2",
+              "--max-steps", 2, "--quiet", "--set", "tokenizer=gpt2", "length=32", "batch_size=4", "val_batches=1",
+              "threads=1", "precision=fp32")
+    assert ft.wait(timeout=600) == 0, ft.stderr.read().decode()
+    model, tok, config = load_checkpoint(tmp_path / "owt-tt-r2")
+    assert (config["model"]["decomposition"], config["model"]["rank"], model.cfg.dit.out_vocab) == ("tt", 2, 50257)
+    assert json.loads((tmp_path / "owt-tt-r2" / "train_state" / "state.json").read_text())["step"] == 2
+    export = _run(ROOT / "training" / "export.py", "--src", tmp_path / "owt-tt-r2", "--out",
+                  tmp_path / "served" / "owt-tt-r2", "--family", "owt")
+    assert export.wait(timeout=300) == 0, export.stderr.read().decode()
+    proc, url = start_uvicorn(tmp_path / "served")
+    try:
+        r = httpx.post(url + "/generate", json={"model": "owt", "num_samples": 2, "steps": 4, "seed": 0,
+                                                "prompt": "The"}, timeout=120)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["decomposition"] == "tt" and len(body["samples"]) == 2
+        assert all(s["text"].startswith("The") for s in body["samples"]), body
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

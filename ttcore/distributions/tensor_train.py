@@ -61,6 +61,23 @@ def _scan(mats: torch.Tensor, reverse: bool = False) -> torch.Tensor:
     return mats
 
 
+def tt_state_marginals(contracted: torch.Tensor) -> torch.Tensor:
+    """Distribution of the hidden state entering each position, every other position summed out:
+    pi_1 = 1/r, pi_i = pi_{i-1} Gbar_{i-1}. With row-stochastic Gbar (Eq. 16 with S empty: the sum
+    over x of row-normalized cores) the suffix Gbar_{i+1}..Gbar_l 1 of Eq. 17 is the ones vector, so the
+    single-position marginal is p(x^i) = pi_i^T G_i(x^i) 1. contracted [b, l, r, r] -> [b, l, r].
+
+    Inclusive prefix products by the rescaled parallel scan, then each pi_i renormalized to sum 1
+    (its true sum), so the scan's scale factors cancel exactly."""
+    b, l, r, _ = contracted.shape
+    first = contracted.new_full((b, 1, r), 1.0 / r)
+    if l == 1:
+        return first
+    prefix = first.unsqueeze(-2) @ _scan(contracted)[:, :-1]  # [b, l-1, 1, r]: 1^T Gbar_1..Gbar_{i-1}, scaled
+    prefix = prefix.squeeze(-2)
+    return torch.cat([first, prefix / prefix.sum(-1, keepdim=True)], 1)
+
+
 def tt_cores_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Row normalization of Eq. 10: softmax over the joint (x, k) axes of each row j.
     logits [..., v, r, r] -> cores of the same shape."""

@@ -1,0 +1,38 @@
+"""Every benchmark script runs at its smallest setting (seconds), so none can silently rot.
+
+Each runs as the README documents it, in a subprocess; the test checks that it exits 0 and printed
+its table (rows with ratios), not the numbers themselves (timings are the benchmark's business)."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench(*args, timeout=300) -> str:
+    done = subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_joint_sampling_smoke():
+    out = _bench(ROOT / "benchmarks" / "joint_sampling.py", "--smoke")
+    rows = [line for line in out.splitlines() if re.match(r"\s+8\s+5\s+\d\s+(fact|cp|tt) \|", line)]
+    assert len(rows) == 5, out  # fact, then cp and tt for r = 1 and 2
+    assert all(re.search(r"\|\s+[\d.]+\s+[\d.]+\s*$", r) for r in rows if r.split()[3] == "tt"), out  # head path
+
+
+def test_sampling_overhead_smoke():
+    out = _bench(ROOT / "benchmarks" / "sampling_overhead.py", "--size", "smoke", "--reps", "1")
+    rows = [line for line in out.splitlines() if re.match(r"\s*(random|top_prob|eb g=0.5)\s+\d+ \|", line)]
+    assert len(rows) == 5 and all(line.count(" x") == 3 for line in rows), out
+
+
+def test_service_load_smoke():
+    out = _bench(ROOT / "benchmarks" / "service_load.py", "--clients", "1", "2", "--requests-per-client", "1",
+                 timeout=600)
+    assert re.search(r"^\s+2 \|.*x \|\s+\d+%$", out, re.M), out
+    assert "speed-up bound if only the forward counted: 2 clients" in out, out
