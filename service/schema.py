@@ -43,6 +43,12 @@ class GenerateRequest(BaseModel):
         "entropy", description="EB-Sampler's error proxy that ranks positions (lowest first).")
     temperature: float = Field(1.0, gt=0, le=100, description="Softmax temperature of the heads (> 0).",
                                examples=[1.0])
+    contraction: Literal["head", "exact"] = Field(
+        "head", description="TT with a predetermined ordering: how masked positions outside this step's set "
+                            "are summed out. `head`: the learned contracted-core head (the paper's fast path; "
+                            "exact with respect to that head's Gbar, not to the cores); `exact`: the sum of "
+                            "the cores themselves (exact with respect to the TT; all V x r x r outputs on "
+                            "every masked position). At temperature != 1 both use the exact sum.")
     seed: int | None = Field(None, ge=0, le=2**62, description="RNG seed: the same seed gives the same output "
                                                               "on the same device.", examples=[0])
     prompt: str | None = Field(
@@ -57,7 +63,7 @@ class GenerateRequest(BaseModel):
         """Keyword arguments of ``ttcore.sampling.GenerationRun`` (prompt excluded: it needs the tokenizer)."""
         return {"ordering": self.ordering, "schedule": self.schedule, "temperature": self.temperature,
                 "seed": self.seed, "eb_gamma": self.eb_gamma if self.sampler == "eb" else None,
-                "eb_proxy": self.eb_proxy}
+                "eb_proxy": self.eb_proxy, "contraction": self.contraction}
 
 
 class Sample(BaseModel):

@@ -17,7 +17,7 @@ Two quantities, not to be confused:
 import torch
 import torch.nn.functional as F
 
-from ttcore.distributions import tt_chain_log_value, tt_state_marginals
+from ttcore.distributions import tt_chain_log_value, tt_contracted_from_logits, tt_state_marginals
 from ttcore.models import HeadOutputs
 
 
@@ -101,7 +101,7 @@ def tt_masked_marginal_log_probs(core_logits: torch.Tensor, targets: torch.Tenso
     b, l = mask.shape
     r = core_logits.shape[-1]
     gbar = torch.eye(r, dtype=core_logits.dtype, device=core_logits.device).repeat(b, l, 1, 1)  # [b, l, r, r]
-    gbar[mask] = tt_contracted_targets(core_logits)
+    gbar[mask] = tt_contracted_from_logits(core_logits)
     log_pi = tt_state_marginals(gbar)[mask].clamp_min(torch.finfo(gbar.dtype).tiny).log()  # [m, r]
     return torch.logsumexp(log_pi[:, :, None] + tt_selected_log_cores(core_logits, targets), (1, 2))
 
@@ -116,18 +116,12 @@ def masked_marginal_log_probs(out: HeadOutputs, x0: torch.Tensor) -> torch.Tenso
     return -F.cross_entropy(out.logits, targets, reduction="none")
 
 
-def tt_contracted_targets(core_logits: torch.Tensor) -> torch.Tensor:
-    """sum_x G_j(x) from core logits [m, v, r, r] -> [m, r, r] (row-stochastic)."""
-    lse = core_logits.logsumexp(dim=(1, 3))  # [m, r]
-    return (core_logits.logsumexp(1) - lse[:, :, None]).exp()
-
-
 def contracted_core_loss(contracted_logits: torch.Tensor, core_logits: torch.Tensor) -> torch.Tensor:
     """L_C = (1/N) sum_j ||Gbar_j - stopgrad(sum_x G_j(x))||_F^2  (Eq. 19), over the masked positions."""
     if contracted_logits.shape[0] == 0:
         return contracted_logits.sum()
     pred = torch.softmax(contracted_logits, -1)  # rows of Gbar_j
-    target = tt_contracted_targets(core_logits).detach()
+    target = tt_contracted_from_logits(core_logits).detach()
     return (pred - target).pow(2).sum((-2, -1)).mean()
 
 

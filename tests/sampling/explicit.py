@@ -2,7 +2,7 @@
 
 Features carry (position, x_t) at every position, so a head applied to some rows knows where they
 sit and what the whole input is. They implement the interface the sampler uses: cfg, features,
-head_outputs (all E outputs on a mask), select_logits, cp_weight_logits, contracted_cores.
+head_outputs (all E outputs on a mask), select_logits, cp_weight_logits, contracted_cores, core_logits.
 """
 
 import itertools
@@ -50,6 +50,9 @@ class ExplicitTT(_Explicit):
 
     def contracted_cores(self, h):
         return self.cores[self._pos(h)].sum(1)
+
+    def core_logits(self, h):  # [n, v, r, r]
+        return self.cores[self._pos(h)].log()
 
 
 class ExplicitCP(_Explicit):

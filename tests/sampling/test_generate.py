@@ -194,3 +194,13 @@ def test_runs_stepped_together_equal_lone_runs(decomposition):
         for a, b in zip(lone, batched):
             assert torch.equal(a.tokens, b.tokens) and torch.equal(a.committed, b.committed)
             assert (a.step, a.model_calls, a.done) == (b.step, b.model_calls, b.done)
+
+
+@pytest.mark.parametrize("decomposition", ["cp", "tt"])
+@pytest.mark.parametrize("ordering", ["random", "left_to_right", "halton", "top_prob", "margin", "entropy"])
+def test_joint_models_unmask_one_token_per_step_when_k_ge_l(decomposition, ordering):
+    model = _tiny_model(decomposition)
+    states = list(generate(model, 3, 25, seed=0, ordering=ordering))
+    per_step = torch.stack([s.committed.sum(1) for s in states])  # [steps, b]
+    assert (per_step <= 1).all() and (per_step.sum(0) == 10).all()
+    assert states[-1].model_calls == 10 and states[-1].done and (states[-1].tokens < 8).all()

@@ -1,34 +1,34 @@
-"""Schedules, orderings and the EB criterion on crafted inputs."""
+"""Schedules, orderings and the EB bound on crafted inputs (the sampler itself: test_eb.py)."""
 
 import torch
 
-from ttcore.sampling import PREDETERMINED, eb_count, top_k_mask, unmask_counts
+from ttcore.sampling import PREDETERMINED, eb_accepts, top_k_mask, unmask_counts
 from ttcore.sampling.orderings import entropy_score, margin_score, top_prob_score
 from ttcore.sampling.schedules import SCHEDULES
 
 
-def test_eb_counts_on_crafted_entropies():
-    h = torch.tensor([[0.0, 0.1, 0.2, 0.5, 1.0]], dtype=torch.float64)  # sorted ascending
-    valid = torch.ones_like(h, dtype=torch.bool)
-    # prefix k accepted iff sum of its first k-1 entries (all but the max) <= gamma
+def _accepted(h: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Length of the accepted prefix under ``eb_accepts``, at least one (the sampler's rule). -> [b]."""
+    return torch.clamp_min(eb_accepts(h, gamma).long().cumprod(-1).sum(-1), 1)
+
+
+def test_eb_bound_on_crafted_entropies():
+    h = torch.tensor([[0.0, 0.1, 0.2, 0.5, 1.0]], dtype=torch.float64)  # in pick order
+    # prefix k accepted iff the sum of its entries minus their max <= gamma
     expected = {0.0: 2, 0.05: 2, 0.15: 3, 0.29: 3, 0.35: 4, 0.79: 4, 0.81: 5, 10.0: 5}
     for gamma, count in expected.items():
-        assert int(eb_count(h, valid, gamma)) == count, gamma
+        assert int(_accepted(h, gamma)) == count, gamma
     flat = torch.full((1, 5), 0.4, dtype=torch.float64)
-    assert int(eb_count(flat, valid, 0.0)) == 1  # gamma = 0: one token per step
-    valid[0, 3:] = False
-    assert int(eb_count(h, valid, 10.0)) == 3
+    assert int(_accepted(flat, 0.0)) == 1  # gamma = 0: one token per step
 
 
-def test_eb_count_never_decreases_with_gamma():
+def test_eb_prefix_never_shrinks_with_gamma():
     g = torch.Generator().manual_seed(0)
-    h = torch.rand(50, 12, generator=g, dtype=torch.float64).sort(-1).values
-    valid = torch.rand(50, 12, generator=g) < 0.8
-    valid = valid.sort(-1, descending=True).values  # padded at the end
+    h = torch.rand(50, 12, generator=g, dtype=torch.float64)
     prev = torch.zeros(50, dtype=torch.long)
     for gamma in torch.linspace(0, 6, 40):
-        c = eb_count(h, valid, float(gamma))
-        assert (c >= prev).all() and (c >= valid.any(-1).long()).all()
+        c = _accepted(h, float(gamma))
+        assert (c >= prev).all() and (c >= 1).all()
         prev = c
 
 

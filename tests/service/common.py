@@ -33,7 +33,7 @@ def lone_run_texts(checkpoint_dir, body: dict, precision: str = "fp32") -> list[
         model.cast_linears_(torch.bfloat16)
     settings = dict(ordering=body.get("ordering", "random"), seed=body["seed"],
                     eb_gamma=body.get("eb_gamma", 0.5) if body.get("sampler") == "eb" else None,
-                    temperature=body.get("temperature", 1.0))
+                    temperature=body.get("temperature", 1.0), contraction=body.get("contraction", "head"))
     prompt = None
     if body.get("prompt"):
         ids = tok.tokenize(body["prompt"], allow_mask=True)

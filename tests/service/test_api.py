@@ -29,6 +29,8 @@ def test_health_ready_models(server):
     dict(decomposition="cp", num_samples=2, steps=4, seed=2, ordering="top_prob"),
     dict(decomposition="none", num_samples=2, steps=6, seed=3, sampler="eb", eb_gamma=0.3),
     dict(num_samples=2, steps=4, seed=4, prompt="C[MASK]O", ordering="left_to_right"),
+    dict(num_samples=3, steps=4, seed=5, contraction="exact"),
+    dict(num_samples=3, steps=4, seed=6, temperature=0.7),
 ])
 def test_seeded_answer_equals_a_lone_generate_run(server, checkpoints, body):
     r = httpx.post(server + "/generate", json=body, timeout=60)
@@ -114,6 +116,7 @@ def test_disconnect_cancels(server):
     (dict(eb_proxy="vibes"), "eb_proxy"), (dict(seed=-3), "seed"), (dict(prompt="CXC"), "prompt"),
     (dict(prompt="C" * 200), "prompt"), (dict(prompt="CBr"), "prompt"), (dict(stream="maybe"), "stream"),
     (dict(steps="many"), "steps"), (dict(unknown_field=1), "unknown_field"), (dict(rank=0), "rank"),
+    (dict(contraction="approximate"), "contraction"),
 ])
 def test_bad_input_is_422_naming_the_field(server, body, field):
     r = httpx.post(server + "/generate", json=body)

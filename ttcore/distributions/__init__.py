@@ -6,9 +6,11 @@ Pure math on tensors (no nn.Module, nothing else of ttcore imported), batched ov
 from .categorical import RowStreams, sample_categorical
 from .cp import CP, cp_log_prob, cp_marginals, cp_posterior
 from .factorized import Factorized
-from .tensor_train import (TensorTrain, chosen_index, tt_chain_log_value, tt_contract, tt_cores_from_logits, tt_gap_products,
+from .tensor_train import (TensorTrain, chosen_index, tt_chain_log_value, tt_contract, tt_contracted_from_logits,
+                           tt_cores_from_logits, tt_gap_products,
                            tt_log_prob, tt_marginals, tt_prefix_products, tt_sample_path, tt_select, tt_state_marginals)
 
 __all__ = ["CP", "Factorized", "TensorTrain", "RowStreams", "sample_categorical", "cp_log_prob", "cp_marginals",
-           "cp_posterior", "chosen_index", "tt_chain_log_value", "tt_contract", "tt_cores_from_logits", "tt_gap_products",
+           "cp_posterior", "chosen_index", "tt_chain_log_value", "tt_contract", "tt_contracted_from_logits",
+           "tt_cores_from_logits", "tt_gap_products",
            "tt_log_prob", "tt_marginals", "tt_prefix_products", "tt_sample_path", "tt_select", "tt_state_marginals"]

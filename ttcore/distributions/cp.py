@@ -18,7 +18,7 @@ def cp_log_prob(weights: torch.Tensor, factors: torch.Tensor, x: torch.Tensor) -
 
 
 def cp_posterior(weights: torch.Tensor, factors: torch.Tensor, x_cond: torch.Tensor) -> torch.Tensor:
-    """Component posterior p(a | x_S) from the conditioning factors of Sec. 4.3 (Eq. 16). -> [b, r].
+    """Component posterior p(a | x_S) from the conditioning factors of Sec. 4.3 (Eq. 14). -> [b, r].
 
     prod_j pbar^(a, j) is accumulated in log space and normalized by a softmax over a, so
     p(x_S) is never divided by.
@@ -31,7 +31,7 @@ def cp_posterior(weights: torch.Tensor, factors: torch.Tensor, x_cond: torch.Ten
 
 
 def cp_marginals(weights: torch.Tensor, factors: torch.Tensor, x_cond: torch.Tensor) -> torch.Tensor:
-    """p(x^i | x_S) ∝ sum_a w_a p^(a,i)(x^i) prod_j pbar^(a,j)  (Eq. 17). -> [b, l, v]."""
+    """p(x^i | x_S) ∝ sum_a w_a p^(a,i)(x^i) prod_j pbar^(a,j)  (Eq. 15). -> [b, l, v]."""
     post = cp_posterior(weights, factors, x_cond)  # [b, r]
     marg = torch.einsum("br,blrv->blv", post, factors)
     known = (x_cond >= 0).unsqueeze(-1)

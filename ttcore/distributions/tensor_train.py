@@ -86,15 +86,23 @@ def tt_cores_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return torch.softmax(flat, -1).reshape(*lead, r, v, r).transpose(-3, -2)
 
 
+def tt_contracted_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """sum_x G(x) of row-normalized cores (Eq. 10), straight from their logits, without materializing
+    the V x r x r cores: exp(logsumexp_x logits[x, j, k] - logsumexp_{x,k} logits[x, j, :]).
+    Row-stochastic. logits [..., v, r, r] -> [..., r, r] in the logits' dtype."""
+    lse = logits.logsumexp(dim=(-3, -1))  # [..., r]  (over x and k, per row j)
+    return (logits.logsumexp(-3) - lse[..., :, None]).exp()
+
+
 def tt_contract(cores: torch.Tensor, x_cond: torch.Tensor, summed: torch.Tensor | None = None) -> torch.Tensor:
-    """Contracted cores of Sec. 4.3 (Eq. 19): G_j(x^j) where conditioned, sum_x G_j(x) otherwise.
+    """Contracted cores of Sec. 4.3 (Eq. 16): G_j(x^j) where conditioned, sum_x G_j(x) otherwise.
     ``summed`` [b, l, r, r] = cores.sum(2) when cached by the caller (it does not depend on x_S)."""
     known = (x_cond >= 0)[:, :, None, None]
     return torch.where(known, tt_select(cores, x_cond), cores.sum(2) if summed is None else summed)
 
 
 def tt_marginals(cores: torch.Tensor, x_cond: torch.Tensor, summed: torch.Tensor | None = None) -> torch.Tensor:
-    """p(x^i | x_S) ∝ 1^T Gbar_1..Gbar_{i-1} G_i(x^i) Gbar_{i+1}..Gbar_l 1  (Eq. 20) -> [b, l, v].
+    """p(x^i | x_S) ∝ 1^T Gbar_1..Gbar_{i-1} G_i(x^i) Gbar_{i+1}..Gbar_l 1  (Eq. 17) -> [b, l, v].
 
     Prefix and suffix products by parallel scans; each position is normalized over v, so p(x_S) is
     never divided by and the per-position scale of the scans cancels.
@@ -166,7 +174,8 @@ def chosen_index(chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def tt_sample_path(contracted: torch.Tensor, chosen: torch.Tensor, core_rows, generator=None) -> torch.Tensor:
-    """Exact joint draw of x_T (Sec. 4.3, special case) by ancestral sampling of the hidden chain.
+    """Joint draw of x_T (Sec. 4.3, special case) by ancestral sampling of the hidden chain, exact with
+    respect to the train whose unchosen positions are the given ``contracted`` matrices.
 
     With row-normalized cores the train is a hidden Markov chain: the state j starts uniform, and
     G_i(x, j, k) is the probability of emitting x and moving to state k. Unchosen positions enter

@@ -90,6 +90,13 @@ class JointModel(nn.Module):
         contracted = self.head.contracted(hm).float().view(-1, r, r)  # [m, r, r]
         return HeadOutputs(mask, cores, contracted_logits=contracted)
 
+    def core_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """TT only: all V x r x r core logits of positions with features h [n, d] -> [n, v, r, r] float32
+        (Eq. 10 normalizes them per row j). For the exact contraction at sampling time."""
+        r = self.cfg.rank
+        comp = self.head.component_logits(h, self.output_layer.linear).float()  # [n, r*r, v]
+        return comp.view(-1, r, r, comp.shape[-1]).permute(0, 3, 1, 2)
+
     # --- sampling-time pieces: only what a step needs, on the positions that need it
 
     def select_logits(self, h: torch.Tensor, start: torch.Tensor, count: int) -> torch.Tensor:

@@ -21,11 +21,3 @@ def eb_accepts(picked_entropies: torch.Tensor, gamma: float) -> torch.Tensor:
     """The EB bound for each prefix: entropies [b, k] in pick order -> [b, k] bool
     (cumsum(H) - cummax(H) <= gamma)."""
     return picked_entropies.cumsum(-1) - picked_entropies.cummax(-1).values <= gamma
-
-
-def eb_count(sorted_entropies: torch.Tensor, valid: torch.Tensor, gamma: float) -> torch.Tensor:
-    """Largest accepted prefix of entropies sorted by the proxy ([b, n], ``valid`` marks real
-    entries, padded at the end), at least one where any is valid. -> [b] long."""
-    ok = eb_accepts(torch.where(valid, sorted_entropies, torch.zeros_like(sorted_entropies)), gamma) & valid
-    count = ok.long().cumprod(-1).sum(-1)  # length of the accepted prefix
-    return torch.maximum(count, valid.any(-1).long())

@@ -11,7 +11,7 @@ import torch
 
 from ttcore.distributions import RowStreams
 
-from .joint_step import chain_rule_step, predetermined_step
+from .joint_step import CONTRACTIONS, chain_rule_step, predetermined_step
 from .eb import PROXIES
 from .orderings import ADAPTIVE, PREDETERMINED, top_k_mask
 from .schedules import SCHEDULES, unmask_counts
@@ -32,7 +32,7 @@ class GenerationRun:
     def __init__(self, model, num_samples: int, steps: int, *, ordering: str = "random",
                  schedule: str = "loglinear", eb_gamma: float | None = None, eb_proxy: str = "entropy",
                  temperature: float = 1.0, seed: int | None = None, prompt: torch.Tensor | None = None,
-                 bernoulli: bool = False, device: str | torch.device | None = None):
+                 bernoulli: bool = False, contraction: str = "head", device: str | torch.device | None = None):
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
         if num_samples < 1:
@@ -47,10 +47,13 @@ class GenerationRun:
             raise ValueError(f"eb_proxy must be one of {sorted(PROXIES)}, got {eb_proxy!r}")
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
+        if contraction not in CONTRACTIONS:
+            raise ValueError(f"contraction must be one of {list(CONTRACTIONS)}, got {contraction!r}")
         self.model = model
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.steps, self.ordering, self.schedule = steps, ordering, SCHEDULES[schedule]
         self.eb_gamma, self.eb_proxy, self.temperature, self.bernoulli = eb_gamma, eb_proxy, temperature, bernoulli
+        self.contraction = contraction
         self.mask_id = model.cfg.dit.vocab_size - 1
         length = model.cfg.dit.length
         self.generator = torch.Generator(self.device)
@@ -110,7 +113,7 @@ class GenerationRun:
                                          self.temperature, self.generator)
             else:
                 values = predetermined_step(self.model, h, self.tokens, masked, self.chosen(), self.temperature,
-                                            self.generator)
+                                            self.generator, self.contraction)
         return self._commit(values)
 
     @property
@@ -136,19 +139,19 @@ class GenerationRun:
 def step_together(runs: list[GenerationRun], features: list[torch.Tensor | None]) -> list[StepState]:
     """One step of several runs, given each run's features (computed in one batch).
 
-    Runs whose step is a predetermined joint draw (``joins_batch``) with the same model and
-    temperature share one ``predetermined_step``: one head call, one softmax and one sampling pass for
+    Runs whose step is a predetermined joint draw (``joins_batch``) with the same model, temperature
+    and contraction share one ``predetermined_step``: one head call, one softmax and one sampling pass for
     all their rows, each run drawing from its own generator (``RowStreams``), so every run gets
     exactly the tokens it would get alone. The rest (adaptive orderings, EB-Sampler, no-op steps) step one by one."""
     for run in runs:
         if run._needed is None:
             run.prepare()
-    groups: dict[tuple[int, float], list[int]] = {}  # (model, temperature) -> runs drawing together
+    groups: dict[tuple[int, float, str], list[int]] = {}  # (model, temperature, contraction) -> runs
     for i, run in enumerate(runs):
         if run.joins_batch and features[i] is not None:
-            groups.setdefault((id(run.model), run.temperature), []).append(i)
+            groups.setdefault((id(run.model), run.temperature, run.contraction), []).append(i)
     states: list[StepState | None] = [None] * len(runs)
-    for (_, temperature), members in groups.items():
+    for (_, temperature, contraction), members in groups.items():
         if len(members) == 1:
             continue
         group = [runs[i] for i in members]
@@ -156,7 +159,7 @@ def step_together(runs: list[GenerationRun], features: list[torch.Tensor | None]
         masked = x == group[0].mask_id
         streams = RowStreams([run.generator for run in group], [run.tokens.shape[0] for run in group], x.device)
         values = predetermined_step(group[0].model, torch.cat([features[i] for i in members]), x, masked,
-                                    torch.cat([run.chosen() for run in group]), temperature, streams)
+                                    torch.cat([run.chosen() for run in group]), temperature, streams, contraction)
         for i, run, v in zip(members, group, values.split([run.tokens.shape[0] for run in group])):
             states[i] = run._commit(v)
     return [state if state is not None else run.step(h) for run, h, state in zip(runs, features, states)]
@@ -165,7 +168,7 @@ def step_together(runs: list[GenerationRun], features: list[torch.Tensor | None]
 def generate(model, num_samples: int, steps: int, **settings):
     """Yield a ``StepState`` after every denoising step; the last one has ``done = True`` and holds the
     finished sequences (also the generator's return value). Settings: ordering, schedule, eb_gamma,
-    eb_proxy, temperature, seed, prompt, bernoulli, device (see ``GenerationRun``)."""
+    eb_proxy, temperature, seed, prompt, bernoulli, contraction, device (see ``GenerationRun``)."""
     run = GenerationRun(model, num_samples, steps, **settings)
     state = None
     while not run.done:
