@@ -9,6 +9,12 @@ Text: generative perplexity under the judge LM (default SmolLM2-135M from the ll
 ``--judge`` a local causal LM such as GPT-2 Large) and mean unigram entropy, random order, written to
 ``text_results.csv`` / ``.json`` and ``genppl.png``.
 
+``--contractions head exact``: TT checkpoints are sampled both ways (predetermined orderings; see
+``ttcore.sampling.joint_step``). ``--likelihood``: validation metrics of each checkpoint (joint NLL,
+marginal NLL, NELBO; ``ttcore.training.evaluate_loss``) and, for TT, the contracted-core head's error
+against the exact contraction (total variation per row of Gbar_j, mean and max over masked positions),
+written to ``likelihood.json``; with ``--cards`` the validation line of each model card is replaced.
+
 For every checkpoint, ordering and K it generates ``--samples`` molecules (in batches), and for every
 EB-Sampler gamma it records the average number of steps each molecule took. Writes
 ``results.csv`` / ``results.json`` and ``validity.png`` (one panel per ordering, one line per
@@ -24,10 +30,15 @@ from pathlib import Path
 
 import torch
 
+from _common import dataset
+
 from ttcore.data import load_qm9
+from ttcore.distributions import tt_contracted_from_logits
+from ttcore.losses import forward_mask, sample_times
 from ttcore.metrics import molecule_metrics
 from ttcore.models import load_checkpoint
-from ttcore.sampling import generate, unmask_counts
+from ttcore.sampling import PREDETERMINED, generate, unmask_counts
+from ttcore.training import TrainConfig, evaluate_loss, validation_summary
 
 
 def checkpoint_dirs(paths: list[str]) -> list[Path]:
@@ -58,6 +69,7 @@ def count_schedule(length: int, steps: int) -> tuple[int, ...]:
 
 
 def run_setting(model, tok, n: int, steps: int, batch: int, seed: int, precision: str, **settings) -> dict:
+    """``n`` samples in batches; ``settings`` go to ``generate``."""
     texts, per_sample_steps, t0 = [], [], time.time()
     for k in range(0, n, batch):
         b = min(batch, n - k)
@@ -85,10 +97,15 @@ def _pyplot():
     return plt
 
 
+def _series(r: dict) -> str:
+    """A checkpoint's line in tables and plots; sampling with the exact contraction is a line of its own."""
+    return r["checkpoint"] + (" exact" if r.get("contraction") == "exact" else "")
+
+
 def _lines(ax, rows: list[dict], x: str, y: str, scale: float = 1.0) -> None:
-    """One line per checkpoint: ``y`` against ``x``."""
-    for name in dict.fromkeys(r["checkpoint"] for r in rows):
-        pts = sorted((r[x], scale * r[y]) for r in rows if r["checkpoint"] == name)
+    """One line per checkpoint (and contraction): ``y`` against ``x``."""
+    for name in dict.fromkeys(map(_series, rows)):
+        pts = sorted((r[x], scale * r[y]) for r in rows if _series(r) == name)
         ax.plot(*zip(*pts), marker="o", label=name)
     ax.grid(alpha=0.3)
 
@@ -122,12 +139,66 @@ def _plot(rows: list[dict], orderings: list[str], out: Path) -> None:
 CARD_SECTION = "## Few-step quality"
 
 
+def train_config(path: Path) -> TrainConfig:
+    """The training config recorded in the checkpoint's model card (its ``## Config`` JSON block)."""
+    card = (path / "model_card.md").read_text()
+    block = card.split("## Config", 1)[1].split("```json", 1)[1].split("```", 1)[0]
+    return TrainConfig(**json.loads(block))
+
+
+@torch.no_grad()
+def contraction_error(model, tokens: torch.Tensor, mask_id: int, precision: str, seed: int = 1234) -> dict:
+    """Total variation between the contracted-core head's Gbar_j and the exact sum_x G_j(x), per row j
+    (each row is a distribution over k), on the masked positions of ``tokens`` masked at t ~ U[1e-3, 1].
+    -> {"head_tv_mean", "head_tv_max"} over positions (each position's TV averaged over its r rows)."""
+    g = torch.Generator().manual_seed(seed)
+    t = sample_times(tokens.shape[0], 1e-3, tokens.device, g)
+    x_t, mask = forward_mask(tokens, t, mask_id, g)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        h = model.features(x_t, sigma=t)[mask]  # [m, d]
+        head = model.contracted_cores(h).double()  # [m, r, r]
+        exact = torch.cat([tt_contracted_from_logits(model.core_logits(c).double()) for c in h.split(256)])
+    tv = 0.5 * (head - exact).abs().sum(-1).mean(-1)  # [m]
+    return {"head_tv_mean": tv.mean().item(), "head_tv_max": tv.max().item(), "head_tv_positions": len(tv)}
+
+
+def evaluate_likelihood(paths: list[Path], precision: str, cards: bool, out: Path, data: str | None) -> list[dict]:
+    """Validation metrics on the data each checkpoint was trained on (its card's config), or ``data``."""
+    rows = []
+    for path in paths:
+        model, tok, _ = load(path, precision)
+        cfg = train_config(path)
+        cfg.precision, cfg.data = precision, data or cfg.data
+        val = torch.from_numpy(dataset(cfg, tok).val_tokens)
+        metrics = evaluate_loss(model, val, tok.mask_id, cfg, torch.device("cpu"))
+        model.eval()
+        if model.cfg.decomposition == "tt":
+            metrics.update(contraction_error(model, val[: cfg.batch_size], tok.mask_id, precision))
+        rows.append({"checkpoint": path.name, "decomposition": model.cfg.decomposition, "rank": model.cfg.rank,
+                     "precision": precision, "val_batches": cfg.val_batches, "batch_size": cfg.batch_size, **metrics})
+        print(f"{path.name:>16}: {validation_summary(metrics)}"
+              + (f"; head TV mean {metrics['head_tv_mean']:.4f} max {metrics['head_tv_max']:.4f}"
+                 if "head_tv_mean" in metrics else ""), flush=True)
+        if cards:
+            card_path = path / "model_card.md"
+            lines = card_path.read_text().split("\n")
+            lines = [f"- validation ({precision}, re-measured by `{_this_command()}`): {validation_summary(metrics)}"
+                     if line.startswith("- validation") else line for line in lines]
+            tmp = card_path.with_suffix(".md.tmp")
+            tmp.write_text("\n".join(lines))
+            tmp.replace(card_path)
+    (out / "likelihood.json").write_text(json.dumps(rows, indent=1))
+    return rows
+
+
 def _this_command() -> str:
     return "python training/evaluate.py " + " ".join(sys.argv[1:])
 
 
 def _molecule_cells(r: dict) -> list:
     label = r["ordering"] if r["eb_gamma"] is None else f"EB-Sampler gamma={r['eb_gamma']:g}"
+    if r.get("contraction") == "exact":
+        label += " (exact contraction)"
     return [label, r["steps"], f"{r['avg_steps']:.1f}", f"{100 * r['validity']:.1f}", f"{100 * r['uniqueness']:.1f}",
             f"{100 * r['novelty']:.1f}"]
 
@@ -156,14 +227,14 @@ def _update_cards(rows: list[dict], paths: list[Path], command: str, columns=MOL
 
 
 def _print_tables(rows: list[dict], orderings: list[str], steps: list[int]) -> None:
-    names = list(dict.fromkeys(r["checkpoint"] for r in rows))
+    names = list(dict.fromkeys(map(_series, rows)))
     for ordering in orderings:
         print(f"\nvalidity % / uniqueness % / novelty %, ordering {ordering}")
         print(f"{'checkpoint':>16} | " + " | ".join(f"{'K=' + str(k):>15}" for k in steps))
         for name in names:
             cells = []
             for k in steps:
-                r = next((r for r in rows if r["checkpoint"] == name and r["ordering"] == ordering
+                r = next((r for r in rows if _series(r) == name and r["ordering"] == ordering
                           and r["steps"] == k and r["eb_gamma"] is None), None)
                 cells.append(f"{100 * r['validity']:4.1f}/{100 * r['uniqueness']:4.1f}/{100 * r['novelty']:4.1f}"
                              if r else "-")
@@ -173,7 +244,7 @@ def _print_tables(rows: list[dict], orderings: list[str], steps: list[int]) -> N
         print("\nEB-Sampler: validity % (average steps)")
         gammas = sorted({r["eb_gamma"] for r in eb})
         print(f"{'checkpoint':>16} | " + " | ".join(f"{'g=' + str(g):>13}" for g in gammas))
-        for name in names:
+        for name in dict.fromkeys(r["checkpoint"] for r in eb):
             cells = [next((f"{100 * r['validity']:4.1f} ({r['avg_steps']:4.1f})" for r in eb
                            if r["checkpoint"] == name and r["eb_gamma"] == g), "-") for g in gammas]
             print(f"{name:>16} | " + " | ".join(f"{c:>13}" for c in cells))
@@ -236,9 +307,16 @@ def main():
     ap.add_argument("--data", default="qm9", help="qm9 (novelty against its training split), a SMILES file, or text")
     ap.add_argument("--judge", default=None, help="text: a local causal LM directory or .gguf (default SmolLM2)")
     ap.add_argument("--cards", action="store_true", help="write each checkpoint's rows into its model card")
+    ap.add_argument("--contractions", nargs="+", default=["head"], choices=["head", "exact"],
+                    help="TT, predetermined orderings: sample with each contraction")
+    ap.add_argument("--likelihood", action="store_true",
+                    help="only the validation metrics and the head's contraction error (likelihood.json)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.likelihood:
+        data = args.data if args.data not in ("qm9", "text") else None  # a SMILES file overrides the cards' data
+        return evaluate_likelihood(checkpoint_dirs(args.checkpoints), args.precision, args.cards, out, data)
     if args.data == "text":
         return evaluate_text(args, out)
     if args.data == "qm9":
@@ -249,22 +327,26 @@ def main():
     for path in paths:
         model, tok, config = load(path, args.precision)
         cfg = model.cfg
-        settings = [(o, k, None) for o in args.orderings for k in args.steps]
-        settings += [("eb", args.eb_max_steps, g) for g in args.eb_gammas]
-        done = {}  # (ordering, gamma, unmasking counts) -> (res, m): K >= l only adds idle steps
-        for ordering, steps, gamma in settings:
-            kw = {"eb_gamma": gamma} if gamma is not None else {"ordering": ordering}
-            key = (ordering, gamma, count_schedule(cfg.dit.length, steps) if gamma is None else steps)
+        contractions = args.contractions if cfg.decomposition == "tt" else ["head"]  # only TT has a choice
+        settings = [(o, k, None, c) for o in args.orderings for k in args.steps for c in contractions
+                    if c == "head" or o in PREDETERMINED]
+        settings += [("eb", args.eb_max_steps, g, "head") for g in args.eb_gammas]
+        done = {}  # (ordering, gamma, contraction, unmasking counts) -> (res, m): K >= l only adds idle steps
+        for ordering, steps, gamma, contraction in settings:
+            kw = {"eb_gamma": gamma} if gamma is not None else {"ordering": ordering, "contraction": contraction}
+            key = (ordering, gamma, contraction, count_schedule(cfg.dit.length, steps) if gamma is None else steps)
             if key not in done:  # the same counts and seeds give the same run: computed once
                 res = run_setting(model, tok, args.samples, steps, args.batch, args.seed, args.precision, **kw)
                 done[key] = res, molecule_metrics(res["texts"], training)
             res, m = done[key]
             row = {"checkpoint": path.name, "decomposition": cfg.decomposition, "rank": cfg.rank,
-                   "ordering": ordering, "steps": steps, "eb_gamma": gamma, "avg_steps": res["avg_steps"],
+                   "ordering": ordering, "contraction": contraction, "steps": steps, "eb_gamma": gamma,
+                   "avg_steps": res["avg_steps"],
                    "validity": m["validity"], "uniqueness": m["uniqueness"], "novelty": m["novelty"],
                    "samples": m["n"], "seconds": res["seconds"]}
             rows.append(row)
-            print(f"{path.name:>16} {ordering:>13} K={steps:<4} gamma={gamma} steps~{res['avg_steps']:.1f}: "
+            print(f"{path.name:>16} {ordering:>13} {contraction:>5} K={steps:<4} gamma={gamma} "
+                  f"steps~{res['avg_steps']:.1f}: "
                   f"validity {100 * m['validity']:.1f}%, uniqueness {100 * m['uniqueness']:.1f}%, "
                   f"novelty {100 * m['novelty']:.1f}% ({res['seconds']:.0f} s)", flush=True)
     _write(rows, out / "results")

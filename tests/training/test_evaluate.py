@@ -13,11 +13,15 @@ def test_evaluate_writes_results(checkpoints, tmp_path):
     cmd = [sys.executable, "training/evaluate.py", "--checkpoints", str(checkpoints / "qm9-base"),
            str(checkpoints / "qm9-tt-r2"), "--out", str(out), "--samples", "48", "--batch", "24", "--steps", "1", "4",
            "--orderings", "random", "top_prob", "--eb-gammas", "0.0", "5.0", "--eb-max-steps", "30",
-           "--data", str(ROOT / "tests" / "data" / "qm9_sample.txt"), "--precision", "fp32"]
+           "--data", str(ROOT / "tests" / "data" / "qm9_sample.txt"), "--precision", "fp32",
+           "--contractions", "head", "exact"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads((out / "results.json").read_text())
-    assert len(rows) == 2 * (2 * 2 + 2)
+    assert len(rows) == 2 * (2 * 2 + 2) + 2  # TT with random order: both contractions
+    assert {r["contraction"] for r in rows if r["checkpoint"] == "qm9-tt-r2" and r["ordering"] == "random"} == {
+        "head", "exact"}
+    assert "qm9-tt-r2 exact" in done.stdout
     assert all(0 <= r["validity"] <= 1 and r["samples"] == 48 for r in rows)
     eb = {r["eb_gamma"]: r["avg_steps"] for r in rows if r["checkpoint"] == "qm9-base" and r["eb_gamma"] is not None}
     assert eb[0.0] > eb[5.0]  # gamma = 0 unmasks one token per step: the most steps
@@ -73,3 +77,24 @@ def test_cards_get_one_quality_section(checkpoints, tmp_path):
     card = (ckpt / "model_card.md").read_text()
     assert card.startswith(before.rstrip("\n")) and card.count("## Few-step quality") == 1
     assert "| random | 1 | 1.0 |" in card and "--cards" in card
+
+
+def test_likelihood_metrics_and_head_error_replace_the_cards_validation_line(checkpoints, tmp_path):
+    import shutil
+
+    for name in ("qm9-base", "qm9-tt-r2"):
+        shutil.copytree(checkpoints / name, tmp_path / "ck" / name)
+    cmd = [sys.executable, "training/evaluate.py", "--likelihood", "--checkpoints", str(tmp_path / "ck"), "--out",
+           str(tmp_path / "r"), "--data", str(ROOT / "tests" / "data" / "qm9_sample.txt"), "--precision", "fp32",
+           "--cards"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {r["checkpoint"]: r for r in json.loads((tmp_path / "r" / "likelihood.json").read_text())}
+    base, tt = rows["qm9-base"], rows["qm9-tt-r2"]
+    assert abs(base["nll"] - base["marginal_nll"]) < 1e-5  # rank 1: the joint is its marginals
+    assert tt["marginal_nll"] > 0 and 0 < tt["nelbo"] < 20 and "head_tv_mean" not in base
+    assert 0 <= tt["head_tv_mean"] <= tt["head_tv_max"] <= 1 and tt["head_tv_positions"] > 0
+    for name in rows:
+        card = (tmp_path / "ck" / name / "model_card.md").read_text()
+        line = next(x for x in card.splitlines() if x.startswith("- validation"))
+        assert "re-measured by" in line and "marginal NLL" in line and "NELBO" in line, line
