@@ -9,7 +9,6 @@ import json
 import time
 
 from fastapi import FastAPI, Request
-from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
@@ -27,6 +26,13 @@ def _unprocessable(field: str, message: str) -> JSONResponse:
     """Same shape as FastAPI's own validation errors: the field (loc) and the rule (msg)."""
     return JSONResponse(status_code=422, content={"detail": [{"loc": ["body", field], "msg": message,
                                                               "type": "value_error"}]})
+
+
+def public_errors(errors) -> list[dict]:
+    """Validation errors as the field (loc), the rule (msg) and its type: never the input itself, which
+    may be huge, or not encodable (infinities, lone surrogates), and is the client's own anyway."""
+    return [{"loc": [str(part) for part in e.get("loc", ())], "msg": str(e.get("msg", "invalid")),
+             "type": str(e.get("type", "value_error"))} for e in errors]
 
 
 def create_app(engine: Engine) -> FastAPI:
@@ -47,7 +53,7 @@ def create_app(engine: Engine) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
-        return JSONResponse(status_code=422, content={"detail": jsonable_encoder(exc.errors())})
+        return JSONResponse(status_code=422, content={"detail": public_errors(exc.errors())})
 
     @app.post("/generate", response_model=GenerateResponse,
               responses={404: {"description": "No loaded checkpoint matches; the answer names what is available"},

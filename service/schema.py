@@ -3,11 +3,12 @@ sampler's settings; every field is documented with its rule and an example for t
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_STEPS = 1024
 MAX_SAMPLES = 256
 MAX_PROMPT_CHARS = 8192
+MIN_TEMPERATURE = 0.01  # below it every draw is the argmax to float precision: use a small value, not 1e-38
 
 
 class GenerateRequest(BaseModel):
@@ -37,12 +38,14 @@ class GenerateRequest(BaseModel):
         "loglinear", description="Tokens per step: MDLM's log-linear (even), linear-noise or cosine schedule.")
     sampler: Literal["fixed", "eb"] = Field(
         "fixed", description="`fixed`: counts from `schedule`; `eb`: EB-Sampler's adaptive counts.")
-    eb_gamma: float = Field(0.5, ge=0, le=1e6, description="EB-Sampler entropy budget (>= 0; 0 = one token per "
-                                                           "step). Used by `sampler: eb`.", examples=[0.5])
+    eb_gamma: float = Field(0.5, ge=0, le=1e6, allow_inf_nan=False,
+                            description="EB-Sampler entropy budget (finite, >= 0; 0 = one token per step). Used by "
+                                        "`sampler: eb`.", examples=[0.5])
     eb_proxy: Literal["entropy", "confidence", "margin"] = Field(
         "entropy", description="EB-Sampler's error proxy that ranks positions (lowest first).")
-    temperature: float = Field(1.0, gt=0, le=100, description="Softmax temperature of the heads (> 0).",
-                               examples=[1.0])
+    temperature: float = Field(1.0, ge=MIN_TEMPERATURE, le=100, allow_inf_nan=False,
+                               description=f"Softmax temperature of the heads, {MIN_TEMPERATURE}..100 (finite). "
+                                           f"{MIN_TEMPERATURE} is already greedy in effect.", examples=[1.0])
     contraction: Literal["head", "exact"] = Field(
         "head", description="TT with a predetermined ordering: how masked positions outside this step's set "
                             "are summed out. `head`: the learned contracted-core head (the paper's fast path; "
@@ -56,8 +59,19 @@ class GenerateRequest(BaseModel):
         description="A template: known tokens are kept, `[MASK]` placeholders are filled; a template shorter "
                     "than the model length is followed by masks (a prefix for text). SMILES templates may use "
                     "`[PAD]` to fix the end.", examples=["C1CC[MASK][MASK]1"])
-    stream: bool = Field(False, description="Stream server-sent events: one `step` event per denoising step, "
-                                            "then `done` (or `error`).")
+    stream: bool = Field(False, strict=True,
+                         description="JSON `true` or `false` only. Stream server-sent events: one `step` event per "
+                                     "denoising step, then `done` (or `error`).")
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_is_unicode(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError("prompt must be valid Unicode text (it holds a lone surrogate)") from None
+        return value
 
     def sampler_settings(self) -> dict:
         """Keyword arguments of ``ttcore.sampling.GenerationRun`` (prompt excluded: it needs the tokenizer)."""

@@ -116,13 +116,34 @@ def test_disconnect_cancels(server):
     (dict(eb_proxy="vibes"), "eb_proxy"), (dict(seed=-3), "seed"), (dict(prompt="CXC"), "prompt"),
     (dict(prompt="C" * 200), "prompt"), (dict(prompt="CBr"), "prompt"), (dict(stream="maybe"), "stream"),
     (dict(steps="many"), "steps"), (dict(unknown_field=1), "unknown_field"), (dict(rank=0), "rank"),
-    (dict(contraction="approximate"), "contraction"),
+    (dict(contraction="approximate"), "contraction"), (dict(temperature=1e-38), "temperature"),
+    (dict(stream=0), "stream"), (dict(stream="true"), "stream"),
 ])
 def test_bad_input_is_422_naming_the_field(server, body, field):
     r = httpx.post(server + "/generate", json=body)
     assert r.status_code == 422, r.text
     detail = r.json()["detail"]
     assert any(d["loc"][-1] == field and d["msg"] for d in detail), detail
+
+
+@pytest.mark.parametrize("raw,field", [
+    ('{"temperature": 1e999}', "temperature"), ('{"temperature": NaN}', "temperature"),
+    ('{"temperature": Infinity}', "temperature"), ('{"num_samples": 1e400}', "num_samples"),
+    ('{"sampler": "eb", "eb_gamma": NaN}', "eb_gamma"), ('{"sampler": "eb", "eb_gamma": -Infinity}', "eb_gamma"),
+    ('{"prompt": "C\\ud800"}', "prompt"),
+])
+def test_non_finite_numbers_and_lone_surrogates_are_422_not_500(server, raw, field):
+    """Reproductions from review: each was a 500 (the 422 echoed an input JSON cannot encode)."""
+    r = httpx.post(server + "/generate", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"]
+    assert any(d["loc"][-1] == field and d["msg"] for d in detail), detail
+    assert all("input" not in d for d in detail)
+
+
+def test_a_huge_invalid_field_is_not_echoed(server):
+    r = httpx.post(server + "/generate", json={"model": "q" * 100_000})
+    assert r.status_code == 422 and len(r.content) < 1000, len(r.content)
 
 
 def test_malformed_json_and_unknown_model(server):
