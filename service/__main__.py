@@ -4,12 +4,25 @@
 """
 
 import argparse
+import ipaddress
 import logging
+import os
+
 import uvicorn
 
 from . import default_checkpoints
 from .app import create_app
 from .engine import Engine
+from .security import DEFAULT_MAX_BODY_BYTES, SecurityConfig, load_api_keys
+
+log = logging.getLogger("ttcore.service")
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def main():
@@ -25,11 +38,25 @@ def main():
     ap.add_argument("--max-requests", type=int, default=64)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--log-level", default="info")
+    ap.add_argument("--api-key-file", help="API keys, one per line (also $TTCORE_API_KEY, comma-separated); "
+                                           "none configured: the service is open")
+    ap.add_argument("--public-metrics", action="store_true", help="serve /metrics without a key")
+    ap.add_argument("--public-docs", action="store_true", help="serve /docs, /redoc, /openapi.json without a key")
+    ap.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="larger bodies get 413")
+    ap.add_argument("--cors-origins", nargs="*", default=[], help="origins allowed by CORS (default: none)")
     args = ap.parse_args()
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    keys = load_api_keys(args.api_key_file, os.environ.get("TTCORE_API_KEY"))
+    security = SecurityConfig(keys, args.max_body_bytes, args.public_metrics, args.public_docs,
+                              tuple(args.cors_origins))
+    if keys:
+        log.info("API keys: %d configured", len(keys))
+    elif not _loopback(args.host):
+        log.warning("no API key configured and bound to %s: anyone who reaches this port can use the service "
+                    "(set --api-key-file or TTCORE_API_KEY)", args.host)
     engine = Engine(args.checkpoints, device=args.device, precision=args.precision, threads=args.threads or None,
                     max_batch_samples=args.max_batch_samples, max_requests=args.max_requests)
-    uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level=args.log_level)
+    uvicorn.run(create_app(engine, security), host=args.host, port=args.port, log_level=args.log_level)
 
 
 if __name__ == "__main__":

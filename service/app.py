@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .engine import Engine, ModelNotFound, Overloaded, PromptError
 from .schema import GenerateRequest, GenerateResponse, ModelList
+from .security import SecurityConfig, SecurityMiddleware
 
 RETRY_AFTER_S = 1
 
@@ -35,9 +36,18 @@ def public_errors(errors) -> list[dict]:
              "type": str(e.get("type", "value_error"))} for e in errors]
 
 
-def create_app(engine: Engine) -> FastAPI:
+def create_app(engine: Engine, security: SecurityConfig | None = None) -> FastAPI:
+    """The API over ``engine``; ``security``: API keys, body limit, CORS (default: open, 1 MiB, no CORS)."""
+    security = security or SecurityConfig()
     app = FastAPI(title="ttcore", version="0.1.0",
-                  description="Few-step masked diffusion with CP / Tensor-Train joint distributions.")
+                  description="Few-step masked diffusion with CP / Tensor-Train joint distributions. With API "
+                              "keys configured, every route but /health and /ready needs `Authorization: Bearer "
+                              "<key>` (/metrics and the docs unless the server makes them public).")
+    app.add_middleware(SecurityMiddleware, config=security)
+    if security.cors_origins:  # added last: outermost, so preflight requests are answered before the key check
+        from fastapi.middleware.cors import CORSMiddleware
+        app.add_middleware(CORSMiddleware, allow_origins=list(security.cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["authorization", "content-type"])
     metrics = engine.metrics
 
     @app.middleware("http")

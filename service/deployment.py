@@ -26,17 +26,29 @@ class AppArgs(BaseModel):
     max_batch_samples: int = Field(256, ge=1)
     max_requests: int = Field(64, ge=1, description="Admitted requests per replica before 503")
     threads: int = Field(0, ge=0, description="torch threads per replica (0: torch's default)")
+    api_key_file: str | None = Field(None, description="API keys, one per line, read on each replica; keys also "
+                                                        "come from the replicas' $TTCORE_API_KEY (runtime_env)")
+    public_metrics: bool = False
+    public_docs: bool = False
+    max_body_bytes: int = Field(1 << 20, ge=1024)
+    cors_origins: list[str] = Field(default_factory=list)
 
 
 def _asgi_builder(args: AppArgs):
     def build():
+        import os
+
         from .app import create_app
         from .engine import Engine
+        from .security import SecurityConfig, load_api_keys
 
+        keys = load_api_keys(args.api_key_file, os.environ.get("TTCORE_API_KEY"))  # on the replica, not the driver
+        security = SecurityConfig(keys, args.max_body_bytes, args.public_metrics, args.public_docs,
+                                  tuple(args.cors_origins))
         engine = Engine(args.checkpoints, device=args.device, precision=args.precision,
                         max_batch_samples=args.max_batch_samples, max_requests=args.max_requests,
                         threads=args.threads or None)
-        return create_app(engine)
+        return create_app(engine, security)
 
     return build
 

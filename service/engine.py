@@ -261,7 +261,8 @@ class Engine:
                 if self.precision == "bf16":
                     model.cast_linears_(torch.bfloat16)  # cast once, not by autocast on every call
             except (CheckpointError, OSError, ValueError) as e:
-                self.refused[d.name] = str(e)
+                # public reason: names relative to the checkpoint directory, never this machine's paths
+                self.refused[d.name] = str(e).replace(str(d.resolve()), d.name).replace(str(d), d.name)
                 log.error("refusing checkpoint %s: %s", d, e)
                 continue
             cfg = model.cfg

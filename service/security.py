@@ -1,0 +1,126 @@
+"""Who may call the service, and how much one request may send: API keys and the body-size limit.
+
+A pure ASGI middleware in front of the FastAPI app (it sees every request before FastAPI reads the
+body, so an oversized body is refused without being read):
+
+- API keys as vLLM and TGI take them: ``Authorization: Bearer <key>``, keys from ``--api-key-file``
+  (one per line, ``#`` comments) and ``$TTCORE_API_KEY`` (comma-separated). Each presented key is
+  compared with every configured key in constant time (``hmac.compare_digest``). A missing or wrong
+  key gets 401 with ``WWW-Authenticate: Bearer`` and a JSON error. No key configured: the service is
+  open. ``/health`` and ``/ready`` are always open; ``/metrics`` and the API docs (``/docs``,
+  ``/redoc``, ``/openapi.json``) need a key unless ``public_metrics`` / ``public_docs`` is set.
+  Keys never leave this module: callers see a key id (``key1``, ``key2``, ... in configuration order).
+- Body limit: a request whose Content-Length exceeds ``max_body_bytes`` gets 413 at once; a body sent
+  without a length (chunked) is counted as it arrives and refused with 413 when it passes the limit.
+"""
+
+import hmac
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ALWAYS_OPEN = ("/health", "/ready")
+DOCS = ("/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect")
+DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: the largest valid request (an 8192-character prompt) is far below
+
+
+def load_api_keys(path: str | os.PathLike | None = None, env: str | None = None) -> tuple[str, ...]:
+    """Keys from a file (one per line; blank lines and ``#`` comments skipped) and from ``env`` (the
+    value of $TTCORE_API_KEY, comma-separated). Refuses keys shorter than 16 characters."""
+    keys = []
+    if path is not None:
+        for line in Path(path).read_text().splitlines():
+            line = line.strip()
+            if line and not line.startswith("#"):
+                keys.append(line)
+    keys += [k.strip() for k in (env or "").split(",") if k.strip()]
+    short = [i + 1 for i, k in enumerate(keys) if len(k) < 16]
+    if short:
+        raise ValueError(f"API keys must be at least 16 characters; key(s) number {short} are shorter")
+    return tuple(dict.fromkeys(keys))
+
+
+@dataclass(frozen=True)
+class SecurityConfig:
+    api_keys: tuple[str, ...] = ()
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    public_metrics: bool = False
+    public_docs: bool = False
+    cors_origins: tuple[str, ...] = field(default=())
+
+    def key_id(self, presented: str) -> str | None:
+        """The id of the configured key equal to ``presented`` (constant time per key), else None."""
+        found = None
+        for i, key in enumerate(self.api_keys):
+            if hmac.compare_digest(presented.encode(), key.encode()):
+                found = f"key{i + 1}"
+        return found
+
+    def needs_key(self, path: str) -> bool:
+        if not self.api_keys or path in ALWAYS_OPEN:
+            return False
+        if path == "/metrics":
+            return not self.public_metrics
+        if path in DOCS:
+            return not self.public_docs
+        return True
+
+
+async def _send_json(send, status: int, detail: str, headers: list[tuple[bytes, bytes]] = ()) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *headers]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class SecurityMiddleware:
+    """ASGI middleware: API keys, then the body-size limit. The key id goes to ``scope["state"]``."""
+
+    def __init__(self, app, config: SecurityConfig):
+        self.app, self.config = app, config
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        cfg = self.config
+        if cfg.needs_key(scope["path"]):
+            auth = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+            scheme, _, token = auth.partition(" ")
+            key_id = cfg.key_id(token.strip()) if scheme.lower() == "bearer" and token.strip() else None
+            if key_id is None:
+                return await _send_json(send, 401, "a valid API key is required: Authorization: Bearer <key>",
+                                        [(b"www-authenticate", b'Bearer realm="ttcore"')])
+            scope.setdefault("state", {})["key_id"] = key_id
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None:
+            try:
+                too_large = int(length) > cfg.max_body_bytes
+            except ValueError:
+                return await _send_json(send, 400, "Content-Length must be an integer")
+            if too_large:
+                return await _send_json(send, 413, f"request body over the limit of {cfg.max_body_bytes} bytes")
+        elif scope["method"] in ("POST", "PUT", "PATCH"):  # no length (chunked): read it here, counting
+            chunks, received, more = [], 0, True
+            while more:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return  # the client went away
+                chunks.append(message.get("body", b""))
+                received += len(chunks[-1])
+                more = message.get("more_body", False)
+                if received > cfg.max_body_bytes:
+                    return await _send_json(send, 413, f"request body over the limit of {cfg.max_body_bytes} bytes")
+            receive = _replay(b"".join(chunks), receive)
+        await self.app(scope, receive, send)
+
+
+def _replay(body: bytes, receive):
+    """A receive that first hands over ``body`` (already read), then defers to the real one."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replay():
+        return pending.pop() if pending else await receive()
+
+    return replay

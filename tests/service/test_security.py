@@ -1,0 +1,95 @@
+"""API keys, the body limit and CORS on a real uvicorn server (subprocess), keys from the environment."""
+
+import socket
+from urllib.parse import urlparse
+
+import httpx
+import pytest
+
+from servers import start_uvicorn
+
+KEY = "ttcore-test-key-0123456789abcdef"
+OTHER = "another-valid-key-fedcba9876543210"
+AUTH = {"authorization": f"Bearer {KEY}"}
+BODY = {"model": "qm9", "num_samples": 2, "steps": 4, "seed": 0}
+
+
+@pytest.fixture(scope="module")
+def keyed(checkpoints, tmp_path_factory):
+    key_file = tmp_path_factory.mktemp("keys") / "keys.txt"
+    key_file.write_text(f"# service keys\n{OTHER}\n")
+    proc, url = start_uvicorn(checkpoints, "--api-key-file", str(key_file), "--cors-origins", "https://ok.example",
+                              env={"TTCORE_API_KEY": KEY})
+    yield url
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+@pytest.mark.parametrize("headers", [{}, {"authorization": "Bearer made-up-token-1234567890"},
+                                     {"authorization": f"Bearer {KEY[:-1]}X"}, {"authorization": f"Basic {KEY}"},
+                                     {"authorization": "Bearer"}])
+def test_missing_or_wrong_key_is_401(keyed, headers):
+    for method, path in (("POST", "/generate"), ("GET", "/models"), ("GET", "/metrics"), ("GET", "/openapi.json")):
+        r = httpx.request(method, keyed + path, json=BODY if method == "POST" else None, headers=headers)
+        assert r.status_code == 401, (path, r.text)
+        assert r.headers["www-authenticate"].startswith("Bearer") and "API key" in r.json()["detail"]
+        assert KEY not in r.text
+
+
+def test_right_keys_get_json_streaming_and_models(keyed):
+    r = httpx.post(keyed + "/generate", json=BODY, headers=AUTH, timeout=60)
+    assert r.status_code == 200 and len(r.json()["samples"]) == 2, r.text
+    r = httpx.get(keyed + "/models", headers={"authorization": f"bearer {OTHER}"})  # the file's key; any case
+    assert r.status_code == 200 and r.json()["models"]
+    with httpx.stream("POST", keyed + "/generate", json=dict(BODY, stream=True), headers=AUTH, timeout=60) as s:
+        assert s.status_code == 200 and "event: done" in s.read().decode()
+    assert httpx.get(keyed + "/metrics", headers=AUTH).status_code == 200
+
+
+def test_health_and_ready_stay_open(keyed):
+    assert httpx.get(keyed + "/health").status_code == 200
+    ready = httpx.get(keyed + "/ready")
+    assert ready.status_code == 200 and "broken" in ready.json()["refused"]
+
+
+def test_body_over_the_limit_is_413_without_reading_it(keyed):
+    r = httpx.post(keyed + "/generate", content=b"{" + b" " * (2 << 20) + b"}", headers=dict(AUTH, **{
+        "content-type": "application/json"}))
+    assert r.status_code == 413 and "limit" in r.json()["detail"]
+
+    def chunks():  # no Content-Length: counted as it arrives
+        for _ in range(40):
+            yield b" " * 65536
+
+    r = httpx.post(keyed + "/generate", content=chunks(), headers=dict(AUTH, **{"content-type": "application/json"}))
+    assert r.status_code == 413
+    # a declared length far beyond the limit is refused before any body byte is sent
+    host, port = urlparse(keyed).hostname, urlparse(keyed).port
+    with socket.create_connection((host, port), timeout=10) as sock:
+        sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: 100000000\r\n\r\n")
+        assert sock.recv(4096).startswith(b"HTTP/1.1 413")
+
+
+def test_cors_headers_only_for_allowed_origins(keyed):
+    ok = httpx.options(keyed + "/generate", headers={"origin": "https://ok.example",
+                                                     "access-control-request-method": "POST"})
+    assert ok.headers.get("access-control-allow-origin") == "https://ok.example"
+    bad = httpx.options(keyed + "/generate", headers={"origin": "https://evil.example",
+                                                      "access-control-request-method": "POST"})
+    assert "access-control-allow-origin" not in bad.headers
+    r = httpx.get(keyed + "/models", headers=dict(AUTH, origin="https://evil.example"))
+    assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+
+
+def test_no_answer_reveals_a_path(keyed, checkpoints):
+    answers = [httpx.get(keyed + p, headers=AUTH).text for p in ("/ready", "/models", "/health", "/nope")]
+    answers += [httpx.post(keyed + "/generate", json=b, headers=AUTH).text
+                for b in ({"model": "nope"}, {"prompt": "CXC"}, {"steps": 0})]
+    for text in answers:
+        assert str(checkpoints) not in text and "/tmp/" not in text and "/home/" not in text, text
+
+
+def test_open_server_has_no_cors_and_no_key_check(server):
+    r = httpx.get(server + "/models", headers={"origin": "https://ok.example"})
+    assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
