@@ -32,7 +32,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     PORT=8000 \
     RAY_AUTH_MODE=disabled
 USER 1000
-EXPOSE 8000 8080 8265 6379
+EXPOSE 8000 8080
 HEALTHCHECK --interval=15s --timeout=5s --start-period=90s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ.get('PORT', '8000'), timeout=4)"]
 ENTRYPOINT ["sh", "deploy/entrypoint.sh"]

@@ -35,6 +35,15 @@ def test_compose_file_is_valid():
     assert {"ttcore", "ray-worker", "prometheus", "grafana"} <= set(services)
     assert services["ttcore"]["shm_size"] and services["ray-worker"]["shm_size"]
     assert services["ray-worker"]["environment"]["TTCORE_MODE"] == "worker"
+    for name, service in services.items():  # Ray's dashboard (job submission) and GCS: never on all interfaces
+        for port in map(str, service.get("ports", [])):
+            if port.split(":")[-1] in ("8265", "6379"):
+                assert port.startswith("127.0.0.1:"), (name, port)
+
+
+def test_dockerfile_does_not_expose_ray_internals():
+    exposed = [line.split()[1:] for line in (ROOT / "Dockerfile").read_text().splitlines() if line.startswith("EXPOSE")]
+    assert exposed and not {"6379", "8265"} & {p for ports in exposed for p in ports}, exposed
 
 
 def test_dockerfile_lints_clean():
