@@ -85,15 +85,16 @@ class SecurityMiddleware:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         cfg = self.config
+        headers = dict(scope["headers"])
         if cfg.needs_key(scope["path"]):
-            auth = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+            auth = headers.get(b"authorization", b"").decode("latin-1")
             scheme, _, token = auth.partition(" ")
             key_id = cfg.key_id(token.strip()) if scheme.lower() == "bearer" and token.strip() else None
             if key_id is None:
                 return await _send_json(send, 401, "a valid API key is required: Authorization: Bearer <key>",
                                         [(b"www-authenticate", b'Bearer realm="ttcore"')])
             scope.setdefault("state", {})["key_id"] = key_id
-        length = dict(scope["headers"]).get(b"content-length")
+        length = headers.get(b"content-length")
         if length is not None:
             try:
                 too_large = int(length) > cfg.max_body_bytes

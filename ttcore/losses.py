@@ -74,12 +74,17 @@ def tt_masked_log_prob(core_logits: torch.Tensor, targets: torch.Tensor, mask: t
     return tt_chain_log_value(mats)
 
 
+def _format(out: HeadOutputs) -> str:
+    """Which joint the head outputs parameterize: cp, tt or none (rank 1)."""
+    return "cp" if out.weight_logits is not None else "tt" if out.logits.dim() == 4 else "none"
+
+
 def masked_log_prob(out: HeadOutputs, x0: torch.Tensor) -> torch.Tensor:
     """log p(x_M | x_t) for whichever joint the head parameterizes. -> [b]."""
-    targets = x0[out.mask]
-    if out.weight_logits is not None:
+    targets, fmt = x0[out.mask], _format(out)
+    if fmt == "cp":
         return cp_masked_log_prob(out.weight_logits, out.logits, targets, out.mask)
-    if out.logits.dim() == 4:
+    if fmt == "tt":
         return tt_masked_log_prob(out.logits, targets, out.mask)
     return factorized_masked_log_prob(out.logits, targets, out.mask)
 
@@ -108,10 +113,10 @@ def tt_masked_marginal_log_probs(core_logits: torch.Tensor, targets: torch.Tenso
 
 def masked_marginal_log_probs(out: HeadOutputs, x0: torch.Tensor) -> torch.Tensor:
     """log p(x^i | x_t) under the joint's exact single-position marginal, per masked i. -> [m]."""
-    targets = x0[out.mask]
-    if out.weight_logits is not None:
+    targets, fmt = x0[out.mask], _format(out)
+    if fmt == "cp":
         return cp_masked_marginal_log_probs(out.weight_logits, out.logits, targets, out.mask)
-    if out.logits.dim() == 4:
+    if fmt == "tt":
         return tt_masked_marginal_log_probs(out.logits, targets, out.mask)
     return -F.cross_entropy(out.logits, targets, reduction="none")
 
