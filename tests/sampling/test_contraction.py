@@ -10,21 +10,15 @@ import pytest
 import torch
 
 from brute import chi_square_pvalue
-from ttcore.models import DiTConfig, JointModel, ModelConfig
+from tiny import tiny_model
 from ttcore.sampling import predetermined_step
 
 V, L, R, N = 3, 6, 2, 20000
 T = [1, 4]  # chosen positions; 0 is known; 2, 3, 5 are masked and summed out
 
 
-def _model() -> JointModel:
-    torch.manual_seed(0)
-    base = JointModel(ModelConfig(DiTConfig(vocab_size=V + 1, out_vocab=V, length=L, hidden_dim=16, cond_dim=8,
-                                            n_blocks=1, n_heads=2)))
-    with torch.no_grad():
-        for prm in base.parameters():
-            prm.add_(0.5 * torch.randn_like(prm))
-    model = JointModel.from_base(base, "tt", R, noise=0.5).eval()
+def _model():
+    model = tiny_model("tt", V, L, R, perturb=0.5, noise=0.5)
     with torch.no_grad():  # an untrained head predicts uniform Gbar; make it a wrong guess instead
         model.head.contracted.weight.normal_(0, 2.0)
     return model

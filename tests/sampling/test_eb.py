@@ -10,23 +10,15 @@ import numpy as np
 import pytest
 import torch
 
+from tiny import tiny_model
 from ttcore.distributions import CP, TensorTrain
-from ttcore.models import DiTConfig, JointModel, ModelConfig
 from ttcore.sampling import GenerationRun
 
 V, L = 8, 10
 
 
-def _model(decomposition: str) -> JointModel:
-    torch.manual_seed(0)
-    base = JointModel(ModelConfig(DiTConfig(vocab_size=V + 1, out_vocab=V, length=L, hidden_dim=16, cond_dim=8,
-                                            n_blocks=1, n_heads=2)))
-    with torch.no_grad():
-        for prm in base.parameters():
-            prm.add_(0.7 * torch.randn_like(prm))
-    if decomposition == "none":
-        return base.eval()
-    return JointModel.from_base(base, decomposition, 3, noise=0.5).eval()
+def _model(decomposition: str):
+    return tiny_model(decomposition, V, L, 3, perturb=0.7, noise=0.5)
 
 
 def _proxy(p: np.ndarray, name: str) -> float:

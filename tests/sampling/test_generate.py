@@ -9,8 +9,8 @@ from scipy import stats
 
 from brute import all_sequences, chi_square_pvalue, dense_cp, dense_tt
 from explicit import ExplicitCP, ExplicitTT, PerfectMarginals
+from tiny import tiny_model
 from ttcore.distributions import TensorTrain
-from ttcore.models import DiTConfig, JointModel, ModelConfig
 from ttcore.sampling import GenerationRun, generate, step_together
 
 V, L, R, N = 3, 4, 3, 20000
@@ -112,15 +112,7 @@ def test_rank_one_random_order_matches_mdlm_sampler(steps):
 
 
 def _tiny_model(decomposition="tt"):
-    torch.manual_seed(0)
-    base = JointModel(ModelConfig(DiTConfig(vocab_size=9, out_vocab=8, length=10, hidden_dim=16, cond_dim=8,
-                                            n_blocks=1, n_heads=2)))
-    with torch.no_grad():
-        for prm in base.parameters():
-            prm.add_(0.5 * torch.randn_like(prm))
-    if decomposition == "none":
-        return base.eval()
-    return JointModel.from_base(base, decomposition, 3, noise=0.3).eval()
+    return tiny_model(decomposition, 8, 10, 3, perturb=0.5, noise=0.3)
 
 
 SETTINGS = [dict(ordering="random"), dict(ordering="halton"), dict(ordering="top_prob"),
