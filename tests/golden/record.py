@@ -1,0 +1,78 @@
+"""Seeded golden outputs: samples of every format x ordering x sampler, batched steps, losses, and a
+bundled checkpoint under bf16. Recorded once before a refactor (``python tests/golden/record.py``)
+and compared bit for bit after it by ``tests/test_golden.py``: behaviour-preserving changes keep them."""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).parent
+ROOT = HERE.parents[1]
+sys.path[:0] = [str(HERE.parent / "sampling"), str(ROOT)]
+
+from tiny import tiny_model  # noqa: E402
+from ttcore.losses import mdlm_loss  # noqa: E402
+from ttcore.models import load_checkpoint  # noqa: E402
+from ttcore.sampling import GenerationRun, generate, step_together  # noqa: E402
+
+
+def run_batch(model, runs):  # the engine's loop as of this recording
+    states = [None] * len(runs)
+    while not all(r.done for r in runs):
+        live = [r for r in runs if not r.done]
+        need = [r for r in live if r.prepare()]
+        feats = {}
+        if need:
+            h = model.features(torch.cat([r.tokens for r in need]))
+            feats = dict(zip(map(id, need), h.float().split([r.tokens.shape[0] for r in need])))
+        for r, s in zip(live, step_together(live, [feats.get(id(r)) for r in live])):
+            states[runs.index(r)] = s
+    return states
+
+GOLDEN = HERE / "samples.json"
+V, L, R = 5, 6, 3
+CASES = [  # (name, settings)
+    *[(f"{o}", dict(ordering=o)) for o in ("random", "left_to_right", "halton", "top_prob", "margin", "entropy")],
+    *[(f"eb-{p}", dict(eb_gamma=0.7, eb_proxy=p)) for p in ("entropy", "confidence", "margin")],
+    ("exact-contraction", dict(contraction="exact")),
+    ("temperature", dict(temperature=0.8, ordering="halton")),
+    ("cosine-bernoulli", dict(schedule="cosine", bernoulli=True)),
+    ("prompt", dict(prompt=torch.tensor([1, V, 2, V, V, 0]))),
+]
+
+
+def _tokens(model, steps=3, n=3, seed=7, **settings) -> list:
+    *_, last = generate(model, n, steps, seed=seed, **settings)
+    return last.tokens.tolist()
+
+
+def outputs() -> dict:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        out = {}
+        for fmt in ("none", "cp", "tt"):
+            model = tiny_model(fmt, V, L, R, perturb=1.0, noise=1.0)
+            for name, settings in CASES:
+                out[f"{fmt}/{name}"] = _tokens(model, **settings)
+            runs = [GenerationRun(model, 2, 3, seed=s, ordering=o) for s, o in ((1, "random"), (2, "halton"),
+                                                                               (3, "entropy"))]
+            out[f"{fmt}/batched"] = [state.tokens.tolist() for state in run_batch(model, runs)]
+            g = torch.Generator().manual_seed(5)
+            x0 = torch.randint(0, V, (8, L), generator=g)
+            losses = mdlm_loss(tiny_model(fmt, V, L, R, perturb=0.2, noise=0.2).train(), x0, V, generator=g)
+            out[f"{fmt}/loss"] = {k: float(v.detach()) for k, v in sorted(losses.items())}
+        model, tok, _ = load_checkpoint(ROOT / "checkpoints" / "qm9-tt-r8")
+        model.eval().cast_linears_(torch.bfloat16)
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+            out["qm9-tt-r8/bf16"] = _tokens(model, steps=4, n=4, seed=3)
+        return out
+    finally:
+        torch.set_num_threads(threads)
+
+
+if __name__ == "__main__":
+    GOLDEN.write_text(json.dumps(outputs()) + "\n")
+    print(f"wrote {GOLDEN}")
