@@ -11,10 +11,10 @@ import torch.nn.functional as F
 from ttcore.distributions import CP, TensorTrain
 from torch import nn
 
-from ttcore.losses import (contracted_core_loss, cp_masked_log_prob, cp_masked_marginal_log_probs,
-                           factorized_masked_log_prob, forward_mask, masked_log_prob, mdlm_loss, sample_times,
-                           tt_masked_log_prob, tt_masked_marginal_log_probs)
-from ttcore.models import DiTConfig, HeadOutputs, JointModel, ModelConfig
+from ttcore.decompositions import (TTOutputs, contracted_core_loss, cp_masked_log_prob, cp_masked_marginal_log_probs,
+                                   factorized_masked_log_prob, tt_masked_log_prob, tt_masked_marginal_log_probs)
+from ttcore.losses import forward_mask, mdlm_loss, sample_times
+from ttcore.models import DiTConfig, JointModel, ModelConfig
 
 V, L, B = 7, 6, 5
 
@@ -122,7 +122,7 @@ class _PerfectPairs(nn.Module):
                     cores[bi, i, c, :, :] = 0.5  # copy the known even partner
                 elif mask[bi, i + 1]:
                     cores[bi, i + 1, a, :, :] = 0.5  # copy the known odd partner
-        return HeadOutputs(mask, cores[mask].clamp_min(1e-300).log())
+        return TTOutputs(mask, cores[mask].clamp_min(1e-300).log())
 
 
 def test_nelbo_is_a_bound_on_app_b_pairs_and_the_joint_weighting_is_not():
@@ -137,7 +137,7 @@ def test_nelbo_is_a_bound_on_app_b_pairs_and_the_joint_weighting_is_not():
     true_nll = math.log(2) / 2
     assert out["nelbo"].item() == pytest.approx(true_nll, abs=0.01)
     x_t, mask = forward_mask(x0, t, 2, torch.Generator().manual_seed(7))
-    joint_weighted = (-masked_log_prob(model(x_t, mask), x0) / t).sum().item() / x0.numel()
+    joint_weighted = (-model(x_t, mask).log_prob(x0) / t).sum().item() / x0.numel()
     assert joint_weighted == pytest.approx(true_nll / 2, abs=0.01)  # what the old "NELBO" printed
     # the joint NLL scores each masked pair once; the marginals score both of its tokens
     assert out["marginal_nll"].item() > out["nll"].item() + 0.05

@@ -37,7 +37,7 @@ from ttcore.losses import forward_mask, sample_times
 from ttcore.metrics import molecule_metrics
 from ttcore.models import load_checkpoint
 from ttcore.sampling import PREDETERMINED, generate, unmask_counts
-from ttcore.sampling.joint_step import exact_contracted_cores
+from ttcore.decompositions import exact_contracted_cores
 from ttcore.training import TrainConfig, evaluate_loss, validation_summary
 
 

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from ttcore.models import HeadOutputs
+from ttcore.decompositions import CPOutputs, FactorizedOutputs, TTOutputs
 
 
 class _Explicit(nn.Module):
@@ -42,7 +42,7 @@ class ExplicitTT(_Explicit):
         self.cores = cores
 
     def head_outputs(self, h, mask):
-        return HeadOutputs(mask, self.cores[self._pos(h[mask])].log())
+        return TTOutputs(mask, self.cores[self._pos(h[mask])].log())
 
     def select_logits(self, h, start, count):  # row j = start / r of G_pos: [n, k, v]
         j = start // self.cfg.rank
@@ -62,8 +62,7 @@ class ExplicitCP(_Explicit):
         self.weights, self.factors = weights, factors
 
     def head_outputs(self, h, mask):
-        return HeadOutputs(mask, self.factors[self._pos(h[mask])].log(),
-                           weight_logits=self.weights.log().expand(h.shape[0], -1))
+        return CPOutputs(mask, self.factors[self._pos(h[mask])].log(), self.weights.log().expand(h.shape[0], -1))
 
     def select_logits(self, h, start, count):
         return self.factors[self._pos(h), start].log().unsqueeze(1)
@@ -94,7 +93,7 @@ class PerfectMarginals(_Explicit):
         return marg[torch.arange(len(h)), self._pos(h)].clamp_min(1e-300).log()
 
     def head_outputs(self, h, mask):
-        return HeadOutputs(mask, self._logits(h[mask]))
+        return FactorizedOutputs(mask, self._logits(h[mask]))
 
     def select_logits(self, h, start, count):
         return self._logits(h).unsqueeze(1)

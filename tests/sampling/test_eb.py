@@ -45,10 +45,11 @@ def _marginals_fn(model, tokens: torch.Tensor):
         full[masked.numpy()] = probs
         return lambda x_cond: full
     if model.cfg.decomposition == "cp":
-        dist = CP.from_masked(torch.softmax(out.weight_logits.double(), -1), torch.softmax(out.logits.double(), -1),
+        dist = CP.from_masked(torch.softmax(out.weight_logits.double(), -1),
+                              torch.softmax(out.factor_logits.double(), -1),
                               tokens[None], masked[None])
     else:
-        logits = out.logits.double()  # [m, v, r, r]: softmax over (x, k) per row j, by hand
+        logits = out.core_logits.double()  # [m, v, r, r]: softmax over (x, k) per row j, by hand
         m, v, r, _ = logits.shape
         cores = torch.softmax(logits.permute(0, 2, 1, 3).reshape(m, r, v * r), -1).view(m, r, v, r).permute(0, 2, 1, 3)
         dist = TensorTrain.from_masked(cores, tokens[None], masked[None])

@@ -27,6 +27,12 @@ class RowStreams:
         return torch.cat(parts) if parts else torch.empty((0, 1), dtype=torch.float64, device=rows.device)
 
 
+def softmax64(logits: torch.Tensor, temperature: float, dim: int = -1) -> torch.Tensor:
+    """float64 probabilities of logits / temperature, for categorical draws (the paper samples from
+    64-bit probabilities; a float32 softmax would truncate the small ones before the float64 draw)."""
+    return torch.softmax(logits.double() / temperature, dim)
+
+
 def sample_categorical(probs: torch.Tensor, generator: torch.Generator | RowStreams | None = None,
                        rows: torch.Tensor | None = None) -> torch.Tensor:
     """Draw one index per row of unnormalized nonnegative weights ``probs`` [..., n] -> [...] long.

@@ -12,7 +12,12 @@ base model's marginals and likelihood exactly.
 import torch
 from torch import nn
 
+from ttcore.decompositions import get_decomposition
+
 from .dit import LayerNorm, modulate
+
+
+GATHER_MAX_OUTPUTS = 8192  # select_logits: all E outputs then gather, up to this many outputs per row
 
 
 class FinalLayer(nn.Module):
@@ -35,29 +40,27 @@ class FinalLayer(nn.Module):
 
 
 class JointHead(nn.Module):
-    """E outputs per masked position, plus the CP weight head or the TT contracted-core head."""
+    """E outputs per masked position, plus the decomposition's extra heads (CP: the mixture weights
+    ``weights``; TT: the contracted-core head ``contracted``)."""
+
+    HEADS = ("1layer", "2layer")
 
     def __init__(self, decomposition: str, rank: int, head: str, hidden_dim: int, out_vocab: int):
         super().__init__()
-        if decomposition not in ("cp", "tt"):
-            raise ValueError(f"decomposition must be 'cp' or 'tt' for a joint head, got {decomposition!r}")
-        if head not in ("1layer", "2layer"):
-            raise ValueError(f"head must be '1layer' or '2layer', got {head!r}")
+        spec = get_decomposition(decomposition)
+        if decomposition == "none":
+            raise ValueError("decomposition 'none' (rank 1) has no joint head: it uses the base head W")
+        if head not in self.HEADS:
+            raise ValueError(f"head must be one of {', '.join(self.HEADS)}, got {head!r}")
         self.decomposition, self.rank, self.head = decomposition, rank, head
-        self.e = rank if decomposition == "cp" else rank * rank
-        self.gather_max_outputs = 8192  # see select_logits
+        self.e = spec.outputs_per_position(rank)
+        self.gather_max_outputs = GATHER_MAX_OUTPUTS
         if head == "1layer":
             self.proj = nn.Linear(hidden_dim, self.e * out_vocab)  # W'
         else:
             self.mix = nn.Linear(hidden_dim, self.e * hidden_dim, bias=False)  # W~
-        if decomposition == "cp":
-            self.weights = nn.Linear(hidden_dim, rank)  # w(x_t) from mean-pooled features
-            nn.init.zeros_(self.weights.weight)
-            nn.init.zeros_(self.weights.bias)
-        else:
-            self.contracted = nn.Linear(hidden_dim, rank * rank)  # Gbar_j(x_t), Sec. 4.3 special case
-            nn.init.zeros_(self.contracted.weight)
-            nn.init.zeros_(self.contracted.bias)
+        for name, module in spec.extra_heads(hidden_dim, rank).items():
+            self.add_module(name, module)
 
     @torch.no_grad()
     def init_from_base(self, base: nn.Linear, noise: float, generator: torch.Generator | None = None) -> None:

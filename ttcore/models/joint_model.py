@@ -5,6 +5,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
+from ttcore.decompositions import DECOMPOSITIONS, HeadOutputs, get_decomposition
+
 from .dit import DiT, DiTConfig
 from .heads import FinalLayer, JointHead
 
@@ -12,7 +14,7 @@ from .heads import FinalLayer, JointHead
 @dataclass
 class ModelConfig:
     dit: DiTConfig
-    decomposition: str = "none"  # none | cp | tt
+    decomposition: str = "none"  # a key of ttcore.decompositions.DECOMPOSITIONS: none | cp | tt
     rank: int = 1
     head: str = "1layer"  # 1layer | 2layer (joint heads only)
     extra: dict = field(default_factory=dict)  # free-form metadata (training, data)
@@ -20,8 +22,7 @@ class ModelConfig:
     def __post_init__(self):
         if isinstance(self.dit, dict):
             self.dit = DiTConfig(**self.dit)
-        if self.decomposition not in ("none", "cp", "tt"):
-            raise ValueError(f"decomposition must be one of none, cp, tt; got {self.decomposition!r}")
+        get_decomposition(self.decomposition)  # raises for an unknown name
         if self.decomposition == "none" and self.rank != 1:
             raise ValueError(f"decomposition 'none' is rank 1, got rank {self.rank}")
         if self.rank < 1:
@@ -29,15 +30,6 @@ class ModelConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-@dataclass
-class HeadOutputs:
-    """Logits for the masked positions (row-major over mask [b, l]); float32."""
-    mask: torch.Tensor  # [b, l] bool
-    logits: torch.Tensor  # none: [m, v]; cp: [m, r, v]; tt: [m, v, r, r]  (TT: [x, j, k])
-    weight_logits: torch.Tensor | None = None  # cp: [b, r]
-    contracted_logits: torch.Tensor | None = None  # tt: [m, r, r], softmax over k -> Gbar_j
 
 
 class JointModel(nn.Module):
@@ -76,19 +68,14 @@ class JointModel(nn.Module):
         return self.output_layer.features(x, c)
 
     def head_outputs(self, h: torch.Tensor, mask: torch.Tensor) -> HeadOutputs:
-        """Run the head on the masked positions only: h [b, l, d], mask [b, l] -> HeadOutputs."""
-        hm = h[mask]  # [m, d]
-        cfg = self.cfg
-        if self.head is None:
-            return HeadOutputs(mask, self.output_layer.linear(hm).float())
-        comp = self.head.component_logits(hm, self.output_layer.linear).float()  # [m, e, v]
-        if cfg.decomposition == "cp":
-            w = self.head.weights(h.mean(1)).float()  # [b, r]
-            return HeadOutputs(mask, comp, weight_logits=w)
-        r = cfg.rank
-        cores = comp.view(-1, r, r, comp.shape[-1]).permute(0, 3, 1, 2)  # [m, v, r, r]
-        contracted = self.head.contracted(hm).float().view(-1, r, r)  # [m, r, r]
-        return HeadOutputs(mask, cores, contracted_logits=contracted)
+        """Run the head on the masked positions only: h [b, l, d], mask [b, l] -> the decomposition's
+        HeadOutputs (float32)."""
+        return self.decomposition.head_outputs(self, h, mask)
+
+    @property
+    def decomposition(self):
+        """This model's entry of ``DECOMPOSITIONS``."""
+        return DECOMPOSITIONS[self.cfg.decomposition]
 
     def core_logits(self, h: torch.Tensor) -> torch.Tensor:
         """TT only: all V x r x r core logits of positions with features h [n, d] -> [n, v, r, r] float32

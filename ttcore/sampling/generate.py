@@ -11,7 +11,9 @@ import torch
 
 from ttcore.distributions import RowStreams
 
-from .joint_step import CONTRACTIONS, chain_rule_step, predetermined_step
+from ttcore.decompositions import CONTRACTIONS
+
+from .joint_step import chain_rule_step, predetermined_step
 from .eb import PROXIES
 from .orderings import ADAPTIVE, PREDETERMINED, top_k_mask
 from .schedules import SCHEDULES, unmask_counts

@@ -1,0 +1,81 @@
+"""The three interfaces a decomposition plugs into: what a model's head outputs are (``HeadOutputs``),
+what a decomposition contributes to the model and the sampler (``Decomposition``), and what the
+samplers need of a model (``Denoiser``)."""
+
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+from ttcore.distributions import JointDistribution
+
+
+@runtime_checkable
+class HeadOutputs(Protocol):
+    """A model's head evaluated on the masked positions M of x_t (row-major over ``mask`` [b, l]): it
+    builds p(x | x_t) and scores masked targets under it. float32 unless the model runs in float64."""
+
+    mask: torch.Tensor  # [b, l] bool
+
+    def joint(self, tokens: torch.Tensor, temperature: float = 1.0) -> JointDistribution:
+        """p(x | x_t) over whole sequences at ``temperature``; the known positions of ``tokens`` [b, l]
+        are exact (one-hot / delta * I)."""
+        ...
+
+    def log_prob(self, x0: torch.Tensor) -> torch.Tensor:
+        """log p(x0_M | x_t), the joint over the masked set (the training objective's term). -> [b]."""
+        ...
+
+    def marginal_log_probs(self, x0: torch.Tensor) -> torch.Tensor:
+        """log p(x0^i | x_t) under the joint's exact single-position marginal, for each masked i. -> [m]."""
+        ...
+
+    def auxiliary_loss(self) -> torch.Tensor:
+        """Any extra training term of this decomposition (TT: L_C of Eq. 19), else 0. -> []."""
+        ...
+
+
+@runtime_checkable
+class Denoiser(Protocol):
+    """The model interface of ``ttcore.sampling`` (``JointModel`` implements it, and the tests' explicit
+    models). ``cfg`` has ``decomposition``, ``rank`` and ``dit.vocab_size`` / ``dit.length``. A
+    decomposition may need more (CP: ``cp_weight_logits``; TT: ``contracted_cores``, ``core_logits``)."""
+
+    cfg: object
+
+    def features(self, x_t: torch.Tensor) -> torch.Tensor:
+        """x_t [b, l] -> features [b, l, d]: the one backbone call of a denoising step."""
+        ...
+
+    def head_outputs(self, h: torch.Tensor, mask: torch.Tensor) -> HeadOutputs:
+        """The head on the masked positions: h [b, l, d], mask [b, l] -> HeadOutputs."""
+        ...
+
+    def select_logits(self, h: torch.Tensor, start: torch.Tensor, count: int) -> torch.Tensor:
+        """Head outputs e in [start, start + count) of each row: h [n, d], start [n] -> [n, count, v]."""
+        ...
+
+
+class Decomposition(Protocol):
+    """One entry of ``DECOMPOSITIONS``: everything that differs between rank 1, CP and TT."""
+
+    name: str
+    preference: int  # which one serves a request that names none (higher first)
+
+    def outputs_per_position(self, rank: int) -> int:
+        """E, the head outputs per masked position (each a distribution over v)."""
+        ...
+
+    def extra_heads(self, hidden_dim: int, rank: int) -> dict[str, nn.Module]:
+        """Heads beside the E outputs (CP: mixture weights; TT: contracted cores), zero-initialized."""
+        ...
+
+    def head_outputs(self, model, h: torch.Tensor, mask: torch.Tensor) -> HeadOutputs:
+        """Run ``model``'s head on the masked positions of h [b, l, d]."""
+        ...
+
+    def predetermined_step(self, model: Denoiser, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor,
+                           chosen: torch.Tensor, temperature: float, generator, contraction: str) -> torch.Tensor:
+        """One exact joint draw of x_T, T = ``chosen`` [b, l] (Sec. 4.3), computing only the head outputs
+        the draw needs. -> [b, l], -1 off T."""
+        ...

@@ -1,0 +1,136 @@
+"""Tensor-Train (Sec. 4.2): r * r outputs per masked position (cores, Eq. 9, laid out e = j * r + k,
+each row j normalized over (x, k) by Eq. 10) and the contracted-core head Gbar_j (Sec. 4.3)."""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ttcore.distributions import (TensorTrain, softmax64, tt_chain_log_value, tt_contracted_from_logits,
+                                  tt_cores_from_logits, tt_sample_path, tt_state_marginals)
+
+CONTRACTIONS = ("head", "exact")  # how masked positions outside a step's set are summed out
+EXACT_CHUNK = 64  # positions per exact-contraction pass: bounds the [n, v, r, r] float64 logits held at once
+
+
+def tt_selected_log_cores(core_logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log G_i(x^i, j, k) under the row normalization of Eq. 10 (softmax over (x, k) for each j),
+    without materializing the normalized cores. core_logits [m, v, r, r] -> [m, r, r]."""
+    lse = core_logits.logsumexp(dim=(1, 3))  # [m, r]  (over x and k, per row j)
+    picked = core_logits[torch.arange(core_logits.shape[0], device=targets.device), targets]  # [m, r, r]
+    return picked - lse[:, :, None]
+
+
+def tt_masked_log_prob(core_logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """log (1/r) 1^T G_1(x^1) ... G_l(x^l) 1 (Eq. 9), known positions entering as the identity
+    (delta(x = token) * I at their own token). core_logits [m, v, r, r] -> [b]."""
+    b, l = mask.shape
+    r = core_logits.shape[-1]
+    mats = torch.eye(r, dtype=core_logits.dtype, device=core_logits.device).repeat(b, l, 1, 1)  # [b, l, r, r]
+    mats[mask] = tt_selected_log_cores(core_logits, targets).exp()
+    return tt_chain_log_value(mats)
+
+
+def tt_masked_marginal_log_probs(core_logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """log p(x^i | x_t) for each masked i (Eqs. 16-17, S = the known positions, which contract to the
+    identity): log pi_i^T G_i(x^i) 1 with pi_i the hidden-state marginal (``tt_state_marginals``).
+    Needs only the selected and the summed cores, [m, r, r] each. core_logits [m, v, r, r] -> [m]."""
+    b, l = mask.shape
+    r = core_logits.shape[-1]
+    gbar = torch.eye(r, dtype=core_logits.dtype, device=core_logits.device).repeat(b, l, 1, 1)  # [b, l, r, r]
+    gbar[mask] = tt_contracted_from_logits(core_logits)
+    log_pi = tt_state_marginals(gbar)[mask].clamp_min(torch.finfo(gbar.dtype).tiny).log()  # [m, r]
+    return torch.logsumexp(log_pi[:, :, None] + tt_selected_log_cores(core_logits, targets), (1, 2))
+
+
+def contracted_core_loss(contracted_logits: torch.Tensor, core_logits: torch.Tensor) -> torch.Tensor:
+    """L_C = (1/N) sum_j ||Gbar_j - stopgrad(sum_x G_j(x))||_F^2  (Eq. 19), over the masked positions."""
+    if contracted_logits.shape[0] == 0:
+        return contracted_logits.sum()
+    pred = torch.softmax(contracted_logits, -1)  # rows of Gbar_j
+    target = tt_contracted_from_logits(core_logits).detach()
+    return (pred - target).pow(2).sum((-2, -1)).mean()
+
+
+def exact_contracted_cores(model, h: torch.Tensor, temperature: float) -> torch.Tensor:
+    """sum_x G_j(x) of the tempered, row-normalized cores (Eq. 10, Eq. 16 with j outside S), from the
+    head's V x r x r outputs, in float64, chunked over positions. h [n, d] -> [n, r, r]."""
+    parts = [tt_contracted_from_logits(model.core_logits(chunk).double() / temperature)
+             for chunk in h.split(EXACT_CHUNK)]
+    return torch.cat(parts)
+
+
+@dataclass
+class TTOutputs:
+    """``core_logits`` [m, v, r, r] ([x, j, k]) per masked position; ``contracted_logits`` [m, r, r] from
+    the contracted-core head (softmax over k gives Gbar_j), None for a model without one."""
+    mask: torch.Tensor
+    core_logits: torch.Tensor
+    contracted_logits: torch.Tensor | None = None
+
+    def joint(self, tokens: torch.Tensor, temperature: float = 1.0) -> TensorTrain:
+        """float32 (a text sample's r=4 cores are 67 MB; each draw renormalizes in float64)."""
+        return TensorTrain.from_masked(tt_cores_from_logits(self.core_logits / temperature), tokens, self.mask)
+
+    def log_prob(self, x0: torch.Tensor) -> torch.Tensor:
+        return tt_masked_log_prob(self.core_logits, x0[self.mask], self.mask)
+
+    def marginal_log_probs(self, x0: torch.Tensor) -> torch.Tensor:
+        return tt_masked_marginal_log_probs(self.core_logits, x0[self.mask], self.mask)
+
+    def auxiliary_loss(self) -> torch.Tensor:
+        if self.contracted_logits is None:
+            return self.core_logits.new_zeros(())
+        return contracted_core_loss(self.contracted_logits, self.core_logits)
+
+
+class TTDecomposition:
+    name, preference = "tt", 2
+
+    @staticmethod
+    def outputs_per_position(rank: int) -> int:
+        return rank * rank
+
+    @staticmethod
+    def extra_heads(hidden_dim: int, rank: int) -> dict:
+        contracted = nn.Linear(hidden_dim, rank * rank)  # Gbar_j(x_t), Sec. 4.3 special case
+        nn.init.zeros_(contracted.weight)
+        nn.init.zeros_(contracted.bias)
+        return {"contracted": contracted}
+
+    @staticmethod
+    def head_outputs(model, h: torch.Tensor, mask: torch.Tensor) -> TTOutputs:
+        hm = h[mask]  # [m, d]
+        r = model.cfg.rank
+        comp = model.head.component_logits(hm, model.output_layer.linear).float()  # [m, r*r, v]
+        cores = comp.view(-1, r, r, comp.shape[-1]).permute(0, 3, 1, 2)  # [m, v, r, r]
+        return TTOutputs(mask, cores, model.head.contracted(hm).float().view(-1, r, r))
+
+    @staticmethod
+    def predetermined_step(model, h, x, masked, chosen, temperature, generator, contraction) -> torch.Tensor:
+        """Ancestral sampling of the hidden chain (``tt_sample_path``): the masked positions outside T
+        enter through contracted cores, from the contracted-core head (``contraction="head"``, exact with
+        respect to the joint whose off-T factors are the head's Gbar_j) or summed from the cores
+        themselves (``"exact"``: exact with respect to the TT of Eq. 9); at a temperature other than 1
+        the head is not used (it predicts the untempered sum). At a chosen position only the core row
+        of the sampled state is computed (r outputs of the r * r). Needs ``model.contracted_cores`` and
+        ``model.core_logits``."""
+        if contraction not in CONTRACTIONS:
+            raise ValueError(f"contraction must be one of {CONTRACTIONS}, got {contraction!r}")
+        b, l = x.shape
+        r = model.cfg.rank
+        contracted = torch.eye(r, dtype=torch.float64, device=x.device).repeat(b, l, 1, 1)  # known: I
+        pos = torch.arange(l, device=x.device)
+        last = torch.where(chosen, pos, -1).amax(1)  # [b] last chosen position: the rows after it sum to 1
+        rest = masked & ~chosen & (pos < last[:, None])
+        if rest.any():
+            if contraction == "head" and temperature == 1.0:  # Gbar_j from the contracted-core head
+                contracted[rest] = model.contracted_cores(h[rest]).to(contracted.dtype)
+            else:  # the cores' own sum (the head knows only temperature 1)
+                contracted[rest] = exact_contracted_cores(model, h[rest], temperature)
+
+        def core_rows(n, t, j):  # G_t(x, j, k) for the sampled state j of rows n: [n, v, r]
+            logits = model.select_logits(h[n, t], j * r, r)  # [n, k, v]
+            return softmax64(logits.reshape(len(n), -1), temperature).view(len(n), r, -1).transpose(1, 2)
+
+        return tt_sample_path(contracted, chosen, core_rows, generator)
