@@ -7,7 +7,7 @@
 One randomly initialized backbone per size; rank-1, CP and TT heads are built from it exactly as
 fine-tuning does (heads with noise, so the joints are not degenerate). For each setting it times the
 full generation of a batch (best of ``--reps``, interleaved across the three models) and prints
-seconds per sample and the ratio to rank 1. Models are served as in bf16 (``cast_linears_``).
+seconds per sample and the ratio to rank 1. Models are served as in bf16 (``prepare_for_inference``).
 QM9-sized: l = 32, v = 40, 1-layer heads (CP r = 64, TT r = 8), as the paper's QM9 setup.
 Text-sized: l = 128, v = 8192, 2-layer heads (CP r = 16, TT r = 4), as the paper's text setup.
 Adaptive orderings and EB-Sampler run the chain rule over full V x r x r cores on every masked
@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from ttcore.models import DiTConfig, JointModel, ModelConfig
+from ttcore.models import DiTConfig, JointModel, ModelConfig, prepare_for_inference
 from ttcore.sampling import generate
 
 SIZES = {
@@ -41,20 +41,20 @@ def _models(size: dict) -> dict:
     models = {"rank1": base,
               f"cp{size['cp']}": JointModel.from_base(base, "cp", size["cp"], size["head"], 0.1, g),
               f"tt{size['tt']}": JointModel.from_base(base, "tt", size["tt"], size["head"], 0.1, g)}
-    return {name: m.eval().cast_linears_(torch.bfloat16) for name, m in models.items()}  # as served in bf16
+    return {name: prepare_for_inference(m, "bf16") for name, m in models.items()}  # as served in bf16
 
 
 def _seconds_per_sample(models: dict, n: int, steps: int, reps: int, **settings) -> dict:
     """Best time per sample of each model; the reps are interleaved across the models, so a slow
     spell of the machine hits all of them alike. -> {name: (seconds per sample, model calls)}."""
-    with torch.autocast("cpu", dtype=torch.bfloat16):  # warm-up (allocator, kernels)
-        for model in models.values():
+    for model in models.values():  # warm-up (allocator, kernels)
+        with model.compute_context():
             list(generate(model, n, min(steps, 2), seed=0, **settings))
     best = {name: (float("inf"), 0) for name in models}
     for rep in range(reps):
         for name, model in models.items():
             t0 = time.perf_counter()
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with model.compute_context():
                 *_, last = generate(model, n, steps, seed=rep, **settings)
             best[name] = (min(best[name][0], (time.perf_counter() - t0) / n), last.model_calls)
     return best

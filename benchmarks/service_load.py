@@ -114,16 +114,13 @@ def _forward_bound(checkpoint: Path, precision: str, device: str, clients: tuple
     batch one request brings (2) against the batch C clients bring (2C), in this process, alone."""
     import torch
 
-    from ttcore.models import load_checkpoint
+    from ttcore.models import load_for_inference
 
-    model, _, _ = load_checkpoint(checkpoint, device=device)
-    model.eval()
-    if precision == "bf16":
-        model.cast_linears_(torch.bfloat16)
+    model, _, _ = load_for_inference(checkpoint, device, precision)
     times = {}
     for b in sorted({2 * c for c in clients}):
         x = torch.full((b, model.cfg.dit.length), model.cfg.dit.vocab_size - 1, device=device)
-        with torch.inference_mode(), torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+        with model.compute_context():
             for _ in range(3):
                 model.features(x)
             _sync(device)

@@ -10,9 +10,11 @@ import os
 
 import uvicorn
 
+from ttcore.models import PRECISIONS
+
 from . import default_checkpoints
 from .app import create_app
-from .engine import Engine
+from .serving import build_serving
 from .security import DEFAULT_MAX_BODY_BYTES, SecurityConfig, load_api_keys
 
 log = logging.getLogger("ttcore.service")
@@ -32,7 +34,7 @@ def main():
     ap.add_argument("--checkpoints", default=default_checkpoints(),
                     help="directory of checkpoint directories (default: $TTCORE_CHECKPOINTS or the bundled ones)")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
+    ap.add_argument("--precision", choices=PRECISIONS, default="auto",
                     help="auto: bf16 where the CPU (AVX512-BF16 / AMX) or GPU runs bf16 matmuls natively")
     ap.add_argument("--max-batch-samples", type=int, default=256)
     ap.add_argument("--max-requests", type=int, default=64)
@@ -54,9 +56,10 @@ def main():
     elif not _loopback(args.host):
         log.warning("no API key configured and bound to %s: anyone who reaches this port can use the service "
                     "(set --api-key-file or TTCORE_API_KEY)", args.host)
-    engine = Engine(args.checkpoints, device=args.device, precision=args.precision, threads=args.threads or None,
-                    max_batch_samples=args.max_batch_samples, max_requests=args.max_requests)
-    uvicorn.run(create_app(engine, security), host=args.host, port=args.port, log_level=args.log_level)
+    serving = build_serving(args.checkpoints, device=args.device, precision=args.precision,
+                            threads=args.threads or None, max_batch_samples=args.max_batch_samples,
+                            max_requests=args.max_requests)
+    uvicorn.run(create_app(serving, security), host=args.host, port=args.port, log_level=args.log_level)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""HTTP transport: FastAPI routes and server-sent-event framing over the engine.
+"""HTTP transport: FastAPI routes and server-sent-event framing over ``serving``.
 
     POST /generate   JSON answer, or text/event-stream with `stream: true`
     GET  /models     every loaded checkpoint
@@ -12,9 +12,11 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from .engine import Engine, ModelNotFound, Overloaded, PromptError
+from .engine import Overloaded
+from .registry import ModelNotFound, PromptError
 from .schema import GenerateRequest, GenerateResponse, ModelList
 from .security import SecurityConfig, SecurityMiddleware
+from .serving import Serving
 
 RETRY_AFTER_S = 1
 
@@ -36,8 +38,8 @@ def public_errors(errors) -> list[dict]:
              "type": str(e.get("type", "value_error"))} for e in errors]
 
 
-def create_app(engine: Engine, security: SecurityConfig | None = None) -> FastAPI:
-    """The API over ``engine``; ``security``: API keys, body limit, CORS (default: open, 1 MiB, no CORS)."""
+def create_app(serving: Serving, security: SecurityConfig | None = None) -> FastAPI:
+    """The API over ``serving``; ``security``: API keys, body limit, CORS (default: open, 1 MiB, no CORS)."""
     security = security or SecurityConfig()
     app = FastAPI(title="ttcore", version="0.1.0",
                   description="Few-step masked diffusion with CP / Tensor-Train joint distributions. With API "
@@ -48,7 +50,7 @@ def create_app(engine: Engine, security: SecurityConfig | None = None) -> FastAP
         from fastapi.middleware.cors import CORSMiddleware
         app.add_middleware(CORSMiddleware, allow_origins=list(security.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["authorization", "content-type"])
-    metrics = engine.metrics
+    metrics, registry = serving.metrics, serving.registry
 
     @app.middleware("http")
     async def count_requests(request: Request, call_next):
@@ -71,7 +73,7 @@ def create_app(engine: Engine, security: SecurityConfig | None = None) -> FastAP
                          503: {"description": "Overloaded; retry after the Retry-After header"}})
     async def generate(req: GenerateRequest):
         try:
-            job = engine.submit(req)
+            job = serving.submit(req)
         except ModelNotFound as e:
             return JSONResponse(status_code=404, content={"detail": str(e), "available": e.available})
         except PromptError as e:
@@ -82,13 +84,13 @@ def create_app(engine: Engine, security: SecurityConfig | None = None) -> FastAP
         start = time.perf_counter()
         if req.stream:
             async def stream():
-                async for event, payload in engine.events(job):
+                async for event, payload in serving.events(job):
                     yield _sse(event, payload)
                     if event == "done":
                         metrics.latency.labels("/generate").observe(time.perf_counter() - start)
             return StreamingResponse(stream(), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        async for event, payload in engine.events(job):
+        async for event, payload in serving.events(job):
             if event == "done":
                 return JSONResponse(payload)
             if event == "error":
@@ -96,18 +98,18 @@ def create_app(engine: Engine, security: SecurityConfig | None = None) -> FastAP
 
     @app.get("/models", response_model=ModelList)
     async def models():
-        return ModelList(models=engine.model_infos())
+        return ModelList(models=registry.model_infos())
 
     @app.get("/health")
     async def health():
-        ok = engine.check_health()
+        ok = serving.engine.check_health()
         return JSONResponse({"status": "ok" if ok else "unhealthy"}, status_code=200 if ok else 503)
 
     @app.get("/ready")
     async def ready():
-        if engine.ready:
-            return {"status": "ready", "models": len(engine.models), "refused": engine.refused}
-        return JSONResponse({"status": "no models loaded", "refused": engine.refused}, status_code=503)
+        if registry.ready:
+            return {"status": "ready", "models": len(registry.models), "refused": registry.refused}
+        return JSONResponse({"status": "no models loaded", "refused": registry.refused}, status_code=503)
 
     @app.get("/metrics")
     async def prometheus():

@@ -39,16 +39,16 @@ def _asgi_builder(args: AppArgs):
         import os
 
         from .app import create_app
-        from .engine import Engine
         from .security import SecurityConfig, load_api_keys
+        from .serving import build_serving
 
         keys = load_api_keys(args.api_key_file, os.environ.get("TTCORE_API_KEY"))  # on the replica, not the driver
         security = SecurityConfig(keys, args.max_body_bytes, args.public_metrics, args.public_docs,
                                   tuple(args.cors_origins))
-        engine = Engine(args.checkpoints, device=args.device, precision=args.precision,
-                        max_batch_samples=args.max_batch_samples, max_requests=args.max_requests,
-                        threads=args.threads or None)
-        return create_app(engine, security)
+        serving = build_serving(args.checkpoints, device=args.device, precision=args.precision,
+                                max_batch_samples=args.max_batch_samples, max_requests=args.max_requests,
+                                threads=args.threads or None)
+        return create_app(serving, security)
 
     return build
 

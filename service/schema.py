@@ -5,6 +5,16 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ttcore.decompositions import CONTRACTIONS, DECOMPOSITIONS
+from ttcore.sampling import ADAPTIVE, EB_PROXIES, PREDETERMINED, SCHEDULES
+
+# the API's choices are the library's registries: a new ordering, schedule or decomposition appears here
+Decomposition = Literal[tuple(DECOMPOSITIONS)]
+Ordering = Literal[tuple(PREDETERMINED) + tuple(ADAPTIVE)]
+Schedule = Literal[tuple(SCHEDULES)]
+EBProxy = Literal[tuple(EB_PROXIES)]
+Contraction = Literal[CONTRACTIONS]
+
 MAX_STEPS = 1024
 MAX_SAMPLES = 256
 MAX_PROMPT_CHARS = 8192
@@ -20,7 +30,7 @@ class GenerateRequest(BaseModel):
 
     model: str | None = Field(None, description="Model family, e.g. `qm9` or `text`. Default: the first loaded.",
                               examples=["qm9"], max_length=64)
-    decomposition: Literal["none", "cp", "tt"] | None = Field(
+    decomposition: Decomposition | None = Field(
         None, description="Joint distribution of the checkpoint: `none` (rank-1 MDM), `cp` or `tt`. "
                           "Default: the best available (TT over CP over none, higher rank first).", examples=["tt"])
     rank: int | None = Field(None, ge=1, le=1024, description="Rank of the checkpoint (with `decomposition`).",
@@ -30,23 +40,25 @@ class GenerateRequest(BaseModel):
     steps: int = Field(16, ge=1, le=MAX_STEPS,
                        description=f"Denoising steps K, 1..{MAX_STEPS} (one model call each; with `sampler: eb` "
                                    "the cap on steps). The last step unmasks everything left.", examples=[8])
-    ordering: Literal["random", "left_to_right", "halton", "top_prob", "margin", "entropy"] = Field(
+    ordering: Ordering = Field(
         "random", description="Which masked positions a step unmasks: predetermined (`random`, `left_to_right`, "
                               "`halton`: drawn jointly) or adaptive (`top_prob`, `margin`, `entropy`: chain rule). "
                               "Ignored by `sampler: eb`, which ranks by `eb_proxy`.", examples=["random"])
-    schedule: Literal["loglinear", "linear", "cosine"] = Field(
-        "loglinear", description="Tokens per step: MDLM's log-linear (even), linear-noise or cosine schedule.")
+    schedule: Schedule = Field(
+        "loglinear", description="Tokens per step: `loglinear` (MDLM's, even counts), `linear` (linear noise) "
+                                 "or `cosine` (MaskGIT's).")
     sampler: Literal["fixed", "eb"] = Field(
         "fixed", description="`fixed`: counts from `schedule`; `eb`: EB-Sampler's adaptive counts.")
     eb_gamma: float = Field(0.5, ge=0, le=1e6, allow_inf_nan=False,
                             description="EB-Sampler entropy budget (finite, >= 0; 0 = one token per step). Used by "
                                         "`sampler: eb`.", examples=[0.5])
-    eb_proxy: Literal["entropy", "confidence", "margin"] = Field(
-        "entropy", description="EB-Sampler's error proxy that ranks positions (lowest first).")
+    eb_proxy: EBProxy = Field(
+        "entropy", description="EB-Sampler's error proxy that ranks positions (lowest first): `entropy`, "
+                               "`confidence` (minus the top probability) or `margin` (minus top-1 minus top-2).")
     temperature: float = Field(1.0, ge=MIN_TEMPERATURE, le=100, allow_inf_nan=False,
                                description=f"Softmax temperature of the heads, {MIN_TEMPERATURE}..100 (finite). "
                                            f"{MIN_TEMPERATURE} is already greedy in effect.", examples=[1.0])
-    contraction: Literal["head", "exact"] = Field(
+    contraction: Contraction = Field(
         "head", description="TT with a predetermined ordering: how masked positions outside this step's set "
                             "are summed out. `head`: the learned contracted-core head (the paper's fast path; "
                             "exact with respect to that head's Gbar, not to the cores); `exact`: the sum of "

@@ -5,8 +5,8 @@ import torch
 
 from brute import all_sequences, chi_square_pvalue, dense_tt
 from ttcore.distributions import TensorTrain
-from ttcore.models import DiTConfig, JointModel, ModelConfig
-from ttcore.sampling import GenerationRun, generate, step_together
+from ttcore.models import DiTConfig, JointModel, ModelConfig, prepare_for_inference
+from ttcore.sampling import GenerationRun, generate, run_together
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -29,16 +29,13 @@ def test_batched_runs_equal_lone_runs_on_cuda_in_bf16(decomposition):
     base = JointModel(ModelConfig(DiTConfig(vocab_size=9, out_vocab=8, length=10, hidden_dim=16, cond_dim=8,
                                             n_blocks=1, n_heads=2)))
     model = base if decomposition == "none" else JointModel.from_base(base, decomposition, 3, noise=0.3)
-    model = model.cuda().eval().cast_linears_(torch.bfloat16)
+    model = prepare_for_inference(model.cuda(), "bf16")
     specs = [(3, 4, dict(seed=1)), (2, 25, dict(seed=2)), (4, 2, dict(seed=3, ordering="left_to_right"))]
-    with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):  # as the engine runs
+    with model.compute_context():  # as the engine runs
         alone = [list(generate(model, n, k, **kw))[-1].tokens for n, k, kw in specs]
         again = [list(generate(model, n, k, **kw))[-1].tokens for n, k, kw in specs]
         runs = [GenerationRun(model, n, k, **kw) for n, k, kw in specs]
-        while not all(run.done for run in runs):
-            live = [run for run in runs if not run.done]
-            feats = [model.features(run.tokens) if run.prepare() else None for run in live]
-            step_together(live, feats)
+        run_together(model, runs)
     for a, b, run in zip(alone, again, runs):
         assert a.is_cuda and torch.equal(a, b)  # seeded runs repeat on the device
         assert torch.equal(a, run.tokens) and (a < 8).all()

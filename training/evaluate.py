@@ -35,7 +35,7 @@ from _common import dataset
 from ttcore.data import load_qm9
 from ttcore.losses import forward_mask, sample_times
 from ttcore.metrics import molecule_metrics
-from ttcore.models import load_checkpoint
+from ttcore.models import load_for_inference
 from ttcore.sampling import PREDETERMINED, generate, unmask_counts
 from ttcore.decompositions import exact_contracted_cores
 from ttcore.training import TrainConfig, evaluate_loss, validation_summary
@@ -47,13 +47,6 @@ def checkpoint_dirs(paths: list[str]) -> list[Path]:
     for p in map(Path, paths):
         out += [p] if (p / "config.json").exists() else sorted(d for d in p.iterdir() if (d / "config.json").exists())
     return out
-
-
-def load(path: Path, precision: str):
-    """A checkpoint for sampling; bf16: linear weights cast once (``JointModel.cast_linears_``)."""
-    model, tok, config = load_checkpoint(path)
-    model.eval()
-    return (model.cast_linears_(torch.bfloat16) if precision == "bf16" else model), tok, config
 
 
 def count_schedule(length: int, steps: int) -> tuple[int, ...]:
@@ -68,12 +61,12 @@ def count_schedule(length: int, steps: int) -> tuple[int, ...]:
     return tuple(counts)
 
 
-def run_setting(model, tok, n: int, steps: int, batch: int, seed: int, precision: str, **settings) -> dict:
+def run_setting(model, tok, n: int, steps: int, batch: int, seed: int, **settings) -> dict:
     """``n`` samples in batches; ``settings`` go to ``generate``."""
     texts, per_sample_steps, t0 = [], [], time.time()
     for k in range(0, n, batch):
         b = min(batch, n - k)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        with model.compute_context():
             states = list(generate(model, b, steps, seed=seed + k, **settings))
         texts += [tok.decode(row) for row in states[-1].tokens.tolist()]
         active = torch.stack([s.committed.any(1) for s in states])  # [s, b]: the sample took this step
@@ -147,14 +140,14 @@ def train_config(path: Path) -> TrainConfig:
 
 
 @torch.no_grad()
-def contraction_error(model, tokens: torch.Tensor, mask_id: int, precision: str, seed: int = 1234) -> dict:
+def contraction_error(model, tokens: torch.Tensor, mask_id: int, seed: int = 1234) -> dict:
     """Total variation between the contracted-core head's Gbar_j and the exact sum_x G_j(x), per row j
     (each row is a distribution over k), on the masked positions of ``tokens`` masked at t ~ U[1e-3, 1].
     -> {"head_tv_mean", "head_tv_max"} over positions (each position's TV averaged over its r rows)."""
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(tokens.device).manual_seed(seed)
     t = sample_times(tokens.shape[0], 1e-3, tokens.device, g)
     x_t, mask = forward_mask(tokens, t, mask_id, g)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+    with model.compute_context():
         h = model.features(x_t, sigma=t)[mask]  # [m, d]
         head = model.contracted_cores(h).double()  # [m, r, r]
         exact = exact_contracted_cores(model, h, 1.0)  # the sampler's own exact path
@@ -162,18 +155,19 @@ def contraction_error(model, tokens: torch.Tensor, mask_id: int, precision: str,
     return {"head_tv_mean": tv.mean().item(), "head_tv_max": tv.max().item(), "head_tv_positions": len(tv)}
 
 
-def evaluate_likelihood(paths: list[Path], precision: str, cards: bool, out: Path, data: str | None) -> list[dict]:
+def evaluate_likelihood(paths: list[Path], precision: str, cards: bool, out: Path, data: str | None,
+                        device: str = "cpu") -> list[dict]:
     """Validation metrics on the data each checkpoint was trained on (its card's config), or ``data``."""
     rows = []
     for path in paths:
-        model, tok, _ = load(path, precision)
+        model, tok, _ = load_for_inference(path, device, precision)
         cfg = train_config(path)
         cfg.precision, cfg.data = precision, data or cfg.data
         val = torch.from_numpy(dataset(cfg, tok).val_tokens)
-        metrics = evaluate_loss(model, val, tok.mask_id, cfg, torch.device("cpu"))
+        metrics = evaluate_loss(model, val, tok.mask_id, cfg, torch.device(device))
         model.eval()
         if model.cfg.decomposition == "tt":
-            metrics.update(contraction_error(model, val[: cfg.batch_size], tok.mask_id, precision))
+            metrics.update(contraction_error(model, val[: cfg.batch_size].to(device), tok.mask_id))
         rows.append({"checkpoint": path.name, "decomposition": model.cfg.decomposition, "rank": model.cfg.rank,
                      "precision": precision, "val_batches": cfg.val_batches, "batch_size": cfg.batch_size, **metrics})
         print(f"{path.name:>16}: {validation_summary(metrics)}"
@@ -256,11 +250,11 @@ def evaluate_text(args, out: Path) -> None:
     judge = load_judge(args.judge)
     rows, paths = [], checkpoint_dirs(args.checkpoints)
     for path in paths:
-        model, tok, _ = load(path, args.precision)
+        model, tok, _ = load_for_inference(path, args.device, args.precision)
         for steps in args.steps:
             texts, ids, t0 = [], [], time.time()
             for k in range(0, args.samples, args.batch):
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+                with model.compute_context():
                     *_, last = generate(model, min(args.batch, args.samples - k), steps, seed=args.seed + k)
                 ids += last.tokens.tolist()
                 texts += [tok.decode(row) for row in last.tokens.tolist()]
@@ -304,6 +298,7 @@ def main():
     ap.add_argument("--eb-max-steps", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="bf16")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
     ap.add_argument("--data", default="qm9", help="qm9 (novelty against its training split), a SMILES file, or text")
     ap.add_argument("--judge", default=None, help="text: a local causal LM directory or .gguf (default SmolLM2)")
     ap.add_argument("--cards", action="store_true", help="write each checkpoint's rows into its model card")
@@ -316,7 +311,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     if args.likelihood:
         data = args.data if args.data not in ("qm9", "text") else None  # a SMILES file overrides the cards' data
-        return evaluate_likelihood(checkpoint_dirs(args.checkpoints), args.precision, args.cards, out, data)
+        return evaluate_likelihood(checkpoint_dirs(args.checkpoints), args.precision, args.cards, out, data, args.device)
     if args.data == "text":
         return evaluate_text(args, out)
     if args.data == "qm9":
@@ -325,7 +320,7 @@ def main():
         training = set(Path(args.data).read_text().split())
     rows, paths = [], checkpoint_dirs(args.checkpoints)
     for path in paths:
-        model, tok, config = load(path, args.precision)
+        model, tok, config = load_for_inference(path, args.device, args.precision)
         cfg = model.cfg
         contractions = args.contractions if cfg.decomposition == "tt" else ["head"]  # only TT has a choice
         settings = [(o, k, None, c) for o in args.orderings for k in args.steps for c in contractions
@@ -336,7 +331,7 @@ def main():
             kw = {"eb_gamma": gamma} if gamma is not None else {"ordering": ordering, "contraction": contraction}
             key = (ordering, gamma, contraction, count_schedule(cfg.dit.length, steps) if gamma is None else steps)
             if key not in done:  # the same counts and seeds give the same run: computed once
-                res = run_setting(model, tok, args.samples, steps, args.batch, args.seed, args.precision, **kw)
+                res = run_setting(model, tok, args.samples, steps, args.batch, args.seed, **kw)
                 done[key] = res, molecule_metrics(res["texts"], training)
             res, m = done[key]
             row = {"checkpoint": path.name, "decomposition": cfg.decomposition, "rank": cfg.rank,

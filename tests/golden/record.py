@@ -14,22 +14,8 @@ sys.path[:0] = [str(HERE.parent / "sampling"), str(ROOT)]
 
 from tiny import tiny_model  # noqa: E402
 from ttcore.losses import mdlm_loss  # noqa: E402
-from ttcore.models import load_checkpoint  # noqa: E402
-from ttcore.sampling import GenerationRun, generate, step_together  # noqa: E402
-
-
-def run_batch(model, runs):  # the engine's loop as of this recording
-    states = [None] * len(runs)
-    while not all(r.done for r in runs):
-        live = [r for r in runs if not r.done]
-        need = [r for r in live if r.prepare()]
-        feats = {}
-        if need:
-            h = model.features(torch.cat([r.tokens for r in need]))
-            feats = dict(zip(map(id, need), h.float().split([r.tokens.shape[0] for r in need])))
-        for r, s in zip(live, step_together(live, [feats.get(id(r)) for r in live])):
-            states[runs.index(r)] = s
-    return states
+from ttcore.models import load_for_inference  # noqa: E402
+from ttcore.sampling import GenerationRun, generate, run_together  # noqa: E402
 
 GOLDEN = HERE / "samples.json"
 V, L, R = 5, 6, 3
@@ -59,14 +45,13 @@ def outputs() -> dict:
                 out[f"{fmt}/{name}"] = _tokens(model, **settings)
             runs = [GenerationRun(model, 2, 3, seed=s, ordering=o) for s, o in ((1, "random"), (2, "halton"),
                                                                                (3, "entropy"))]
-            out[f"{fmt}/batched"] = [state.tokens.tolist() for state in run_batch(model, runs)]
+            out[f"{fmt}/batched"] = [state.tokens.tolist() for state in run_together(model, runs)]
             g = torch.Generator().manual_seed(5)
             x0 = torch.randint(0, V, (8, L), generator=g)
             losses = mdlm_loss(tiny_model(fmt, V, L, R, perturb=0.2, noise=0.2).train(), x0, V, generator=g)
             out[f"{fmt}/loss"] = {k: float(v.detach()) for k, v in sorted(losses.items())}
-        model, tok, _ = load_checkpoint(ROOT / "checkpoints" / "qm9-tt-r8")
-        model.eval().cast_linears_(torch.bfloat16)
-        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        model, tok, _ = load_for_inference(ROOT / "checkpoints" / "qm9-tt-r8", "cpu", "bf16")
+        with model.compute_context():
             out["qm9-tt-r8/bf16"] = _tokens(model, steps=4, n=4, seed=3)
         return out
     finally:

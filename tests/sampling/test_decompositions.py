@@ -1,8 +1,6 @@
 """The decomposition registry and the interfaces: every joint, head output and model conforms, and the
 registry is what the model, the sampler and the API accept."""
 
-import typing
-
 import pytest
 import torch
 
@@ -48,10 +46,18 @@ def test_the_three_joints_and_the_explicit_models_conform():
         assert isinstance(model, Denoiser)
 
 
-def test_registry_is_what_configs_and_the_api_accept():
+def test_registries_are_what_configs_and_the_api_accept_and_document():
     from service.schema import GenerateRequest
-    allowed = typing.get_args(typing.get_args(GenerateRequest.model_fields["decomposition"].annotation)[0])
-    assert set(allowed) == set(DECOMPOSITIONS)
+    from ttcore.decompositions import CONTRACTIONS
+    from ttcore.sampling import ADAPTIVE, EB_PROXIES, ORDERINGS, PREDETERMINED, SCHEDULES
+    assert set(ORDERINGS) == set(PREDETERMINED) | set(ADAPTIVE)
+    properties = GenerateRequest.model_json_schema()["properties"]
+    for field, registry in [("decomposition", DECOMPOSITIONS), ("ordering", ORDERINGS), ("schedule", SCHEDULES),
+                            ("eb_proxy", EB_PROXIES), ("contraction", CONTRACTIONS)]:
+        prop = properties[field]
+        enum = prop["enum"] if "enum" in prop else prop["anyOf"][0]["enum"]
+        assert enum == list(registry), field
+        assert all(f"`{name}`" in prop["description"] for name in registry), field
     with pytest.raises(ValueError, match="decomposition must be one of none, cp, tt; got 'mps'"):
         get_decomposition("mps")
     with pytest.raises(ValueError, match="got 'mps'"):

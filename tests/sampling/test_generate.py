@@ -11,7 +11,7 @@ from brute import all_sequences, chi_square_pvalue, dense_cp, dense_tt
 from explicit import ExplicitCP, ExplicitTT, PerfectMarginals
 from tiny import tiny_model
 from ttcore.distributions import TensorTrain
-from ttcore.sampling import GenerationRun, generate, step_together
+from ttcore.sampling import GenerationRun, batch_step, generate
 
 V, L, R, N = 3, 4, 3, 20000
 
@@ -160,7 +160,7 @@ def test_invalid_settings_are_refused():
 
 @pytest.mark.parametrize("decomposition", ["none", "cp", "tt"])
 def test_runs_stepped_together_equal_lone_runs(decomposition):
-    """step_together shares one joint draw among predetermined runs of equal temperature; every run
+    """batch_step (the engine's loop body: one forward, then step_together) shares one joint draw among predetermined runs of equal temperature; every run
     must still produce, step by step, exactly what it produces alone (its own random stream)."""
     model = _tiny_model(decomposition)
     prompt = torch.full((10,), 8)
@@ -174,12 +174,7 @@ def test_runs_stepped_together_equal_lone_runs(decomposition):
     together = [[] for _ in runs]
     while not all(run.done for run in runs):
         live = [i for i, run in enumerate(runs) if not run.done]
-        need = [i for i in live if runs[i].prepare()]
-        features = {}
-        if need:
-            h = model.features(torch.cat([runs[i].tokens for i in need]))
-            features = dict(zip(need, h.split([runs[i].tokens.shape[0] for i in need])))
-        for i, state in zip(live, step_together([runs[i] for i in live], [features.get(i) for i in live])):
+        for i, state in zip(live, batch_step(model, [runs[i] for i in live])):
             together[i].append(state)
     for lone, batched in zip(alone, together):
         assert len(lone) == len(batched)

@@ -7,7 +7,7 @@ import time
 import httpx
 import torch
 
-from ttcore.models import load_checkpoint
+from ttcore.models import load_for_inference
 from ttcore.sampling import generate
 
 
@@ -28,9 +28,7 @@ def stream_events(url: str, body: dict, timeout: float = 120) -> list[tuple[floa
 
 def lone_run_texts(checkpoint_dir, body: dict, precision: str = "fp32") -> list[str]:
     """What the same request gives when run alone through ttcore.sampling.generate."""
-    model, tok, _ = load_checkpoint(checkpoint_dir)
-    if precision == "bf16":
-        model.cast_linears_(torch.bfloat16)
+    model, tok, _ = load_for_inference(checkpoint_dir, "cpu", precision)
     settings = dict(ordering=body.get("ordering", "random"), seed=body["seed"],
                     eb_gamma=body.get("eb_gamma", 0.5) if body.get("sampler") == "eb" else None,
                     temperature=body.get("temperature", 1.0), contraction=body.get("contraction", "head"))
@@ -39,7 +37,7 @@ def lone_run_texts(checkpoint_dir, body: dict, precision: str = "fp32") -> list[
         ids = tok.tokenize(body["prompt"], allow_mask=True)
         prompt = torch.tensor(ids + [tok.mask_id] * (tok.length - len(ids)))
     torch.set_num_threads(1)
-    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+    with model.compute_context():
         *_, last = generate(model, body["num_samples"], body["steps"], prompt=prompt, **settings)
     return [tok.decode(row) for row in last.tokens.tolist()]
 

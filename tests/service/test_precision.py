@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from service.deployment import AppArgs
-from service.engine import resolve_precision
+from ttcore.models import resolve_precision
 
 
 def test_explicit_precision_is_kept_and_auto_follows_the_cpu_flags():

@@ -9,6 +9,7 @@ from ttcore.decompositions import DECOMPOSITIONS, HeadOutputs, get_decomposition
 
 from .dit import DiT, DiTConfig
 from .heads import FinalLayer, JointHead
+from .precision import compute_context
 
 
 @dataclass
@@ -44,6 +45,7 @@ class JointModel(nn.Module):
         self.head = JointHead(cfg.decomposition, cfg.rank, cfg.head, d.hidden_dim, d.out_vocab) if joint else None
         if joint and cfg.head == "2layer":
             self.output_layer.linear.requires_grad_(False)  # W stays frozen (Sec. 4.5)
+        self.precision = "fp32"  # inference precision (``inference.prepare_for_inference`` sets it)
 
     @classmethod
     def from_base(cls, base: "JointModel", decomposition: str, rank: int, head: str = "1layer",
@@ -102,6 +104,10 @@ class JointModel(nn.Module):
         row-stochastic. h [n, d] -> [n, r, r] float32."""
         r = self.cfg.rank
         return torch.softmax(self.head.contracted(h).float().view(-1, r, r), -1)
+
+    def compute_context(self):
+        """The context to sample under: inference mode, and bf16 autocast when prepared for bf16."""
+        return compute_context(next(self.parameters()).device, self.precision)
 
     @torch.no_grad()
     def cast_linears_(self, dtype: torch.dtype) -> "JointModel":

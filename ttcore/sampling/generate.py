@@ -14,7 +14,7 @@ from ttcore.distributions import RowStreams
 from ttcore.decompositions import CONTRACTIONS
 
 from .joint_step import chain_rule_step, predetermined_step
-from .eb import PROXIES
+from .eb import EB_PROXIES, eb_score
 from .orderings import ADAPTIVE, PREDETERMINED, top_k_mask
 from .schedules import SCHEDULES, unmask_counts
 
@@ -45,8 +45,8 @@ class GenerationRun:
             raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}, got {schedule!r}")
         if eb_gamma is not None and eb_gamma < 0:
             raise ValueError(f"eb_gamma must be >= 0, got {eb_gamma}")
-        if eb_proxy not in PROXIES:
-            raise ValueError(f"eb_proxy must be one of {sorted(PROXIES)}, got {eb_proxy!r}")
+        if eb_proxy not in EB_PROXIES:
+            raise ValueError(f"eb_proxy must be one of {sorted(EB_PROXIES)}, got {eb_proxy!r}")
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         if contraction not in CONTRACTIONS:
@@ -92,9 +92,6 @@ class GenerationRun:
             self._needed = bool(self._counts.any())
         return self._needed
 
-    def _eb_score(self, probs: torch.Tensor) -> torch.Tensor:
-        return -PROXIES[self.eb_proxy](probs)  # lowest error proxy first
-
     @torch.inference_mode()
     def step(self, h: torch.Tensor | None = None) -> StepState:
         """Advance one denoising step. ``h`` [b, l, d]: features of ``self.tokens`` if computed by the
@@ -108,7 +105,7 @@ class GenerationRun:
                 h = self.model.features(self.tokens)
             if self.eb_gamma is not None:  # EB ranks by its proxy; the last allowed step takes all
                 last = self._counts is not None
-                values = chain_rule_step(self.model, h, self.tokens, masked, self._counts, self._eb_score,
+                values = chain_rule_step(self.model, h, self.tokens, masked, self._counts, eb_score(self.eb_proxy),
                                          self.temperature, self.generator, None if last else self.eb_gamma)
             elif self.ordering in ADAPTIVE:
                 values = chain_rule_step(self.model, h, self.tokens, masked, self._counts, ADAPTIVE[self.ordering],
@@ -117,6 +114,11 @@ class GenerationRun:
                 values = predetermined_step(self.model, h, self.tokens, masked, self.chosen(), self.temperature,
                                             self.generator, self.contraction)
         return self._commit(values)
+
+    @property
+    def needs_model(self) -> bool:
+        """Whether the prepared step calls the model (False before ``prepare``)."""
+        return bool(self._needed)
 
     @property
     def joins_batch(self) -> bool:
@@ -165,6 +167,31 @@ def step_together(runs: list[GenerationRun], features: list[torch.Tensor | None]
         for i, run, v in zip(members, group, values.split([run.tokens.shape[0] for run in group])):
             states[i] = run._commit(v)
     return [state if state is not None else run.step(h) for run, h, state in zip(runs, features, states)]
+
+
+def batch_step(model, runs: list[GenerationRun], forward=None) -> list[StepState]:
+    """One denoising step of several runs of ``model`` with ONE backbone call over the sequences of every
+    run whose step needs the model (``prepare``), then ``step_together``. ``forward`` (default
+    ``model.features``) lets a caller time or place that call. Run it under ``model.compute_context()``.
+    This is the loop body of the service's continuous batching; every run gets exactly the tokens it
+    would get alone."""
+    forward = forward or model.features
+    need = [run for run in runs if run.prepare()]
+    features = {}
+    if need:
+        h = forward(torch.cat([run.tokens for run in need]))  # [sum b, l, d]
+        features = dict(zip(map(id, need), h.float().split([run.tokens.shape[0] for run in need])))
+    return step_together(runs, [features.get(id(run)) for run in runs])
+
+
+def run_together(model, runs: list[GenerationRun]) -> list[StepState]:
+    """Step ``runs`` together (``batch_step``) until all are done; runs leave as they finish. -> each
+    run's final state."""
+    final: dict[int, StepState] = {}
+    while live := [run for run in runs if not run.done]:
+        for run, state in zip(live, batch_step(model, live)):
+            final[id(run)] = state
+    return [final[id(run)] for run in runs]
 
 
 def generate(model, num_samples: int, steps: int, **settings):

@@ -1,0 +1,109 @@
+"""The loaded checkpoints: loading and validation at start-up, precision, and which checkpoint answers
+a request (``resolve``)."""
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ttcore.decompositions import DECOMPOSITIONS
+from ttcore.models import CheckpointError, load_for_inference, resolve_precision
+
+from .schema import ModelInfo
+
+log = logging.getLogger("ttcore.registry")
+
+
+class ModelNotFound(LookupError):
+    def __init__(self, message: str, available: list[dict]):
+        super().__init__(message)
+        self.available = available
+
+
+class PromptError(ValueError):
+    pass
+
+
+@dataclass
+class LoadedModel:
+    name: str  # the checkpoint's directory name
+    family: str
+    domain: str  # the tokenizer's kind: smiles or text
+    model: torch.nn.Module
+    tokenizer: object
+    info: ModelInfo
+
+
+def _preference(info: ModelInfo) -> tuple:
+    return DECOMPOSITIONS[info.decomposition].preference, info.rank
+
+
+class ModelRegistry:
+    """Every checkpoint directory under ``root``, loaded for inference on ``device`` in ``precision``
+    (``auto`` resolved here). A directory that cannot be used is refused with a public reason (its
+    name, never this machine's paths) and the others still load."""
+
+    def __init__(self, root: str | Path, device: str = "cpu", precision: str = "auto"):
+        self.device = torch.device(device)
+        self.precision = resolve_precision(precision, self.device)
+        log.info("precision %s (asked: %s)", self.precision, precision)
+        self.models: list[LoadedModel] = []
+        self.refused: dict[str, str] = {}
+        root = Path(root)
+        dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) if root.is_dir() else []
+        if not dirs:
+            log.error("no checkpoints under %s", root)
+        for d in dirs:
+            try:
+                self.models.append(self._load(d))
+            except (CheckpointError, OSError, ValueError) as e:
+                self.refused[d.name] = str(e).replace(str(d.resolve()), d.name).replace(str(d), d.name)
+                log.error("refusing checkpoint %s: %s", d, e)
+
+    def _load(self, d: Path) -> LoadedModel:
+        model, tok, _ = load_for_inference(d, self.device, self.precision)
+        cfg = model.cfg
+        family = cfg.extra.get("family", "qm9" if tok.kind == "smiles" else tok.kind)
+        card = (d / "model_card.md").read_text() if (d / "model_card.md").exists() else None
+        info = ModelInfo(model=family, checkpoint=d.name, domain=tok.kind, decomposition=cfg.decomposition,
+                         rank=cfg.rank, head=cfg.head if cfg.decomposition != "none" else "base",
+                         length=cfg.dit.length, vocab_size=cfg.dit.out_vocab,
+                         parameters=sum(p.numel() for p in model.parameters()), card=card)
+        log.info("loaded %s: %s %s r=%d", d.name, family, cfg.decomposition, cfg.rank)
+        return LoadedModel(d.name, family, tok.kind, model, tok, info)
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.models)
+
+    def model_infos(self) -> list[ModelInfo]:
+        return [lm.info for lm in self.models]
+
+    def resolve(self, family: str | None, decomposition: str | None, rank: int | None) -> LoadedModel:
+        """The checkpoint for (family, decomposition, rank); defaults pick the best available."""
+        if not self.models:
+            raise ModelNotFound("no checkpoints are loaded", [])
+        family = family or self.models[0].family
+        pool = [lm for lm in self.models if lm.family == family
+                and (decomposition is None or lm.info.decomposition == decomposition)
+                and (rank is None or lm.info.rank == rank)]
+        if not pool:
+            available = [{"model": lm.family, "decomposition": lm.info.decomposition, "rank": lm.info.rank}
+                         for lm in self.models]
+            want = f"model={family!r}, decomposition={decomposition!r}, rank={rank!r}"
+            have = "; ".join(f"{a['model']}/{a['decomposition']}/r{a['rank']}" for a in available)
+            raise ModelNotFound(f"no loaded checkpoint matches {want}; available: {have}", available)
+        return max(pool, key=lambda lm: _preference(lm.info))
+
+    @staticmethod
+    def encode_prompt(lm: LoadedModel, prompt: str) -> torch.Tensor:
+        """A template -> token ids [l], masks after it (raises PromptError with the reason)."""
+        tok = lm.tokenizer
+        try:
+            ids = tok.tokenize(prompt, allow_mask=True)
+        except ValueError as e:
+            raise PromptError(str(e)) from None
+        if len(ids) > tok.length:
+            raise PromptError(f"prompt has {len(ids)} tokens, more than the model length {tok.length}")
+        return torch.tensor(ids + [tok.mask_id] * (tok.length - len(ids)), dtype=torch.long)
