@@ -11,11 +11,12 @@ import httpx
 import torch
 
 from ttcore.data import SmilesDataset
-from ttcore.models import DiTConfig, JointModel, ModelConfig
+from ttcore.models import JointModel, ModelConfig
 from ttcore.training import fit, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "tests" / "data" / "qm9_sample.txt"
+TINY = ROOT / "training" / "configs" / "tiny.yaml"
 
 
 def free_port() -> int:
@@ -40,14 +41,12 @@ def wait_ready(url: str, timeout: float = 120, proc: subprocess.Popen | None = N
 
 def make_checkpoints(root: Path) -> Path:
     """A tiny base MDM trained on the committed QM9 sample, TT and CP fine-tunes of it, and a broken one."""
-    cfg = load_config("tiny", ["threads=1", "val_batches=1"])
+    cfg = load_config(TINY, ["threads=1", "val_batches=1"])
     ds = SmilesDataset.from_file(SAMPLE)
     tok = ds.tokenizer
     train, val = torch.from_numpy(ds.train_tokens), torch.from_numpy(ds.val_tokens)
     torch.manual_seed(0)
-    base = JointModel(ModelConfig(DiTConfig(vocab_size=tok.vocab_size + 1, out_vocab=tok.vocab_size,
-                                            length=tok.length, hidden_dim=cfg.hidden_dim, cond_dim=cfg.cond_dim,
-                                            n_blocks=cfg.n_blocks, n_heads=cfg.n_heads)))
+    base = JointModel(ModelConfig(cfg.model.dit_config(tok)))
     fit(base, tok, train, val, cfg, root / "qm9-base", max_steps=60, quiet=True)
     for dec, rank in (("tt", 2), ("cp", 3)):
         joint = JointModel.from_base(base, dec, rank, "1layer", 0.05, torch.Generator().manual_seed(0))
@@ -63,13 +62,11 @@ def _tiny_text_model(out: Path) -> None:
     from ttcore.data import load_text, training_texts
     from ttcore.tokenizers.text import train_bpe
 
-    cfg = load_config("tiny", ["threads=1", "val_batches=1", "family=text", "data=text"])
+    cfg = load_config(TINY, ["threads=1", "val_batches=1", "family=text", "data=text"])
     tok = train_bpe(training_texts()[:60], vocab_size=512, length=32)
     ds = load_text(tok)
     torch.manual_seed(0)
-    model = JointModel(ModelConfig(DiTConfig(vocab_size=tok.vocab_size + 1, out_vocab=tok.vocab_size,
-                                             length=tok.length, hidden_dim=cfg.hidden_dim, cond_dim=cfg.cond_dim,
-                                             n_blocks=cfg.n_blocks, n_heads=cfg.n_heads), extra={"family": "text"}))
+    model = JointModel(ModelConfig(cfg.model.dit_config(tok), extra={"family": "text"}))
     fit(model, tok, torch.from_numpy(ds.train_tokens), torch.from_numpy(ds.val_tokens), cfg, out, max_steps=10,
         quiet=True)
 

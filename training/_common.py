@@ -1,6 +1,7 @@
 """Argument parsing and data loading shared by the two recipes (kept out of the recipes' way)."""
 
 import argparse
+from pathlib import Path
 
 import torch
 
@@ -23,6 +24,20 @@ def parser(doc: str) -> argparse.ArgumentParser:
     return ap
 
 
+CONFIGS = Path(__file__).resolve().parent / "configs"
+
+
+def config_path(name_or_path: str) -> Path:
+    """A YAML path, or the name of one in training/configs/."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    if (CONFIGS / f"{name_or_path}.yaml").is_file():
+        return CONFIGS / f"{name_or_path}.yaml"
+    names = sorted(p.stem for p in CONFIGS.glob("*.yaml"))
+    raise SystemExit(f"config {name_or_path!r} not found: a YAML path or one of {names}")
+
+
 def config_from_args(args, extra: dict | None = None):
     overrides = list(args.set)
     for key in ("data", "seed", "device"):
@@ -31,7 +46,7 @@ def config_from_args(args, extra: dict | None = None):
     for key, val in (extra or {}).items():
         if val is not None:
             overrides.append(f"{key}={val}")
-    return load_config(args.config, overrides)
+    return load_config(config_path(args.config), overrides)
 
 
 def dataset(cfg, tokenizer=None):

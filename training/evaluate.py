@@ -136,7 +136,7 @@ def train_config(path: Path) -> TrainConfig:
     """The training config recorded in the checkpoint's model card (its ``## Config`` JSON block)."""
     card = (path / "model_card.md").read_text()
     block = card.split("## Config", 1)[1].split("```json", 1)[1].split("```", 1)[0]
-    return TrainConfig(**json.loads(block))
+    return TrainConfig.from_dict(json.loads(block))
 
 
 @torch.no_grad()
@@ -164,7 +164,8 @@ def evaluate_likelihood(paths: list[Path], precision: str, cards: bool, out: Pat
         cfg = train_config(path)
         cfg.precision, cfg.data = precision, data or cfg.data
         val = torch.from_numpy(dataset(cfg, tok).val_tokens)
-        metrics = evaluate_loss(model, val, tok.mask_id, cfg, torch.device(device))
+        metrics = evaluate_loss(model, val, tok.mask_id, batch_size=cfg.batch_size, batches=cfg.val_batches,
+                                precision=precision, eps=cfg.eps, device=torch.device(device))
         model.eval()
         if model.cfg.decomposition == "tt":
             metrics.update(contraction_error(model, val[: cfg.batch_size].to(device), tok.mask_id))

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from _common import config_from_args, dataset, parser, tensors
 
-from ttcore.models import DiTConfig, JointModel, ModelConfig, load_checkpoint, load_train_state
+from ttcore.models import JointModel, ModelConfig, load_checkpoint, load_train_state
 from ttcore.tokenizers import load_tokenizer
 from ttcore.training import fit
 
@@ -30,11 +30,7 @@ def main():
         ds = dataset(cfg, load_tokenizer(args.tokenizer) if args.tokenizer else None)
         tokenizer = ds.tokenizer
         torch.manual_seed(cfg.seed)  # the initialization is part of the run's seed
-        model = JointModel(ModelConfig(DiTConfig(
-            vocab_size=tokenizer.vocab_size + 1, out_vocab=tokenizer.vocab_size, length=tokenizer.length,
-            hidden_dim=cfg.hidden_dim, cond_dim=cfg.cond_dim, n_blocks=cfg.n_blocks, n_heads=cfg.n_heads,
-            dropout=cfg.dropout, time_conditioning=cfg.time_conditioning, rotary_values=cfg.rotary_values),
-            extra={"family": cfg.family}))
+        model = JointModel(ModelConfig(cfg.model.dit_config(tokenizer), extra={"family": cfg.family}))
     train, val = tensors(ds)
     meta = fit(model, tokenizer, train, val, cfg, args.out, resume=resuming, max_steps=args.max_steps,
                max_minutes=args.max_minutes, title=f"{cfg.data} base MDM (rank 1)", quiet=args.quiet)

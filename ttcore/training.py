@@ -7,14 +7,13 @@ writes an atomic checkpoint every ``ckpt_minutes`` and at the end; ``resume`` co
 
 import json
 import math
-import os
 import resource
 import shlex
 import signal
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -22,12 +21,16 @@ import yaml
 from tqdm import tqdm
 
 from ttcore.losses import mdlm_loss
-from ttcore.models import JointModel, load_train_state, save_checkpoint
+from ttcore.models import DiTConfig, JointModel, load_train_state, save_checkpoint
+
+SPLIT_SEED_STRIDE = 100_003  # BatchOrder: seed * stride + epoch seeds each epoch's permutation
+RESEED_STRIDE = 1_000_003  # a run moved between CPU and CUDA reseeds its mask stream from seed + stride * step
 
 
 @dataclass
-class TrainConfig:
-    # backbone (pretrain only; fine-tuning keeps the base's)
+class ModelSection:
+    """The model a recipe builds (the ``model:`` section of a config). The backbone fields are
+    ``DiTConfig``'s (pretraining only: a fine-tune keeps its base's); the rest is the joint head."""
     hidden_dim: int = 256
     cond_dim: int = 128
     n_blocks: int = 6
@@ -35,11 +38,20 @@ class TrainConfig:
     dropout: float = 0.0
     rotary_values: bool = True
     time_conditioning: bool = False
-    # joint head (fine-tuning)
-    decomposition: str = "none"
+    decomposition: str = "none"  # fine-tuning: none | cp | tt
     rank: int = 1
     head: str = "1layer"
-    head_noise: float = 0.05
+    head_noise: float = 0.05  # relative std of the noise that breaks the symmetry of the head's copies
+
+    BACKBONE = ("hidden_dim", "cond_dim", "n_blocks", "n_heads", "dropout", "rotary_values", "time_conditioning")
+
+    def dit_config(self, tokenizer) -> DiTConfig:
+        return DiTConfig.for_tokenizer(tokenizer, **{k: getattr(self, k) for k in self.BACKBONE})
+
+
+@dataclass
+class TrainConfig:
+    model: ModelSection = field(default_factory=ModelSection)
     # optimization
     batch_size: int = 256
     lr: float = 1e-3
@@ -68,22 +80,39 @@ class TrainConfig:
     val_fraction: float = 0.05
 
 
-def load_config(name_or_path: str, overrides: list[str] = ()) -> TrainConfig:
-    """A YAML file (or a name under training/configs/), then ``key=value`` overrides."""
-    path = Path(name_or_path)
-    if not path.exists():
-        path = Path(__file__).resolve().parent.parent / "training" / "configs" / f"{name_or_path}.yaml"
-    if not path.exists():
-        raise FileNotFoundError(f"config {name_or_path!r} not found (a path or a name in training/configs/)")
+    def __post_init__(self):
+        if isinstance(self.model, dict):
+            self.model = ModelSection(**self.model)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "TrainConfig":
+        """From a config's values: the ``model`` section nested, or its keys at the top level (as the
+        model cards of earlier checkpoints record them). Unknown keys are an error that lists the known."""
+        values = dict(values)
+        section = dict(values.pop("model", None) or {})
+        model_keys = {f.name for f in fields(ModelSection)}
+        for key in [k for k in values if k in model_keys]:
+            section[key] = values.pop(key)
+        known = {f.name for f in fields(cls)} - {"model"}
+        unknown = sorted(set(values) - known) + sorted(f"model.{k}" for k in set(section) - model_keys)
+        if unknown:
+            raise ValueError(f"unknown config keys {unknown}; known: {sorted(known)} and model.{sorted(model_keys)}")
+        return cls(model=ModelSection(**section), **values)
+
+
+def load_config(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
+    """A YAML file, then ``key=value`` overrides (``model.rank=8``, or ``rank=8`` for a model key)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {str(path)!r} not found")
     values = yaml.safe_load(path.read_text()) or {}
-    known = {f.name: f.type for f in fields(TrainConfig)}
     for item in overrides:
         key, _, raw = item.partition("=")
-        values[key] = yaml.safe_load(raw)
-    unknown = sorted(set(values) - set(known))
-    if unknown:
-        raise ValueError(f"unknown config keys {unknown}; known: {sorted(known)}")
-    return TrainConfig(**values)
+        if key.startswith("model."):
+            values.setdefault("model", {})[key[len("model."):]] = yaml.safe_load(raw)
+        else:
+            values[key] = yaml.safe_load(raw)
+    return TrainConfig.from_dict(values)
 
 
 def pick_device(name: str) -> torch.device:
@@ -92,12 +121,12 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def lr_at(step: int, cfg: TrainConfig) -> float:
+def lr_at(step: int, lr: float, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
     """Linear warmup, then cosine decay to min_lr_ratio * lr at total_steps."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    frac = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.total_steps - cfg.warmup_steps))
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+    if step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    frac = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return lr * (min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
 class BatchOrder:
@@ -108,7 +137,7 @@ class BatchOrder:
         self._perm = self._permutation()
 
     def _permutation(self):
-        return torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * 100_003 + self.epoch))
+        return torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * SPLIT_SEED_STRIDE + self.epoch))
 
     def next(self) -> torch.Tensor:
         if self.index + self.batch_size > self.n:
@@ -142,20 +171,21 @@ def _autocast(device: torch.device, precision: str):
 
 
 @torch.no_grad()
-def evaluate_loss(model, tokens: torch.Tensor, mask_id: int, cfg: TrainConfig, device) -> dict:
+def evaluate_loss(model, tokens: torch.Tensor, mask_id: int, *, batch_size: int, batches: int, precision: str,
+                  eps: float, device) -> dict:
     """Validation metrics with a fixed RNG (comparable across runs), each the mean over
-    ``min(cfg.val_batches, len(tokens) // batch)`` batches of what ``mdlm_loss`` returns per batch:
+    ``min(batches, len(tokens) // batch_size)`` batches of what ``mdlm_loss`` returns per batch:
     ``nll`` (joint NLL per masked token, the training objective), ``marginal_nll`` (per masked token,
     each scored by its exact single-position marginal) and ``nelbo`` (the continuous-time bound's
     one-sample estimate, nats per token; comparable across ranks)."""
     model.eval()
     g = torch.Generator(device).manual_seed(1234)
     totals = {"nll": 0.0, "marginal_nll": 0.0, "nelbo": 0.0}
-    n = min(cfg.val_batches, max(1, len(tokens) // cfg.batch_size))
+    n = min(batches, max(1, len(tokens) // batch_size))
     for k in range(n):
-        x0 = tokens[k * cfg.batch_size:(k + 1) * cfg.batch_size].to(device)
-        with _autocast(device, cfg.precision):
-            out = mdlm_loss(model, x0, mask_id, cfg.eps, generator=g)
+        x0 = tokens[k * batch_size:(k + 1) * batch_size].to(device)
+        with _autocast(device, precision):
+            out = mdlm_loss(model, x0, mask_id, eps, generator=g)
         for key in totals:
             totals[key] += out[key].item() / n
     model.train()
@@ -194,7 +224,7 @@ def _restore_generator(gen: torch.Generator, state: torch.Tensor, meta: dict, se
     if saved_on == gen.device.type:
         gen.set_state(state)
         return
-    gen.manual_seed(seed + 1_000_003 * meta["step"])
+    gen.manual_seed(seed + RESEED_STRIDE * meta["step"])
     meta.setdefault("device_moves", []).append({"step": meta["step"], "from": saved_on, "to": gen.device.type})
 
 
@@ -249,6 +279,10 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
     max_steps = cfg.total_steps if max_steps is None else max_steps
     start_time, start_wall, last_ckpt = time.time(), meta["wall_seconds"], time.time()
 
+    def validate():
+        return evaluate_loss(model, val_tokens, mask_id, batch_size=cfg.batch_size, batches=cfg.val_batches,
+                             precision=cfg.precision, eps=cfg.eps, device=device)
+
     def checkpoint():
         meta["wall_seconds"] = start_wall + time.time() - start_time
         meta["seconds_per_step"] = meta["wall_seconds"] / max(1, meta["step"])
@@ -267,7 +301,7 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
             break
         step = meta["step"]
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg)
+            group["lr"] = lr_at(step, cfg.lr, cfg.warmup_steps, cfg.total_steps, cfg.min_lr_ratio)
         x0 = train_tokens[order.next()].to(device)
         with _autocast(device, cfg.precision):
             losses = mdlm_loss(model, x0, mask_id, cfg.eps, generator=gen)
@@ -280,11 +314,11 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
         if meta["step"] % cfg.log_every == 0:
             rate = tokens_seen / (time.time() - t0)
             bar.set_postfix(loss=f"{losses['nll'].item():.4f}", lc=f"{losses['lc'].item():.2e}",
-                            gn=f"{grad_norm.item():.2f}", lr=f"{lr_at(step, cfg):.2e}", tok_s=f"{rate:.0f}")
+                            gn=f"{grad_norm.item():.2f}", lr=f"{opt.param_groups[0]['lr']:.2e}", tok_s=f"{rate:.0f}")
             tokens_seen, t0 = 0, time.time()
         bar.update(1)
         if meta["step"] % cfg.val_every == 0 or meta["step"] == max_steps:
-            meta["val"] = evaluate_loss(model, val_tokens, mask_id, cfg, device)
+            meta["val"] = validate()
             if not quiet:
                 bar.write(f"step {meta['step']}: val nll {meta['val']['nll']:.4f} nelbo {meta['val']['nelbo']:.4f}")
         if time.time() - last_ckpt > 60 * cfg.ckpt_minutes:
@@ -293,6 +327,6 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
     bar.close()
     stop.restore()
     if not meta["val"]:
-        meta["val"] = evaluate_loss(model, val_tokens, mask_id, cfg, device)
+        meta["val"] = validate()
     checkpoint()
     return meta

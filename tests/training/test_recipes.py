@@ -13,10 +13,11 @@ from safetensors.torch import load_file
 
 from ttcore.data import SmilesDataset
 from ttcore.models import DiTConfig, JointModel, ModelConfig, load_checkpoint
-from ttcore.training import evaluate_loss, fit, load_config
+from ttcore.training import TrainConfig, evaluate_loss, fit, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "tests" / "data" / "qm9_sample.txt"
+TINY = ROOT / "training" / "configs" / "tiny.yaml"
 
 
 def _run(*args, **kw):
@@ -29,16 +30,15 @@ def _sample_model(**dims):
     ds = SmilesDataset.from_file(SAMPLE)
     tok = ds.tokenizer
     torch.manual_seed(0)
-    model = JointModel(ModelConfig(DiTConfig(vocab_size=tok.vocab_size + 1, out_vocab=tok.vocab_size,
-                                             length=tok.length, **dims)))
+    model = JointModel(ModelConfig(DiTConfig.for_tokenizer(tok, **dims)))
     return model, tok, torch.from_numpy(ds.train_tokens), torch.from_numpy(ds.val_tokens)
 
 
 def test_tiny_model_loss_drops(tmp_path):
-    cfg = load_config("tiny", ["threads=1"])
-    model, tok, train, val = _sample_model(hidden_dim=cfg.hidden_dim, cond_dim=cfg.cond_dim, n_blocks=cfg.n_blocks,
-                                           n_heads=cfg.n_heads)
-    before = evaluate_loss(model, val, tok.mask_id, cfg, torch.device("cpu"))["nll"]
+    cfg = load_config(TINY, ["threads=1"])
+    model, tok, train, val = _sample_model(**{k: getattr(cfg.model, k) for k in cfg.model.BACKBONE})
+    before = evaluate_loss(model, val, tok.mask_id, batch_size=cfg.batch_size, batches=cfg.val_batches,
+                           precision=cfg.precision, eps=cfg.eps, device=torch.device("cpu"))["nll"]
     meta = fit(model, tok, train, val, cfg, tmp_path / "ck", max_steps=80, quiet=True)
     assert meta["val"]["nll"] < before - 0.8, (before, meta["val"])
     loaded, _, _ = load_checkpoint(tmp_path / "ck")
@@ -116,7 +116,7 @@ def test_text_recipes_and_prefix_generation(tmp_path):
 def test_resume_on_another_device_type_reseeds_deterministically(tmp_path):
     """A train state saved on CUDA resumes on CPU (and back): the generator's state cannot move between
     device types, so the mask stream reseeds from (seed, step); two such resumes agree exactly."""
-    cfg = load_config("tiny", ["threads=1", "device=cpu"])
+    cfg = load_config(TINY, ["threads=1", "device=cpu"])
     model, tok, train, val = _sample_model(hidden_dim=16, cond_dim=8, n_blocks=1, n_heads=2)
     fit(model, tok, train, val, cfg, tmp_path / "a", max_steps=6, quiet=True)
     state = tmp_path / "a" / "train_state" / "state.json"
@@ -164,3 +164,19 @@ def test_finetune_recipe_from_an_mdlm_checkpoint_then_served(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_configs_nest_the_model_and_read_the_flat_cards_of_earlier_checkpoints():
+    cfg = load_config(TINY, ["model.rank=4", "decomposition=tt", "lr=0.01"])
+    assert (cfg.model.rank, cfg.model.decomposition, cfg.model.hidden_dim, cfg.lr) == (4, "tt", 32, 0.01)
+    flat = {"hidden_dim": 64, "rank": 8, "decomposition": "tt", "batch_size": 16}  # as cards recorded it
+    legacy = TrainConfig.from_dict(flat)
+    assert (legacy.model.hidden_dim, legacy.model.rank, legacy.batch_size) == (64, 8, 16)
+    from dataclasses import asdict
+    assert TrainConfig.from_dict(asdict(legacy)) == legacy
+    try:
+        load_config(TINY, ["hiden_dim=3"])
+    except ValueError as e:
+        assert "hiden_dim" in str(e) and "hidden_dim" in str(e)
+    else:
+        raise AssertionError("an unknown key must be refused")

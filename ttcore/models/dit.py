@@ -31,6 +31,13 @@ class DiTConfig:
     time_conditioning: bool = False
     rotary_values: bool = True
 
+    @classmethod
+    def for_tokenizer(cls, tokenizer, **arch) -> "DiTConfig":
+        """The backbone for ``tokenizer``'s vocabulary (plus [MASK] in, without it out: SUBS) and length;
+        ``arch``: the other fields."""
+        return cls(vocab_size=tokenizer.vocab_size + 1, out_vocab=tokenizer.vocab_size, length=tokenizer.length,
+                   **arch)
+
 
 def rotary_tables(length: int, head_dim: int, base: float = 10_000.0) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [l, head_dim] in the rotate-half layout (RoFormer, Su et al. 2024)."""
