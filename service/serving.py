@@ -9,7 +9,6 @@ from pathlib import Path
 from ttcore.sampling import GenerationRun
 
 from .engine import Engine, EngineError, Job, StepOutput
-from .metrics import Metrics
 from .registry import ModelRegistry
 from .schema import GenerateRequest, GenerateResponse, Sample, StepEvent, Timings
 
@@ -72,8 +71,8 @@ class Serving:
         self.metrics.samples.labels(lm.family).inc(len(samples))
         self.metrics.steps.labels(lm.family).inc(out.step)
         self.metrics.model_calls.observe(out.model_calls)
-        timings = Timings(queue_ms=1e3 * (job.started - job.arrived), first_event_ms=1e3 * (job.first_output - job.arrived),
-                          total_ms=1e3 * (now - job.arrived))
+        timings = Timings(queue_ms=1e3 * (job.started - job.arrived),
+                          first_event_ms=1e3 * (job.first_output - job.arrived), total_ms=1e3 * (now - job.arrived))
         return GenerateResponse(id=job.id, model=lm.family, checkpoint=lm.name, decomposition=lm.info.decomposition,
                                 rank=lm.info.rank, samples=samples, steps=out.step, model_calls=out.model_calls,
                                 timings=timings)

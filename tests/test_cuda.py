@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-
 from brute import all_sequences, chi_square_pvalue, dense_tt
+
 from ttcore.distributions import TensorTrain
 from ttcore.models import DiTConfig, JointModel, ModelConfig, prepare_for_inference
 from ttcore.sampling import GenerationRun, generate, run_together

@@ -7,12 +7,18 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
-from ttcore.distributions import CP, TensorTrain
 from torch import nn
 
-from ttcore.decompositions import (TTOutputs, contracted_core_loss, cp_masked_log_prob, cp_masked_marginal_log_probs,
-                                   factorized_masked_log_prob, tt_masked_log_prob, tt_masked_marginal_log_probs)
+from ttcore.decompositions import (
+    TTOutputs,
+    contracted_core_loss,
+    cp_masked_log_prob,
+    cp_masked_marginal_log_probs,
+    factorized_masked_log_prob,
+    tt_masked_log_prob,
+    tt_masked_marginal_log_probs,
+)
+from ttcore.distributions import CP, TensorTrain
 from ttcore.losses import forward_mask, mdlm_loss, sample_times
 from ttcore.models import DiTConfig, JointModel, ModelConfig
 

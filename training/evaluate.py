@@ -29,15 +29,14 @@ import time
 from pathlib import Path
 
 import torch
-
 from _common import dataset
 
 from ttcore.data import load_qm9
+from ttcore.decompositions import exact_contracted_cores
 from ttcore.losses import forward_mask, sample_times
 from ttcore.metrics import molecule_metrics
 from ttcore.models import load_for_inference
 from ttcore.sampling import PREDETERMINED, generate, unmask_counts
-from ttcore.decompositions import exact_contracted_cores
 from ttcore.training import TrainConfig, evaluate_loss, validation_summary
 
 
@@ -312,7 +311,8 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     if args.likelihood:
         data = args.data if args.data not in ("qm9", "text") else None  # a SMILES file overrides the cards' data
-        return evaluate_likelihood(checkpoint_dirs(args.checkpoints), args.precision, args.cards, out, data, args.device)
+        paths = checkpoint_dirs(args.checkpoints)
+        return evaluate_likelihood(paths, args.precision, args.cards, out, data, args.device)
     if args.data == "text":
         return evaluate_text(args, out)
     if args.data == "qm9":

@@ -137,7 +137,8 @@ class BatchOrder:
         self._perm = self._permutation()
 
     def _permutation(self):
-        return torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * SPLIT_SEED_STRIDE + self.epoch))
+        seed = self.seed * SPLIT_SEED_STRIDE + self.epoch
+        return torch.randperm(self.n, generator=torch.Generator().manual_seed(seed))
 
     def next(self) -> torch.Tensor:
         if self.index + self.batch_size > self.n:

@@ -13,7 +13,6 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-
 from servers import free_port, wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 import torch
+from brute import all_sequences, chi_square_pvalue, conditional, dense_cp, dense_factorized, dense_tt
 
-from brute import (all_sequences, chi_square_pvalue, conditional, dense_cp, dense_factorized, dense_tt)
 from ttcore.distributions import CP, Factorized, TensorTrain
 
 L, V, R = 5, 3, 3

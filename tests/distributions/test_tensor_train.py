@@ -4,8 +4,8 @@ import math
 
 import numpy as np
 import torch
-
 from brute import all_sequences
+
 from ttcore.distributions import TensorTrain, tt_gap_products, tt_prefix_products
 
 

@@ -13,6 +13,7 @@ ROOT = HERE.parents[1]
 sys.path[:0] = [str(HERE.parent / "sampling"), str(ROOT)]
 
 from tiny import tiny_model  # noqa: E402
+
 from ttcore.losses import mdlm_loss  # noqa: E402
 from ttcore.models import load_for_inference  # noqa: E402
 from ttcore.sampling import GenerationRun, generate, run_together  # noqa: E402

@@ -92,7 +92,8 @@ def test_bf16_linears_match_autocast_exactly(decomposition, rank, head):
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
             h = m.features(x)
             o = m.head_outputs(h, mask)
-            sel = m.select_logits(h[mask], torch.zeros(int(mask.sum()), dtype=torch.long), rank if decomposition == "tt" else 1)
+            start = torch.zeros(int(mask.sum()), dtype=torch.long)
+            sel = m.select_logits(h[mask], start, rank if decomposition == "tt" else 1)
             outs.append([h, sel] + [getattr(o, f.name) for f in dataclasses.fields(o) if f.name != "mask"])
     assert outs[0][2].abs().max() > 0
     for a, b in zip(*outs):

@@ -69,7 +69,8 @@ def _reference_logits(state, x):
         t = t + mod[5] * y
     o = "backbone.output_layer."
     shift, scale = F.linear(c, s[o + "adaLN_modulation.weight"], s[o + "adaLN_modulation.bias"])[:, None].chunk(2, 2)
-    return F.linear(ln(t, s[o + "norm_final.weight"]) * (1 + scale) + shift, s[o + "linear.weight"], s[o + "linear.bias"])
+    y = ln(t, s[o + "norm_final.weight"]) * (1 + scale) + shift
+    return F.linear(y, s[o + "linear.weight"], s[o + "linear.bias"])
 
 
 def test_mdlm_owt_layout_loads_and_matches_reference(tmp_path):

@@ -8,9 +8,9 @@ import itertools
 import numpy as np
 import pytest
 import torch
-
 from brute import chi_square_pvalue
 from tiny import tiny_model
+
 from ttcore.sampling import predetermined_step
 
 V, L, R, N = 3, 6, 2, 20000

@@ -3,12 +3,12 @@ registry is what the model, the sampler and the API accept."""
 
 import pytest
 import torch
-
 from explicit import ExplicitCP, ExplicitTT, PerfectMarginals
 from tiny import tiny_model
+
 from ttcore.decompositions import DECOMPOSITIONS, Denoiser, HeadOutputs, get_decomposition
 from ttcore.distributions import CP, Factorized, JointDistribution, TensorTrain
-from ttcore.models import ModelConfig, DiTConfig
+from ttcore.models import DiTConfig, ModelConfig
 
 V, L, R = 4, 5, 3
 

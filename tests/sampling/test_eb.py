@@ -9,8 +9,8 @@ earlier picks, while the entropies of the picks (each conditional) satisfy the s
 import numpy as np
 import pytest
 import torch
-
 from tiny import tiny_model
+
 from ttcore.distributions import CP, TensorTrain
 from ttcore.sampling import GenerationRun
 

@@ -5,11 +5,11 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from scipy import stats
-
 from brute import all_sequences, chi_square_pvalue, dense_cp, dense_tt
 from explicit import ExplicitCP, ExplicitTT, PerfectMarginals
+from scipy import stats
 from tiny import tiny_model
+
 from ttcore.distributions import TensorTrain
 from ttcore.sampling import GenerationRun, batch_step, generate
 
@@ -62,7 +62,6 @@ def test_two_step_predetermined_with_contracted_head_matches_enumeration():
     p = np.zeros(len(seqs))
     subsets = list(itertools.combinations(range(L), 2))
     for t1 in subsets:
-        rest = [i for i in range(L) if i not in t1]
         for k, s in enumerate(seqs):
             vec1, vec2 = np.ones(R) / R, np.ones(R) / R
             for i in range(L):
@@ -160,8 +159,9 @@ def test_invalid_settings_are_refused():
 
 @pytest.mark.parametrize("decomposition", ["none", "cp", "tt"])
 def test_runs_stepped_together_equal_lone_runs(decomposition):
-    """batch_step (the engine's loop body: one forward, then step_together) shares one joint draw among predetermined runs of equal temperature; every run
-    must still produce, step by step, exactly what it produces alone (its own random stream)."""
+    """batch_step (the engine's loop body: one forward, then step_together) shares one joint draw among
+    predetermined runs of equal temperature; every run must still produce, step by step, exactly what it
+    produces alone (its own random stream)."""
     model = _tiny_model(decomposition)
     prompt = torch.full((10,), 8)
     prompt[[1, 6]] = torch.tensor([3, 4])

@@ -6,7 +6,6 @@ import shutil
 import tempfile
 
 import pytest
-
 from servers import free_port, start_uvicorn, wait_ready
 
 
@@ -32,7 +31,8 @@ def ray_server(checkpoints):
              runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build_app({"checkpoints": str(checkpoints), "threads": 1, "precision": "bf16"}), name="ttcore", route_prefix="/")
+        app = build_app({"checkpoints": str(checkpoints), "threads": 1, "precision": "bf16"})
+        serve.run(app, name="ttcore", route_prefix="/")
         url = f"http://127.0.0.1:{port}"
         wait_ready(url)
         yield url

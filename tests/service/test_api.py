@@ -6,7 +6,6 @@ import time
 
 import httpx
 import pytest
-
 from common import lone_run_texts, metric, stream_events
 from servers import start_uvicorn
 

@@ -1,7 +1,6 @@
 """The same app under a real local Ray Serve application, through Ray's HTTP proxy (serving bf16)."""
 
 import httpx
-
 from common import lone_run_texts, stream_events
 
 

@@ -5,7 +5,6 @@ from urllib.parse import urlparse
 
 import httpx
 import pytest
-
 from servers import start_uvicorn
 
 KEY = "ttcore-test-key-0123456789abcdef"

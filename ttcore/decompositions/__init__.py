@@ -9,8 +9,16 @@ decomposition is a new file here plus one line in ``DECOMPOSITIONS``.
 from .base import Decomposition, Denoiser, HeadOutputs
 from .cp import CPDecomposition, CPOutputs, cp_masked_log_prob, cp_masked_marginal_log_probs
 from .factorized import FactorizedOutputs, Rank1, factorized_masked_log_prob
-from .tt import (CONTRACTIONS, TTDecomposition, TTOutputs, contracted_core_loss, exact_contracted_cores,
-                 tt_masked_log_prob, tt_masked_marginal_log_probs, tt_selected_log_cores)
+from .tt import (
+    CONTRACTIONS,
+    TTDecomposition,
+    TTOutputs,
+    contracted_core_loss,
+    exact_contracted_cores,
+    tt_masked_log_prob,
+    tt_masked_marginal_log_probs,
+    tt_selected_log_cores,
+)
 
 DECOMPOSITIONS: dict[str, Decomposition] = {d.name: d for d in (Rank1, CPDecomposition, TTDecomposition)}
 

@@ -6,8 +6,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ttcore.distributions import (TensorTrain, softmax64, tt_chain_log_value, tt_contracted_from_logits,
-                                  tt_cores_from_logits, tt_sample_path, tt_state_marginals)
+from ttcore.distributions import (
+    TensorTrain,
+    softmax64,
+    tt_chain_log_value,
+    tt_contracted_from_logits,
+    tt_cores_from_logits,
+    tt_sample_path,
+    tt_state_marginals,
+)
 
 CONTRACTIONS = ("head", "exact")  # how masked positions outside a step's set are summed out
 EXACT_CHUNK = 64  # positions per exact-contraction pass: bounds the [n, v, r, r] float64 logits held at once

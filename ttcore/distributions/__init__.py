@@ -7,11 +7,23 @@ from .base import JointDistribution
 from .categorical import RowStreams, sample_categorical, softmax64
 from .cp import CP, cp_log_prob, cp_marginals, cp_posterior
 from .factorized import Factorized
-from .tensor_train import (TensorTrain, chosen_index, tt_chain_log_value, tt_contract, tt_contracted_from_logits,
-                           tt_cores_from_logits, tt_gap_products,
-                           tt_log_prob, tt_marginals, tt_prefix_products, tt_sample_path, tt_select, tt_state_marginals)
+from .tensor_train import (
+                           TensorTrain,
+                           chosen_index,
+                           tt_chain_log_value,
+                           tt_contract,
+                           tt_contracted_from_logits,
+                           tt_cores_from_logits,
+                           tt_gap_products,
+                           tt_log_prob,
+                           tt_marginals,
+                           tt_prefix_products,
+                           tt_sample_path,
+                           tt_select,
+                           tt_state_marginals,
+)
 
-__all__ = ["CP", "Factorized", "JointDistribution", "TensorTrain", "RowStreams", "sample_categorical", "softmax64", "cp_log_prob", "cp_marginals",
-           "cp_posterior", "chosen_index", "tt_chain_log_value", "tt_contract", "tt_contracted_from_logits",
-           "tt_cores_from_logits", "tt_gap_products",
-           "tt_log_prob", "tt_marginals", "tt_prefix_products", "tt_sample_path", "tt_select", "tt_state_marginals"]
+__all__ = ["CP", "Factorized", "JointDistribution", "TensorTrain", "RowStreams", "sample_categorical", "softmax64",
+           "cp_log_prob", "cp_marginals", "cp_posterior", "chosen_index", "tt_chain_log_value", "tt_contract",
+           "tt_contracted_from_logits", "tt_cores_from_logits", "tt_gap_products", "tt_log_prob", "tt_marginals",
+           "tt_prefix_products", "tt_sample_path", "tt_select", "tt_state_marginals"]

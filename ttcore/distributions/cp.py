@@ -49,7 +49,8 @@ class CP:
         check_ndim("factors", factors, "b, l, r, v")
         b, l, r, v = factors.shape
         if tuple(weights.shape) != (b, r):
-            raise ValueError(f"weights must have shape [b, r] = [{b}, {r}] to match factors, got {tuple(weights.shape)}")
+            raise ValueError(f"weights must have shape [b, r] = [{b}, {r}] to match factors, "
+                             f"got {tuple(weights.shape)}")
         if validate:
             check_simplex("weights", weights, (-1,), "r")
             check_simplex("factors", factors, (-1,), "v")

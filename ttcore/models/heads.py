@@ -16,7 +16,6 @@ from ttcore.decompositions import get_decomposition
 
 from .dit import LayerNorm, modulate
 
-
 GATHER_MAX_OUTPUTS = 8192  # select_logits: all E outputs then gather, up to this many outputs per row
 
 

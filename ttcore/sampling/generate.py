@@ -9,12 +9,11 @@ from dataclasses import dataclass
 
 import torch
 
+from ttcore.decompositions import CONTRACTIONS
 from ttcore.distributions import RowStreams
 
-from ttcore.decompositions import CONTRACTIONS
-
-from .joint_step import chain_rule_step, predetermined_step
 from .eb import EB_PROXIES, eb_score
+from .joint_step import chain_rule_step, predetermined_step
 from .orderings import ADAPTIVE, PREDETERMINED, top_k_mask
 from .schedules import SCHEDULES, unmask_counts
 

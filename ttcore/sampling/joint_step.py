@@ -22,7 +22,8 @@ def joint_distribution(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Te
 
 
 def predetermined_step(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, chosen: torch.Tensor,
-                       temperature: float, generator: torch.Generator | None, contraction: str = "head") -> torch.Tensor:
+                       temperature: float, generator: torch.Generator | None,
+                       contraction: str = "head") -> torch.Tensor:
     """Joint draw of x_T, T = ``chosen`` [b, l] (a subset of ``masked``), all from float64 probabilities.
     -> [b, l], -1 off T. ``contraction`` (TT): see ``ttcore.decompositions.tt``."""
     if not chosen.any():

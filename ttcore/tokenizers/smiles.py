@@ -10,7 +10,8 @@ from pathlib import Path
 
 PAD, MASK = "[PAD]", "[MASK]"
 # Bracket atoms, two-letter halogens, aromatic atoms, ring closures (%nn too), bonds, branches.
-_PATTERN = re.compile(r"(\[[^\]]+]|Br?|Cl?|N|O|S|P|F|I|b|c|n|o|s|p|\(|\)|\.|=|#|-|\+|\\|/|:|~|@|\?|>|\*|\$|%[0-9]{2}|[0-9])")
+_PATTERN = re.compile(r"(\[[^\]]+]|Br?|Cl?|N|O|S|P|F|I|b|c|n|o|s|p|\(|\)|\.|=|#|-|\+|\\|/|:|~|@|\?|>|\*|\$"
+                      r"|%[0-9]{2}|[0-9])")
 
 
 def smiles_tokens(smiles: str) -> list[str]:
