@@ -8,7 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
+
+
+pytestmark = pytest.mark.slow  # servers, Ray, training or end-to-end commands
 
 
 def _bench(*args, timeout=300) -> str:

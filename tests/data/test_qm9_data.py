@@ -15,6 +15,7 @@ def test_sample_file_split_is_deterministic():
     assert (a.train_tokens[:, 0] != a.tokenizer.pad_id).all()
 
 
+@pytest.mark.slow
 def test_full_qm9_from_package_is_cached(tmp_path, monkeypatch):
     ds = load_qm9(cache_dir=tmp_path)
     assert 120_000 < len(ds.train) + len(ds.val) < 131_000

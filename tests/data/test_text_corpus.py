@@ -1,5 +1,7 @@
 """The public-domain text corpus: cleaned documents, a stable split by document, cached blocks."""
 
+import pytest
+
 from ttcore.data.text import corpus_documents, is_validation, load_text, training_texts
 from ttcore.tokenizers.text import train_bpe
 
@@ -16,6 +18,7 @@ def test_documents_are_clean_and_split_stably():
     assert val == [i for i in ids if is_validation(i, 0.05)]
 
 
+@pytest.mark.slow
 def test_packed_blocks_are_cached(tmp_path):
     tok = train_bpe(training_texts()[:40], vocab_size=512, length=64)
     ds = load_text(tok, cache_dir=tmp_path)

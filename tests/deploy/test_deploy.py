@@ -19,6 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 
+pytestmark = pytest.mark.slow  # servers, Ray, training or end-to-end commands
+
+
 def _tool(name: str) -> str:
     path = shutil.which(name, path=str(BIN)) or shutil.which(name)
     assert path, f"{name} not installed (dev extra)"

@@ -13,6 +13,7 @@ def test_unigram_entropy():
     assert unigram_entropy([[1, 1, 2, 2], [5, 5, 5, 5]]) == pytest.approx(math.log(2) / 2)
 
 
+@pytest.mark.slow
 def test_judge_prefers_english_to_shuffled_words():
     judge = load_judge()
     good = ["The President said that the state of the Union is strong and the economy is growing.",

@@ -9,6 +9,8 @@ import pytest
 from common import lone_run_texts, metric, stream_events
 from servers import start_uvicorn
 
+pytestmark = pytest.mark.slow  # servers, Ray, training or end-to-end commands
+
 
 def test_health_ready_models(server):
     assert httpx.get(server + "/health").json()["status"] == "ok"

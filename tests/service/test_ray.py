@@ -1,7 +1,10 @@
 """The same app under a real local Ray Serve application, through Ray's HTTP proxy (serving bf16)."""
 
 import httpx
+import pytest
 from common import lone_run_texts, stream_events
+
+pytestmark = pytest.mark.slow  # servers, Ray, training or end-to-end commands
 
 
 def test_ray_serve_streams_and_validates(ray_server, checkpoints):

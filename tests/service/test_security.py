@@ -13,6 +13,9 @@ AUTH = {"authorization": f"Bearer {KEY}"}
 BODY = {"model": "qm9", "num_samples": 2, "steps": 4, "seed": 0}
 
 
+pytestmark = pytest.mark.slow  # servers, Ray, training or end-to-end commands
+
+
 @pytest.fixture(scope="module")
 def keyed(checkpoints, tmp_path_factory):
     key_file = tmp_path_factory.mktemp("keys") / "keys.txt"

@@ -5,7 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
+
+
+pytestmark = pytest.mark.slow  # servers, Ray, training or end-to-end commands
 
 
 def test_evaluate_writes_results(checkpoints, tmp_path):

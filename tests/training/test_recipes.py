@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -18,6 +19,9 @@ from ttcore.training import TrainConfig, evaluate_loss, fit, load_config
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "tests" / "data" / "qm9_sample.txt"
 TINY = ROOT / "training" / "configs" / "tiny.yaml"
+
+
+pytestmark = pytest.mark.slow  # servers, Ray, training or end-to-end commands
 
 
 def _run(*args, **kw):

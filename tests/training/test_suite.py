@@ -1,0 +1,38 @@
+"""training/suite.py at its smallest size: both suites run every recipe they name, and export."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ttcore.models import load_checkpoint
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def _suite(*args, timeout=900):
+    done = subprocess.run([sys.executable, str(ROOT / "training" / "suite.py"), *map(str, args), "--smoke",
+                           "--set", "threads=1"], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def test_cpu_suite_fine_tunes_each_spec_and_exports(checkpoints, tmp_path):
+    _suite("cpu", "--base", checkpoints / "qm9-base", "--runs", tmp_path / "runs", "--exports", tmp_path / "out",
+           "--steps", 2)
+    for name, (dec, rank) in {"qm9-tt-r2": ("tt", 2), "qm9-none-r1": ("none", 1), "qm9-cp-r3": ("cp", 3)}.items():
+        model, _, config = load_checkpoint(tmp_path / "out" / name)
+        assert (model.cfg.decomposition, model.cfg.rank) == (dec, rank)
+        assert "weights in bfloat16" in (tmp_path / "out" / name / "model_card.md").read_text()
+
+
+def test_device_suite_probes_fits_budgets_and_trains_text(checkpoints, tmp_path):
+    out = _suite("device", "--base", checkpoints / "qm9-base", "--runs", tmp_path, "--probe-steps", 2,
+                 "--qm9-s", 1, "--text-s", 1, "--ft-s", 1, "--qm9-max", 3, "--text-max", 3, "--ft-max", 2)
+    assert "QM9 fine-tunes:" in out and "text TT fine-tune:" in out
+    for name in ("qm9-tt-r2", "qm9-none-r1", "qm9-cp-r3", "text-base", "text-tt-r4"):
+        model, tok, _ = load_checkpoint(tmp_path / "export" / name)
+        assert tok.kind == ("text" if name.startswith("text") else "smiles")
+    assert load_checkpoint(tmp_path / "export" / "text-tt-r4")[0].cfg.decomposition == "tt"

@@ -1,0 +1,147 @@
+"""The bundled training suites: the QM9 fine-tunes of one base at equal budgets (none, CP r=64, TT
+r=2/4/8) and, on a device, the text base with its TT r=4 fine-tune. Every run is the recipe's own
+command (finetune.py / pretrain.py, resumable), then bf16 exports.
+
+    python training/suite.py cpu                       # QM9 one after another, export to checkpoints/, evaluate
+    python training/suite.py cpu --steps 1500          # the session-2 budget
+    python training/suite.py device --qm9-s 240 --text-s 170 --ft-s 70   # a GPU lease: all side by side
+    python training/suite.py device --smoke --base B --runs R   # the test's size: seconds, tiny configs
+
+``cpu`` writes runs/qm9-* and exports into checkpoints/ (re-run after an interruption: finished runs
+resume at their end). ``device`` first probes every run at once (so under the same contention) to
+measure its seconds per step, then gives each run the most steps that fit its wall-clock budget,
+capped, with its cosine schedule over exactly those steps (the QM9 fine-tunes share one count, set by
+the slowest); it writes runs/device/{qm9-*,text-base,text-tt-r4} and bf16 exports in runs/device/export/.
+Eager on the device (compile would cost more than it saves in a short lease).
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+QM9_SPECS = [("tt", 8), ("none", 1), ("cp", 64), ("tt", 2), ("tt", 4)]
+SMOKE_SPECS = [("tt", 2), ("none", 1), ("cp", 3)]
+SAMPLE = ROOT / "tests" / "data" / "qm9_sample.txt"
+
+
+def recipe(name: str, *args) -> list[str]:
+    return [sys.executable, str(ROOT / "training" / name), *map(str, args)]
+
+
+def qm9_finetune(args, dec: str, rank: int, out: Path, steps: int, *sets: str) -> list[str]:
+    config = ["--config", "tiny", "--data", SAMPLE] if args.smoke else ["--config", "qm9_finetune"]
+    return recipe("finetune.py", *config, "--base", args.base, "--decomposition", dec, "--rank", rank,
+                  "--head", "1layer", "--out", out, "--max-steps", steps, "--resume", "--quiet",
+                  "--set", f"total_steps={steps}", *args.sets, *sets)
+
+
+def text_recipe(args, name: str, out: Path, steps: int, *extra) -> list[str]:
+    config = ["--config", "tiny", "--set", "data=text", "family=text", "bpe_vocab=300", "length=16"] if args.smoke \
+        else ["--config", "text" if name == "pretrain.py" else "text_finetune", "--set"]
+    joint = ["--decomposition", "tt", "--rank", 2 if args.smoke else 4, "--head", "2layer"] \
+        if name == "finetune.py" else []
+    return recipe(name, *extra, *joint, "--out", out, "--max-steps", steps, "--resume", "--quiet",
+                  *config, f"total_steps={steps}", *args.sets)
+
+
+def run_all(commands: dict[Path, list[str]]) -> None:
+    """Run the commands side by side, each logging to ``<out>.log``; fail if any fails."""
+    procs = {}
+    for out, cmd in commands.items():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        procs[out] = subprocess.Popen(cmd, cwd=ROOT, stdout=open(f"{out}.log", "w"), stderr=subprocess.STDOUT)
+    failed = [str(out) for out, p in procs.items() if p.wait() != 0]
+    if failed:
+        raise SystemExit(f"failed: {failed} (see their .log files)")
+
+
+def fit_steps(budget_s: float, cap: int, runs: list[Path]) -> int:
+    """The steps that fit ``budget_s`` at the slowest of the (finished) runs' seconds per step, capped."""
+    metas = [json.loads((r / "train_state" / "state.json").read_text()) for r in runs]
+    seconds_per_step = max(m["wall_seconds"] / m["step"] for m in metas)
+    return max(1, min(cap, int(budget_s / seconds_per_step)))
+
+
+def export(src: Path, out: Path, family: str) -> None:
+    subprocess.run(recipe("export.py", "--src", src, "--out", out, "--family", family), cwd=ROOT, check=True)
+
+
+def say(message: str) -> None:
+    print(f"== {message} ({time.strftime('%H:%M:%S')})", flush=True)
+
+
+def cpu_suite(args) -> None:
+    runs = Path(args.runs or ROOT / "runs")
+    specs = SMOKE_SPECS if args.smoke else QM9_SPECS
+    for dec, rank in specs:  # one after another: two cores are one run's worth
+        say(f"qm9 {dec} r={rank}: {args.steps} steps")
+        subprocess.run(qm9_finetune(args, dec, rank, runs / f"qm9-{dec}-r{rank}", args.steps), cwd=ROOT, check=True)
+    exports = Path(args.exports or ROOT / "checkpoints")
+    for dec, rank in specs:
+        export(runs / f"qm9-{dec}-r{rank}", exports / f"qm9-{dec}-r{rank}", "qm9")
+    if not args.smoke:
+        (ROOT / "results" / "qm9").mkdir(parents=True, exist_ok=True)
+        subprocess.run(recipe("evaluate.py", "--checkpoints", exports, "--out", ROOT / "results" / "qm9", "--cards"),
+                       cwd=ROOT, check=True)
+
+
+def device_suite(args) -> None:
+    r = Path(args.runs or ROOT / "runs" / "device")
+    specs = SMOKE_SPECS if args.smoke else QM9_SPECS
+    eager = ("compile=false",)
+    tokenizer = ("--tokenizer", args.tokenizer) if args.tokenizer else ()
+    say(f"probes: {args.probe_steps} steps each, all at once")
+    probes = {r / f"probe-qm9-{d}-r{k}": qm9_finetune(args, d, k, r / f"probe-qm9-{d}-r{k}", args.probe_steps, *eager)
+              for d, k in specs}
+    probes[r / "probe-text"] = text_recipe(args, "pretrain.py", r / "probe-text", args.probe_steps, *tokenizer)
+    run_all(probes)
+    nq = fit_steps(args.qm9_s, args.qm9_max, [p for p in probes if p.name.startswith("probe-qm9")])
+    nt = fit_steps(args.text_s, args.text_max, [r / "probe-text"])
+    say(f"QM9 fine-tunes: {nq} steps each; text base: {nt} steps")
+    runs = {r / f"qm9-{d}-r{k}": qm9_finetune(args, d, k, r / f"qm9-{d}-r{k}", nq, *eager) for d, k in specs}
+    runs[r / "text-base"] = text_recipe(args, "pretrain.py", r / "text-base", nt, *tokenizer)
+    runs[r / "probe-text-tt-r4"] = text_recipe(args, "finetune.py", r / "probe-text-tt-r4", args.probe_steps,
+                                               "--base", r / "probe-text")
+    run_all(runs)  # the text fine-tune's probe runs beside them; the fine-tune itself needs the base
+    nf = fit_steps(args.ft_s, args.ft_max, [r / "probe-text-tt-r4"])
+    say(f"text TT fine-tune: {nf} steps")
+    run_all({r / "text-tt-r4": text_recipe(args, "finetune.py", r / "text-tt-r4", nf, "--base", r / "text-base")})
+    say("trained")
+    for d, k in specs:
+        export(r / f"qm9-{d}-r{k}", r / "export" / f"qm9-{d}-r{k}", "qm9")
+    for name in ("text-base", "text-tt-r4"):
+        export(r / name, r / "export" / name, "text")
+    for card in sorted((r / "export").glob("*/model_card.md")):
+        print(card.parent.name, *[line for line in card.read_text().split("\n")
+                                  if line.startswith(("- validation", "- steps"))], sep="\n  ")
+    say("done")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("suite", choices=["cpu", "device"])
+    ap.add_argument("--base", default=str(ROOT / "checkpoints" / "qm9-base"), help="the QM9 base checkpoint")
+    ap.add_argument("--runs", help="where the runs go (default runs/ for cpu, runs/device/ for device)")
+    ap.add_argument("--exports", help="cpu: where the exports go (default checkpoints/)")
+    ap.add_argument("--steps", type=int, default=6362, help="cpu: steps of each fine-tune")
+    ap.add_argument("--qm9-s", type=float, default=240, help="device: wall-clock budget of the QM9 fine-tunes")
+    ap.add_argument("--text-s", type=float, default=170, help="device: budget of the text base")
+    ap.add_argument("--ft-s", type=float, default=70, help="device: budget of the text fine-tune")
+    ap.add_argument("--qm9-max", type=int, default=10000)
+    ap.add_argument("--text-max", type=int, default=20000)
+    ap.add_argument("--ft-max", type=int, default=6000)
+    ap.add_argument("--probe-steps", type=int, default=100)
+    ap.add_argument("--tokenizer", help="device: keep this checkpoint's text vocabulary")
+    ap.add_argument("--set", dest="sets", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="config overrides for every run (e.g. threads=1)")
+    ap.add_argument("--smoke", action="store_true", help="tiny configs and the committed QM9 sample (the test)")
+    args = ap.parse_args()
+    (cpu_suite if args.suite == "cpu" else device_suite)(args)
+
+
+if __name__ == "__main__":
+    main()
