@@ -16,6 +16,11 @@ from ray.serve import Application
 
 from . import default_checkpoints
 
+# Ray may route up to this many times a replica's admitted requests to it, so a full replica answers
+# overload itself (503 with Retry-After) instead of Ray queueing without bound; the serve configs'
+# max_ongoing_requests is max_requests times this (a test checks both files)
+ONGOING_PER_ADMITTED = 2
+
 
 class AppArgs(BaseModel):
     checkpoints: str = Field(default_factory=default_checkpoints,
@@ -59,5 +64,5 @@ def build_app(args: dict | AppArgs | None = None) -> Application:
     args = AppArgs.model_validate(args or {})
     args.checkpoints = str(Path(args.checkpoints).resolve())  # replicas may run in another directory
     ingress = serve.ingress(_asgi_builder(args))()
-    deployment = serve.deployment(name="TTCore", max_ongoing_requests=args.max_requests * 2)(ingress)
+    deployment = serve.deployment(name="TTCore", max_ongoing_requests=args.max_requests * ONGOING_PER_ADMITTED)(ingress)
     return deployment.bind()
