@@ -13,7 +13,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, make_dataclass
 from pathlib import Path
 
 import torch
@@ -27,26 +27,19 @@ SPLIT_SEED_STRIDE = 100_003  # BatchOrder: seed * stride + epoch seeds each epoc
 RESEED_STRIDE = 1_000_003  # a run moved between CPU and CUDA reseeds its mask stream from seed + stride * step
 
 
-@dataclass
-class ModelSection:
-    """The model a recipe builds (the ``model:`` section of a config). The backbone fields are
-    ``DiTConfig``'s (pretraining only: a fine-tune keeps its base's); the rest is the joint head."""
-    hidden_dim: int = 256
-    cond_dim: int = 128
-    n_blocks: int = 6
-    n_heads: int = 8
-    dropout: float = 0.0
-    rotary_values: bool = True
-    time_conditioning: bool = False
-    decomposition: str = "none"  # fine-tuning: none | cp | tt
-    rank: int = 1
-    head: str = "1layer"
-    head_noise: float = 0.05  # relative std of the noise that breaks the symmetry of the head's copies
+def _dit_config(self, tokenizer) -> DiTConfig:
+    return DiTConfig.for_tokenizer(tokenizer, **{k: getattr(self, k) for k in self.BACKBONE})
 
-    BACKBONE = ("hidden_dim", "cond_dim", "n_blocks", "n_heads", "dropout", "rotary_values", "time_conditioning")
 
-    def dit_config(self, tokenizer) -> DiTConfig:
-        return DiTConfig.for_tokenizer(tokenizer, **{k: getattr(self, k) for k in self.BACKBONE})
+_BACKBONE = [f for f in fields(DiTConfig) if f.name not in ("vocab_size", "out_vocab", "length")]
+# The model a recipe builds (the ``model:`` section of a config): DiTConfig's architecture fields with
+# its defaults (pretraining only: a fine-tune keeps its base's; vocabulary and length come from the
+# tokenizer), then the joint head (fine-tuning): decomposition none | cp | tt, rank, head 1layer | 2layer,
+# and head_noise, the relative std of the noise that breaks the symmetry of the head's copies.
+ModelSection = make_dataclass("ModelSection", [(f.name, f.type, field(default=f.default)) for f in _BACKBONE] + [
+    ("decomposition", str, field(default="none")), ("rank", int, field(default=1)),
+    ("head", str, field(default="1layer")), ("head_noise", float, field(default=0.05))],
+    namespace={"BACKBONE": tuple(f.name for f in _BACKBONE), "dit_config": _dit_config})
 
 
 @dataclass
