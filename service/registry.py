@@ -35,6 +35,17 @@ class LoadedModel:
     info: ModelInfo
 
 
+def _read_card(path: Path) -> str | None:
+    """The model card, or None when it is missing or unreadable (the model is still served)."""
+    if not path.exists():
+        return None
+    try:
+        return path.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        log.warning("%s/%s is unreadable (%s): served without a card", path.parent.name, path.name, type(e).__name__)
+        return None
+
+
 def _preference(info: ModelInfo) -> tuple:
     return DECOMPOSITIONS[info.decomposition].preference, info.rank
 
@@ -57,15 +68,16 @@ class ModelRegistry:
         for d in dirs:
             try:
                 self.models.append(self._load(d))
-            except (CheckpointError, OSError, ValueError) as e:
-                self.refused[d.name] = str(e).replace(str(d.resolve()), d.name).replace(str(d), d.name)
-                log.error("refusing checkpoint %s: %s", d, e)
+            except Exception as e:  # noqa: BLE001 - a damaged checkpoint is refused; the others still serve
+                reason = str(e) if isinstance(e, CheckpointError) else f"{type(e).__name__}: {e}"
+                self.refused[d.name] = reason.replace(str(d.resolve()), d.name).replace(str(d), d.name)
+                log.error("refusing checkpoint %s: %s", d.name, self.refused[d.name])
 
     def _load(self, d: Path) -> LoadedModel:
         model, tok, _ = load_for_inference(d, self.device, self.precision)
         cfg = model.cfg
         family = cfg.extra.get("family", "qm9" if tok.kind == "smiles" else tok.kind)
-        card = (d / "model_card.md").read_text() if (d / "model_card.md").exists() else None
+        card = _read_card(d / "model_card.md")
         info = ModelInfo(model=family, checkpoint=d.name, domain=tok.kind, decomposition=cfg.decomposition,
                          rank=cfg.rank, head=cfg.head if cfg.decomposition != "none" else "base",
                          length=cfg.dit.length, vocab_size=cfg.dit.out_vocab,

@@ -100,12 +100,14 @@ def save_checkpoint(directory: str | Path, model: JointModel, tokenizer, *, dtyp
 def read_config(directory: str | Path) -> dict:
     directory = _resolve(Path(directory))
     path = directory / "config.json"
-    if not path.exists():
-        raise CheckpointError(f"{directory} is not a checkpoint: config.json is missing")
+    if not path.is_file():
+        raise CheckpointError(f"{directory} is not a checkpoint: config.json is missing or not a file")
     try:
-        config = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path} is not valid JSON ({e})") from None
+        config = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path} is not readable UTF-8 JSON ({type(e).__name__}: {e})") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path} must hold a JSON object, got {type(config).__name__}")
     if config.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"{path}: format_version must be {FORMAT_VERSION}, got {config.get('format_version')!r}")
     return config
@@ -118,8 +120,8 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu", d
     directory = _resolve(Path(directory))
     config = read_config(directory)
     weights = directory / "model.safetensors"
-    if not weights.exists():
-        raise CheckpointError(f"{directory}: model.safetensors is missing")
+    if not weights.is_file():
+        raise CheckpointError(f"{directory}: model.safetensors is missing or not a file")
     digest = _sha256(weights)
     if digest != config.get("weights_sha256"):
         raise CheckpointError(f"{weights} is corrupted or truncated: SHA-256 {digest[:12]}... does not match "
@@ -129,12 +131,13 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu", d
         model_cfg = ModelConfig(**config["model"])
         model = JointModel(model_cfg)
         model.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()})
-    except (SafetensorError, RuntimeError, TypeError, KeyError, ValueError) as e:
-        raise CheckpointError(f"{directory}: weights do not fit the configured model ({e})") from None
+    except (SafetensorError, RuntimeError, TypeError, KeyError, ValueError, AttributeError) as e:
+        raise CheckpointError(f"{directory}: weights do not fit the configured model ({type(e).__name__}: {e})") \
+            from None
     try:
         tokenizer = load_tokenizer(directory)
-    except (OSError, ValueError, KeyError) as e:
-        raise CheckpointError(f"{directory}: tokenizer.json is unusable ({e})") from None
+    except Exception as e:  # noqa: BLE001 - any damage to tokenizer.json is the same answer: unusable
+        raise CheckpointError(f"{directory}: tokenizer.json is unusable ({type(e).__name__}: {e})") from None
     return model.to(device).eval(), tokenizer, config
 
 
