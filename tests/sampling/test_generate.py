@@ -46,6 +46,17 @@ def test_one_step_generation_is_distributed_as_the_cp(ordering):
     assert chi_square_pvalue(draws, dense_cp(w.numpy(), f.numpy(), seqs), seqs) > 1e-3
 
 
+@pytest.mark.parametrize("ordering", ["random", "entropy"])
+def test_micro_batched_generation_is_still_distributed_as_the_tt(ordering):
+    """Sequences drawn in passes of 1500 (a memory budget) are still exact joint draws."""
+    cores = _tt_cores(4)
+    seqs = all_sequences(L, V).numpy()
+    draws = _final(ExplicitTT(cores), 1, ordering=ordering, max_rows_per_pass=1500)
+    assert chi_square_pvalue(draws, dense_tt(cores.numpy(), seqs), seqs) > 1e-3
+    again = _final(ExplicitTT(cores), 1, ordering=ordering, max_rows_per_pass=1500)
+    assert (draws == again).all()  # deterministic for a given pass size
+
+
 def test_eb_step_with_unbounded_gamma_is_one_exact_joint_draw():
     cores = _tt_cores(1)
     seqs = all_sequences(L, V).numpy()
@@ -168,7 +179,10 @@ def test_runs_stepped_together_equal_lone_runs(decomposition):
     specs = [(3, 4, dict(seed=1, ordering="random")), (2, 25, dict(seed=2, ordering="random")),
              (4, 2, dict(seed=3, ordering="left_to_right", prompt=prompt)), (1, 6, dict(seed=4, ordering="halton")),
              (2, 4, dict(seed=5, ordering="random", temperature=0.7)), (2, 3, dict(seed=6, ordering="top_prob")),
-             (3, 5, dict(seed=7, eb_gamma=0.3)), (2, 8, dict(seed=8, ordering="random", temperature=0.7))]
+             (3, 5, dict(seed=7, eb_gamma=0.3)), (2, 8, dict(seed=8, ordering="random", temperature=0.7)),
+             (5, 4, dict(seed=9, ordering="random", max_rows_per_pass=2)),  # alone in passes of 2
+             (3, 4, dict(seed=10, ordering="random", max_rows_per_pass=4)),  # shares passes of at most 4
+             (2, 4, dict(seed=11, ordering="top_prob", max_rows_per_pass=1))]
     alone = [list(generate(model, n, k, **kw)) for n, k, kw in specs]
     runs = [GenerationRun(model, n, k, **kw) for n, k, kw in specs]
     together = [[] for _ in runs]

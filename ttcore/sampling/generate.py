@@ -33,7 +33,8 @@ class GenerationRun:
     def __init__(self, model, num_samples: int, steps: int, *, ordering: str = "random",
                  schedule: str = "loglinear", eb_gamma: float | None = None, eb_proxy: str = "entropy",
                  temperature: float = 1.0, seed: int | None = None, prompt: torch.Tensor | None = None,
-                 bernoulli: bool = False, contraction: str = "head", device: str | torch.device | None = None):
+                 bernoulli: bool = False, contraction: str = "head", device: str | torch.device | None = None,
+                 max_rows_per_pass: int | None = None):
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
         if num_samples < 1:
@@ -50,11 +51,13 @@ class GenerationRun:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         if contraction not in CONTRACTIONS:
             raise ValueError(f"contraction must be one of {list(CONTRACTIONS)}, got {contraction!r}")
+        if max_rows_per_pass is not None and max_rows_per_pass < 1:
+            raise ValueError(f"max_rows_per_pass must be >= 1, got {max_rows_per_pass}")
         self.model = model
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.steps, self.ordering, self.schedule = steps, ordering, SCHEDULES[schedule]
         self.eb_gamma, self.eb_proxy, self.temperature, self.bernoulli = eb_gamma, eb_proxy, temperature, bernoulli
-        self.contraction = contraction
+        self.contraction, self.max_rows_per_pass = contraction, max_rows_per_pass
         self.mask_id = model.cfg.dit.vocab_size - 1
         length = model.cfg.dit.length
         self.generator = torch.Generator(self.device)
@@ -102,17 +105,26 @@ class GenerationRun:
         if self._needed:
             if h is None:
                 h = self.model.features(self.tokens)
-            if self.eb_gamma is not None:  # EB ranks by its proxy; the last allowed step takes all
-                last = self._counts is not None
-                values = chain_rule_step(self.model, h, self.tokens, masked, self._counts, eb_score(self.eb_proxy),
-                                         self.temperature, self.generator, None if last else self.eb_gamma)
-            elif self.ordering in ADAPTIVE:
-                values = chain_rule_step(self.model, h, self.tokens, masked, self._counts, ADAPTIVE[self.ordering],
-                                         self.temperature, self.generator)
-            else:
-                values = predetermined_step(self.model, h, self.tokens, masked, self.chosen(), self.temperature,
-                                            self.generator, self.contraction)
+            chosen = self.chosen() if self.priority is not None else None
+            step = self.max_rows_per_pass or len(self.tokens)
+            for s in range(0, len(self.tokens), step):  # micro-batches of sequences bound the step's memory
+                rows = slice(s, s + step)
+                values[rows] = self._draw(h[rows], self.tokens[rows], masked[rows],
+                                          None if chosen is None else chosen[rows],
+                                          None if self._counts is None else self._counts[rows])
         return self._commit(values)
+
+    def _draw(self, h, tokens, masked, chosen, counts) -> torch.Tensor:
+        """This step's tokens for some of the sequences (all of them unless micro-batched)."""
+        if self.eb_gamma is not None:  # EB ranks by its proxy; the last allowed step takes all
+            last = counts is not None
+            return chain_rule_step(self.model, h, tokens, masked, counts, eb_score(self.eb_proxy),
+                                   self.temperature, self.generator, None if last else self.eb_gamma)
+        if self.ordering in ADAPTIVE:
+            return chain_rule_step(self.model, h, tokens, masked, counts, ADAPTIVE[self.ordering],
+                                   self.temperature, self.generator)
+        return predetermined_step(self.model, h, tokens, masked, chosen, self.temperature, self.generator,
+                                  self.contraction)
 
     @property
     def needs_model(self) -> bool:
@@ -122,8 +134,9 @@ class GenerationRun:
     @property
     def joins_batch(self) -> bool:
         """Whether this step can share its joint draw with other runs (``step_together``): a model call
-        with a predetermined ordering (the set T is fixed before the head runs)."""
-        return bool(self._needed) and self.eb_gamma is None and self.ordering in PREDETERMINED
+        with a predetermined ordering (the set T is fixed before the head runs), by a run that fits one pass."""
+        fits = self.max_rows_per_pass is None or len(self.tokens) <= self.max_rows_per_pass
+        return bool(self._needed) and self.eb_gamma is None and self.ordering in PREDETERMINED and fits
 
     def chosen(self) -> torch.Tensor:
         """This step's set T for a predetermined ordering: [b, l] bool."""
@@ -136,6 +149,20 @@ class GenerationRun:
         self.step_index += 1
         self._counts, self._needed = None, None
         return StepState(self.tokens.clone(), committed, self.step_index, self.model_calls, self.done)
+
+
+def _passes(runs: list[GenerationRun], members: list[int]) -> list[list[int]]:
+    """A group split into passes (in order) whose sequences never exceed the smallest ``max_rows_per_pass``
+    of the runs in the pass."""
+    out, current, rows, limit = [], [], 0, float("inf")
+    for i in members:
+        n, cap = runs[i].tokens.shape[0], runs[i].max_rows_per_pass or float("inf")
+        if current and rows + n > min(limit, cap):
+            out.append(current)
+            current, rows, limit = [], 0, float("inf")
+        current.append(i)
+        rows, limit = rows + n, min(limit, cap)
+    return out + [current]
 
 
 @torch.inference_mode()
@@ -154,7 +181,8 @@ def step_together(runs: list[GenerationRun], features: list[torch.Tensor | None]
         if run.joins_batch and features[i] is not None:
             groups.setdefault((id(run.model), run.temperature, run.contraction), []).append(i)
     states: list[StepState | None] = [None] * len(runs)
-    for (_, temperature, contraction), members in groups.items():
+    passes = [(t, c, part) for (_, t, c), members in groups.items() for part in _passes(runs, members)]
+    for temperature, contraction, members in passes:
         if len(members) == 1:
             continue
         group = [runs[i] for i in members]

@@ -1,0 +1,50 @@
+"""What one denoising step holds in memory, from the model's shape alone: the service admits and
+micro-batches requests by it. Calibrated against peak RSS on the bundled checkpoints
+(``benchmarks/request_memory.py`` prints measured beside estimated; README, Limits)."""
+
+from ttcore.decompositions import DECOMPOSITIONS
+from ttcore.decompositions.tt import EXACT_CHUNK
+
+CHAIN_RULE_COPIES = 4  # full factors / cores alive at once in a chain-rule step (measured 3.2-3.9 at text size)
+ROW_SLACK_BYTES = 2 << 20  # per sequence: features, marginals, scores (measured 1.2 MB at QM9 size)
+FORWARD_BYTES_PER_TOKEN_WIDTH = 48  # backbone activations per token per hidden unit (bf16 and float32 mixed)
+
+
+def chain_rule_row_bytes(cfg) -> int:
+    """One sequence of an adaptive-ordering / EB step: the joint over all its positions (rank 1: float64
+    probabilities; CP / TT: float32 factors or cores, Sec. 4.3), ``CHAIN_RULE_COPIES`` times."""
+    l, v = cfg.dit.length, cfg.dit.out_vocab
+    e = DECOMPOSITIONS[cfg.decomposition].outputs_per_position(cfg.rank)
+    width = 8 if cfg.decomposition == "none" else 4
+    return CHAIN_RULE_COPIES * l * v * e * width + ROW_SLACK_BYTES
+
+
+def predetermined_row_bytes(cfg) -> int:
+    """One sequence of a predetermined step: the chosen positions' logits and float64 probabilities
+    (at most all positions) and the contracted cores."""
+    l, v, r = cfg.dit.length, cfg.dit.out_vocab, cfg.rank
+    return 2 * l * v * 8 + l * r * r * 8 + ROW_SLACK_BYTES
+
+
+def exact_contraction_bytes(cfg) -> int:
+    """TT with ``contraction="exact"``: one chunk of full cores in float64 (logits, tempered, summed);
+    independent of the number of sequences (``decompositions.tt.EXACT_CHUNK`` positions at a time)."""
+    if cfg.decomposition != "tt":
+        return 0
+    return 3 * EXACT_CHUNK * cfg.dit.out_vocab * cfg.rank * cfg.rank * 8
+
+
+def forward_row_bytes(cfg) -> int:
+    """Backbone activations of one sequence in one forward pass (inference: nothing kept for backward)."""
+    return FORWARD_BYTES_PER_TOKEN_WIDTH * cfg.dit.length * cfg.dit.hidden_dim
+
+
+def step_row_bytes(cfg, adaptive: bool) -> int:
+    """Peak bytes per sequence of one step."""
+    return forward_row_bytes(cfg) + (chain_rule_row_bytes(cfg) if adaptive else predetermined_row_bytes(cfg))
+
+
+def rows_per_pass(cfg, adaptive: bool, budget_bytes: int, exact: bool = False) -> int:
+    """How many sequences one pass of a step may hold within ``budget_bytes``; 0 when not even one fits."""
+    fixed = exact_contraction_bytes(cfg) if exact and not adaptive else 0
+    return max(0, (budget_bytes - fixed) // step_row_bytes(cfg, adaptive))
