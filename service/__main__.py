@@ -15,7 +15,7 @@ from ttcore.models import PRECISIONS
 from . import default_checkpoints
 from .app import create_app
 from .security import DEFAULT_MAX_BODY_BYTES, SecurityConfig, load_api_keys
-from .serving import build_serving
+from .serving import DEFAULT_MAX_TIMEOUT_S, DEFAULT_MEMORY_BUDGET_MB, build_serving
 
 log = logging.getLogger("ttcore.service")
 
@@ -46,6 +46,12 @@ def main():
     ap.add_argument("--public-docs", action="store_true", help="serve /docs, /redoc, /openapi.json without a key")
     ap.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="larger bodies get 413")
     ap.add_argument("--cors-origins", nargs="*", default=[], help="origins allowed by CORS (default: none)")
+    ap.add_argument("--memory-budget-mb", type=int, default=DEFAULT_MEMORY_BUDGET_MB,
+                    help="the most one step of one request may hold; larger requests are drawn in micro-batches")
+    ap.add_argument("--max-timeout-s", type=float, default=DEFAULT_MAX_TIMEOUT_S,
+                    help="the longest deadline of a request (its timeout_s may shorten it): 504 past it")
+    ap.add_argument("--stall-s", type=float, default=120.0,
+                    help="/health answers 503 when a worker has been on one step longer than this")
     args = ap.parse_args()
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     keys = load_api_keys(args.api_key_file, os.environ.get("TTCORE_API_KEY"))
@@ -58,7 +64,8 @@ def main():
                     "(set --api-key-file or TTCORE_API_KEY)", args.host)
     serving = build_serving(args.checkpoints, device=args.device, precision=args.precision,
                             threads=args.threads or None, max_batch_samples=args.max_batch_samples,
-                            max_requests=args.max_requests)
+                            max_requests=args.max_requests, memory_budget_mb=args.memory_budget_mb,
+                            max_timeout_s=args.max_timeout_s, stall_s=args.stall_s)
     uvicorn.run(create_app(serving, security), host=args.host, port=args.port, log_level=args.log_level)
 
 

@@ -5,6 +5,7 @@
     GET  /health     liveness          GET /ready   models loaded          GET /metrics   Prometheus
 """
 
+import asyncio
 import json
 import time
 
@@ -12,13 +13,14 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from .admission import TooLarge
 from .engine import Overloaded
 from .registry import ModelNotFound, PromptError
 from .schema import GenerateRequest, GenerateResponse, ModelList
 from .security import SecurityConfig, SecurityMiddleware
 from .serving import Serving
 
-RETRY_AFTER_S = 1
+DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks that its client is still there
 
 
 def _sse(event: str, payload: dict) -> bytes:
@@ -36,6 +38,30 @@ def public_errors(errors) -> list[dict]:
     may be huge, or not encodable (infinities, lone surrogates), and is the client's own anyway."""
     return [{"loc": [str(part) for part in e.get("loc", ())], "msg": str(e.get("msg", "invalid")),
              "type": str(e.get("type", "value_error"))} for e in errors]
+
+
+GENERATE_RESPONSES = {
+    200: {"description": "The samples (JSON); with `stream: true` a server-sent-event stream instead: `event: step` "
+                         "per denoising step (StepEvent), then `event: done` (the JSON answer) or `event: error` "
+                         "(`{id, error, code}`, code `timeout` or `failed`)",
+          "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+    400: {"description": "The body is not JSON"},
+    401: {"description": "Missing or unknown API key (when keys are configured)"},
+    404: {"description": "No loaded checkpoint matches; the answer names what is available"},
+    413: {"description": "The body is larger than the server's limit"},
+    422: {"description": "Invalid input, or more compute or memory than the server's limits: the field and the "
+                         "rule (for limits, the largest value that fits)"},
+    500: {"description": "A denoising step failed"},
+    503: {"description": "Overloaded; retry after the Retry-After header (seconds until a slot frees, estimated)"},
+    504: {"description": "The request's deadline (`timeout_s`, or the server's maximum) passed"},
+}
+
+
+async def _cancel_on_disconnect(request: Request, serving: Serving, job_id: str) -> None:
+    """A non-streaming client that goes away cancels its work at the next step."""
+    while not await request.is_disconnected():
+        await asyncio.sleep(DISCONNECT_POLL_S)
+    serving.engine.abort(job_id)
 
 
 def create_app(serving: Serving, security: SecurityConfig | None = None) -> FastAPI:
@@ -67,20 +93,19 @@ def create_app(serving: Serving, security: SecurityConfig | None = None) -> Fast
     async def validation_error(request: Request, exc: RequestValidationError):
         return JSONResponse(status_code=422, content={"detail": public_errors(exc.errors())})
 
-    @app.post("/generate", response_model=GenerateResponse,
-              responses={404: {"description": "No loaded checkpoint matches; the answer names what is available"},
-                         422: {"description": "Invalid input: the field and the rule"},
-                         503: {"description": "Overloaded; retry after the Retry-After header"}})
-    async def generate(req: GenerateRequest):
+    @app.post("/generate", response_model=GenerateResponse, responses=GENERATE_RESPONSES)
+    async def generate(req: GenerateRequest, request: Request):
         try:
             job = serving.submit(req)
         except ModelNotFound as e:
             return JSONResponse(status_code=404, content={"detail": str(e), "available": e.available})
         except PromptError as e:
             return _unprocessable("prompt", str(e))
+        except TooLarge as e:
+            return _unprocessable(e.field, str(e))
         except Overloaded as e:
             return JSONResponse(status_code=503, content={"detail": str(e)},
-                                headers={"Retry-After": str(RETRY_AFTER_S)})
+                                headers={"Retry-After": str(e.retry_after_s)})
         start = time.perf_counter()
         if req.stream:
             async def stream():
@@ -90,20 +115,26 @@ def create_app(serving: Serving, security: SecurityConfig | None = None) -> Fast
                         metrics.latency.labels("/generate").observe(time.perf_counter() - start)
             return StreamingResponse(stream(), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        async for event, payload in serving.events(job):
-            if event == "done":
-                return JSONResponse(payload)
-            if event == "error":
-                return JSONResponse(status_code=500, content={"detail": payload["error"]})
+        watcher = asyncio.create_task(_cancel_on_disconnect(request, serving, job.id))
+        try:
+            async for event, payload in serving.events(job):
+                if event == "done":
+                    return JSONResponse(payload)
+                if event == "error":
+                    status = 504 if payload.get("code") == "timeout" else 500
+                    return JSONResponse(status_code=status, content={"detail": payload["error"]})
+        finally:
+            watcher.cancel()
 
     @app.get("/models", response_model=ModelList)
     async def models():
         return ModelList(models=registry.model_infos())
 
-    @app.get("/health")
+    @app.get("/health", responses={503: {"description": "A worker stopped, or has been on one step longer than "
+                                                          "the stall limit (`--stall-s`)"}})
     async def health():
-        ok = serving.engine.check_health()
-        return JSONResponse({"status": "ok" if ok else "unhealthy"}, status_code=200 if ok else 503)
+        ok, why = serving.engine.check_health()
+        return JSONResponse({"status": "ok" if ok else "unhealthy", "detail": why}, status_code=200 if ok else 503)
 
     @app.get("/ready")
     async def ready():

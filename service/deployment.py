@@ -37,6 +37,9 @@ class AppArgs(BaseModel):
     public_docs: bool = False
     max_body_bytes: int = Field(1 << 20, ge=1024)
     cors_origins: list[str] = Field(default_factory=list)
+    memory_budget_mb: int = Field(2048, ge=64, description="the most one step of one request may hold")
+    max_timeout_s: float = Field(600.0, gt=0, description="the longest deadline of a request (504 past it)")
+    stall_s: float = Field(120.0, gt=0, description="/health is 503 when a worker is on one step longer")
 
 
 def _asgi_builder(args: AppArgs):
@@ -52,7 +55,8 @@ def _asgi_builder(args: AppArgs):
                                   tuple(args.cors_origins))
         serving = build_serving(args.checkpoints, device=args.device, precision=args.precision,
                                 max_batch_samples=args.max_batch_samples, max_requests=args.max_requests,
-                                threads=args.threads or None)
+                                threads=args.threads or None, memory_budget_mb=args.memory_budget_mb,
+                                max_timeout_s=args.max_timeout_s, stall_s=args.stall_s)
         return create_app(serving, security)
 
     return build

@@ -2,17 +2,22 @@
 not HTTP: each request's outputs are typed (``StepOutput``, ``EngineError``); ``serving`` turns them
 into answers.
 
-Every checkpoint has a batcher: a loop that, at each iteration, takes the admitted requests (up to
-``max_batch_samples`` sequences) and advances each by one denoising step with ONE backbone forward pass
-over all of their sequences (``ttcore.sampling.batch_step``), each with its own settings. Requests join
-and leave between steps, so no request waits for another to finish. Work runs on one compute thread;
-the event loop only moves outputs. A bounded number of admitted requests gives backpressure
-(``Overloaded``); a cancelled request leaves at the next step.
+Every checkpoint has a batcher: a loop that, at each iteration, takes the admitted requests in arrival
+order (first come, first served, up to ``max_batch_samples`` sequences) and advances each by one
+denoising step with ONE backbone forward pass over all of their sequences (``ttcore.sampling.batch_step``),
+each with its own settings. Requests join and leave between steps, so no request waits for another to
+finish. Each checkpoint computes on its own worker thread (a slow model does not stall the others when
+there are cores for both); the event loop only moves outputs. Limits: a bounded number of admitted
+requests (``Overloaded``, with the estimated seconds of work ahead as the retry hint); a deadline per
+request (past it: ``EngineError`` with kind ``timeout``); a bounded backlog of unread outputs per request
+(a reader that falls behind pauses its request; one that stops reading for ``READER_TIMEOUT_S`` is
+cancelled); a cancelled request leaves at the next step.
 """
 
 import asyncio
-import itertools
+import contextlib
 import logging
+import math
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -27,9 +32,14 @@ from .registry import LoadedModel
 
 log = logging.getLogger("ttcore.engine")
 
+MAX_BACKLOG = 8  # unread outputs per request before its request pauses
+READER_TIMEOUT_S = 30.0  # a request whose reader has not read for this long is cancelled
+
 
 class Overloaded(RuntimeError):
-    pass
+    def __init__(self, message: str, retry_after_s: int):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 @dataclass
@@ -45,14 +55,18 @@ class StepOutput:
 
 @dataclass
 class EngineError:
-    """The step failed; the request is over. ``message`` is safe to show (exception type and text)."""
+    """The request is over without an answer: ``kind`` is ``timeout`` (its deadline passed) or ``failed``
+    (a step raised); ``message`` is safe to show."""
     message: str
+    kind: str = "failed"
 
 
 @dataclass
 class Job:
     lm: LoadedModel
     run: GenerationRun
+    cost_s: float = 0.0  # estimated compute of the whole request (admission)
+    timeout_s: float = float("inf")
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     outputs: asyncio.Queue = field(default_factory=asyncio.Queue)
     arrived: float = field(default_factory=time.perf_counter)
@@ -60,6 +74,12 @@ class Job:
     first_output: float | None = None
     cancelled: bool = False
     finished: bool = False
+    paused_since: float | None = None  # its backlog of unread outputs is full
+
+    @property
+    def remaining_s(self) -> float:
+        """Estimated compute still ahead of this request."""
+        return self.cost_s * max(0.0, 1 - self.run.step_index / self.run.steps)
 
 
 class _Batcher:
@@ -70,7 +90,8 @@ class _Batcher:
         self.jobs: list[Job] = []
         self.wake = asyncio.Event()
         self.task: asyncio.Task | None = None
-        self._rotation = itertools.count()
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ttcore-{lm.name}")
+        self.busy_since: float | None = None  # a step is running on the worker since then
 
     def add(self, job: Job) -> None:
         self.jobs.append(job)
@@ -79,38 +100,58 @@ class _Batcher:
             self.task = asyncio.get_running_loop().create_task(self._loop(), name=f"batcher-{self.lm.name}")
 
     def _select(self) -> list[Job]:
-        """Up to max_batch_samples sequences; the start rotates so no request starves."""
-        jobs = self.jobs
-        if not jobs:
-            return []
-        start = next(self._rotation) % len(jobs)
+        """In arrival order, up to max_batch_samples sequences; requests whose reader is behind wait."""
         batch, total = [], 0
-        for job in jobs[start:] + jobs[:start]:
+        for job in self.jobs:
             n = job.run.tokens.shape[0]
-            if batch and total + n > self.engine.max_batch_samples:
+            if job.outputs.qsize() >= MAX_BACKLOG or (batch and total + n > self.engine.max_batch_samples):
                 continue
             batch.append(job)
             total += n
         return batch
 
+    def _expire(self, now: float) -> None:
+        """Cancelled, past-deadline and abandoned requests leave before the next step."""
+        for job in list(self.jobs):
+            if job.cancelled:
+                self._finish(job, cancelled=True)
+            elif now - job.arrived > job.timeout_s:
+                job.outputs.put_nowait(EngineError(f"the request's deadline of {job.timeout_s:g} s passed after "
+                                                   f"{job.run.step_index} of {job.run.steps} steps", "timeout"))
+                self.engine.metrics.timeouts.labels(self.lm.family).inc()
+                self._finish(job)
+            elif job.outputs.qsize() >= MAX_BACKLOG:
+                job.paused_since = job.paused_since or now
+                if now - job.paused_since > READER_TIMEOUT_S:
+                    log.warning("request %s: its reader stopped reading; cancelled", job.id)
+                    self._finish(job, cancelled=True)
+            else:
+                job.paused_since = None
+
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            for job in [j for j in self.jobs if j.cancelled]:
-                self._finish(job, cancelled=True)
-            if not self.jobs:
-                self.wake.clear()
-                await self.wake.wait()
-                continue
+            self._expire(time.perf_counter())
             batch = self._select()
+            if not batch:
+                self.wake.clear()
+                if self.jobs:  # all paused (readers behind) or waiting: look again soon
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self.wake.wait(), 0.25)
+                else:
+                    await self.wake.wait()
+                continue
+            self.busy_since = time.perf_counter()
             try:
-                outputs = await loop.run_in_executor(self.engine.executor, self._step, batch)
+                outputs = await loop.run_in_executor(self.executor, self._step, batch)
             except Exception as e:  # noqa: BLE001 - a failed step fails its requests, not the server
                 log.exception("engine step failed for %s", self.lm.name)
                 for job in batch:
                     job.outputs.put_nowait(EngineError(f"{type(e).__name__}: {e}"))
                     self._finish(job)
                 continue
+            finally:
+                self.busy_since = None
             now = time.perf_counter()
             for job, out in zip(batch, outputs):
                 if job.first_output is None:
@@ -161,24 +202,33 @@ class Engine:
     """Runs ``GenerationRun``s of loaded models: ``submit`` / ``outputs`` / ``abort`` / ``check_health``."""
 
     def __init__(self, *, max_batch_samples: int = 256, max_requests: int = 64, threads: int | None = None,
-                 metrics: Metrics | None = None):
+                 stall_s: float = 120.0, metrics: Metrics | None = None):
         if threads:
             torch.set_num_threads(threads)
-        self.max_batch_samples, self.max_requests = max_batch_samples, max_requests
+        self.max_batch_samples, self.max_requests, self.stall_s = max_batch_samples, max_requests, stall_s
         self.metrics = metrics or Metrics()
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ttcore-compute")
         self._batchers: dict[str, _Batcher] = {}
         self._jobs: dict[str, Job] = {}
 
-    def check_health(self) -> bool:
-        return all(b.task is None or not b.task.done() for b in self._batchers.values())
+    def check_health(self) -> tuple[bool, str]:
+        """(healthy, why not): every batcher loop alive, and no worker on one step longer than ``stall_s``."""
+        now = time.perf_counter()
+        for name, b in self._batchers.items():
+            if b.task is not None and b.task.done():
+                return False, f"the batcher of {name} stopped"
+            if b.busy_since is not None and now - b.busy_since > self.stall_s:
+                return False, f"the worker of {name} has been on one step for {now - b.busy_since:.0f} s"
+        return True, "ok"
 
-    def submit(self, lm: LoadedModel, run: GenerationRun) -> Job:
+    def submit(self, lm: LoadedModel, run: GenerationRun, cost_s: float = 0.0,
+               timeout_s: float = float("inf")) -> Job:
         """Admit a run of ``lm`` (raises Overloaded). Must run on the event loop."""
         if len(self._jobs) >= self.max_requests:
             self.metrics.rejected.inc()
-            raise Overloaded(f"{len(self._jobs)} requests in flight (the limit is {self.max_requests})")
-        job = Job(lm, run)
+            first_free = min(job.remaining_s for job in self._jobs.values())  # when a slot frees up
+            retry = max(1, min(3600, math.ceil(first_free)))
+            raise Overloaded(f"{len(self._jobs)} requests in flight (the limit is {self.max_requests})", retry)
+        job = Job(lm, run, cost_s, timeout_s)
         self._jobs[job.id] = job
         self.metrics.queue_depth.set(len(self._jobs))
         batcher = self._batchers.get(lm.name)
@@ -219,4 +269,4 @@ class Engine:
         for b in self._batchers.values():
             if b.task is not None:
                 b.task.cancel()
-        self.executor.shutdown(wait=False, cancel_futures=True)
+            b.executor.shutdown(wait=False, cancel_futures=True)

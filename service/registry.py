@@ -10,6 +10,7 @@ import torch
 from ttcore.decompositions import DECOMPOSITIONS
 from ttcore.models import CheckpointError, load_for_inference, resolve_precision
 
+from .admission import Speed, calibrate
 from .schema import ModelInfo
 
 log = logging.getLogger("ttcore.registry")
@@ -33,6 +34,7 @@ class LoadedModel:
     model: torch.nn.Module
     tokenizer: object
     info: ModelInfo
+    speed: Speed  # this machine's timings of the model (admission's compute estimates)
 
 
 def _read_card(path: Path) -> str | None:
@@ -82,8 +84,10 @@ class ModelRegistry:
                          rank=cfg.rank, head=cfg.head if cfg.decomposition != "none" else "base",
                          length=cfg.dit.length, vocab_size=cfg.dit.out_vocab,
                          parameters=sum(p.numel() for p in model.parameters()), card=card)
-        log.info("loaded %s: %s %s r=%d", d.name, family, cfg.decomposition, cfg.rank)
-        return LoadedModel(d.name, family, tok.kind, model, tok, info)
+        speed = calibrate(model)
+        log.info("loaded %s: %s %s r=%d; per sequence: %.3f s a step, %.3f s of chain-rule picks", d.name, family,
+                 cfg.decomposition, cfg.rank, speed.predetermined_step, speed.chain_rule)
+        return LoadedModel(d.name, family, tok.kind, model, tok, info, speed)
 
     @property
     def ready(self) -> bool:

@@ -19,6 +19,7 @@ MAX_STEPS = 1024
 MAX_SAMPLES = 256
 MAX_PROMPT_CHARS = 8192
 MIN_TEMPERATURE = 0.01  # below it every draw is the argmax to float precision: use a small value, not 1e-38
+MAX_TIMEOUT_S = 3600
 
 
 class GenerateRequest(BaseModel):
@@ -71,6 +72,12 @@ class GenerateRequest(BaseModel):
         description="A template: known tokens are kept, `[MASK]` placeholders are filled; a template shorter "
                     "than the model length is followed by masks (a prefix for text). SMILES templates may use "
                     "`[PAD]` to fix the end.", examples=["C1CC[MASK][MASK]1"])
+    timeout_s: float | None = Field(
+        None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False,
+        description="Deadline in seconds from arrival (at most the server's `--max-timeout-s`, its default). Past "
+                    "it the request ends: 504, or an `error` event with `code: timeout` when streaming. A request "
+                    "whose estimated compute exceeds it is refused up front with a 422 naming the largest "
+                    "`num_samples` that fits.", examples=[60])
     stream: bool = Field(False, strict=True,
                          description="JSON `true` or `false` only. Stream server-sent events: one `step` event per "
                                      "denoising step, then `done` (or `error`).")

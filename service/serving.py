@@ -6,8 +6,9 @@ import logging
 import time
 from pathlib import Path
 
-from ttcore.sampling import GenerationRun
+from ttcore.sampling import ADAPTIVE, GenerationRun
 
+from . import admission
 from .engine import Engine, EngineError, Job, StepOutput
 from .registry import ModelRegistry
 from .schema import GenerateRequest, GenerateResponse, Sample, StepEvent, Timings
@@ -27,28 +28,48 @@ def smiles_checker():
     return canonical
 
 
-class Serving:
-    """The generation API over a registry of models and an engine."""
+DEFAULT_MEMORY_BUDGET_MB = 2048
+DEFAULT_MAX_TIMEOUT_S = 600.0
 
-    def __init__(self, registry: ModelRegistry, engine: Engine):
+
+class Serving:
+    """The generation API over a registry of models and an engine. ``memory_budget_mb``: the most one step
+    of one request may hold (larger requests are micro-batched); ``max_timeout_s``: the longest deadline
+    (a request's ``timeout_s`` may only shorten it)."""
+
+    def __init__(self, registry: ModelRegistry, engine: Engine, *, memory_budget_mb: int = DEFAULT_MEMORY_BUDGET_MB,
+                 max_timeout_s: float = DEFAULT_MAX_TIMEOUT_S):
         self.registry, self.engine, self.metrics = registry, engine, engine.metrics
+        self.memory_budget, self.max_timeout_s = memory_budget_mb << 20, max_timeout_s
         if any(lm.domain == "smiles" for lm in registry.models):
             smiles_checker()  # says at start-up, not at the first answer, when RDKit is missing
 
     def submit(self, request: GenerateRequest) -> Job:
-        """Admit a request (raises ModelNotFound, PromptError, Overloaded). Must run on the event loop."""
+        """Admit a request (raises ModelNotFound, PromptError, admission.TooLarge, Overloaded). Must run on
+        the event loop."""
         lm = self.registry.resolve(request.model, request.decomposition, request.rank)
         prompt = self.registry.encode_prompt(lm, request.prompt) if request.prompt else None
+        settings = request.sampler_settings()
+        timeout = min(request.timeout_s or self.max_timeout_s, self.max_timeout_s)
+        adaptive = settings["eb_gamma"] is not None or settings["ordering"] in ADAPTIVE
+        exact = lm.info.decomposition == "tt" and (settings["contraction"] == "exact" or settings["temperature"] != 1)
+        try:
+            plan = admission.plan(lm.model, lm.speed, num_samples=request.num_samples, steps=request.steps,
+                                  adaptive=adaptive, exact=exact, timeout_s=timeout, memory_budget=self.memory_budget,
+                                  step_limit_s=self.engine.stall_s / 2)
+        except admission.TooLarge as e:
+            self.metrics.too_large.labels(lm.family, e.field).inc()
+            raise
         run = GenerationRun(lm.model, request.num_samples, request.steps, prompt=prompt, device=self.registry.device,
-                            **request.sampler_settings())
-        return self.engine.submit(lm, run)
+                            max_rows_per_pass=plan.max_rows_per_pass, **settings)
+        return self.engine.submit(lm, run, plan.seconds, timeout)
 
     async def events(self, job: Job):
         """(event, payload) pairs: a ``step`` per denoising step, then ``done`` (the answer) or ``error``;
         closing it early cancels the job."""
         async for out in self.engine.outputs(job):
             if isinstance(out, EngineError):
-                yield "error", {"id": job.id, "error": out.message}
+                yield "error", {"id": job.id, "error": out.message, "code": out.kind}
                 return
             yield "step", self.step_event(job, out).model_dump()
             if out.finished:
@@ -79,7 +100,10 @@ class Serving:
 
 
 def build_serving(checkpoints: str | Path, *, device: str = "cpu", precision: str = "auto",
-                  max_batch_samples: int = 256, max_requests: int = 64, threads: int | None = None) -> Serving:
+                  max_batch_samples: int = 256, max_requests: int = 64, threads: int | None = None,
+                  memory_budget_mb: int = DEFAULT_MEMORY_BUDGET_MB, max_timeout_s: float = DEFAULT_MAX_TIMEOUT_S,
+                  stall_s: float = 120.0) -> Serving:
     """Load every checkpoint under ``checkpoints`` and start an engine over them."""
-    engine = Engine(max_batch_samples=max_batch_samples, max_requests=max_requests, threads=threads)
-    return Serving(ModelRegistry(checkpoints, device, precision), engine)
+    engine = Engine(max_batch_samples=max_batch_samples, max_requests=max_requests, threads=threads, stall_s=stall_s)
+    return Serving(ModelRegistry(checkpoints, device, precision), engine, memory_budget_mb=memory_budget_mb,
+                   max_timeout_s=max_timeout_s)

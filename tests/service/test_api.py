@@ -176,7 +176,7 @@ def test_backpressure_503_with_retry_after(checkpoints):
             while not next(lines).startswith("data: "):
                 pass
             busy = httpx.post(url + "/generate", json=dict(num_samples=1, steps=2))
-            assert busy.status_code == 503 and busy.headers["retry-after"] == "1"
+            assert busy.status_code == 503 and int(busy.headers["retry-after"]) >= 1  # seconds until a slot frees
         deadline = time.time() + 30  # the hung-up stream is cancelled, and the slot comes back
         while httpx.post(url + "/generate", json=dict(num_samples=1, steps=2)).status_code != 200:
             assert time.time() < deadline

@@ -27,3 +27,11 @@ def test_round_trip_padding_and_errors(tmp_path):
     assert tok.tokenize("C[MASK]O", allow_mask=True) == [tok.index["C"], tok.mask_id, tok.index["O"]]
     with pytest.raises(ValueError):
         tok.tokenize("C[MASK]O")
+
+
+def test_templates_fix_end_padding_with_pad():
+    tok = SmilesTokenizer.build(["CC(=O)O", "c1ccncc1", "C#N"])
+    c = tok.index["C"]
+    assert tok.tokenize("CC[MASK][PAD][PAD]", allow_mask=True) == [c, c, tok.mask_id, tok.pad_id, tok.pad_id]
+    with pytest.raises(ValueError, match="'\\[PAD\\]' is not in the vocabulary"):
+        tok.tokenize("CC[PAD]")  # data, not a template: [PAD] is never a SMILES token

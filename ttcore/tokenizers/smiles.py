@@ -46,7 +46,8 @@ class SmilesTokenizer:
         return cls(symbols, length or max(len(t) for t in toks))
 
     def tokenize(self, text: str, allow_mask: bool = False) -> list[int]:
-        """Token ids of one string, not padded. ``allow_mask`` admits [MASK] placeholders (prompts)."""
+        """Token ids of one string, not padded. ``allow_mask`` reads a template (prompts): [MASK] placeholders
+        to fill, and [PAD] to fix a position as end padding (the molecule ends before it)."""
         pieces = re.split(r"(\[MASK\])", text) if allow_mask else [text]
         ids = []
         for piece in pieces:
@@ -54,6 +55,9 @@ class SmilesTokenizer:
                 ids.append(self.mask_id)
                 continue
             for t in smiles_tokens(piece) if piece else []:
+                if t == PAD and allow_mask:
+                    ids.append(self.pad_id)
+                    continue
                 if t not in self.index or t in (PAD, MASK):
                     raise ValueError(f"token {t!r} is not in the vocabulary; known: {' '.join(self.vocab[1:-1])}")
                 ids.append(self.index[t])
