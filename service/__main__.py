@@ -14,6 +14,7 @@ from ttcore.models import PRECISIONS
 
 from . import default_checkpoints
 from .app import create_app
+from .engine import READER_TIMEOUT_S
 from .security import DEFAULT_MAX_BODY_BYTES, SecurityConfig, load_api_keys
 from .serving import DEFAULT_MAX_TIMEOUT_S, DEFAULT_MEMORY_BUDGET_MB, build_serving
 
@@ -52,6 +53,11 @@ def main():
                     help="the longest deadline of a request (its timeout_s may shorten it): 504 past it")
     ap.add_argument("--stall-s", type=float, default=120.0,
                     help="/health answers 503 when a worker has been on one step longer than this")
+    ap.add_argument("--max-step-s", type=float, default=None,
+                    help="admission refuses a request whose longest step is estimated above this (default: half of "
+                         "--stall-s, so a healthy worker never trips /health)")
+    ap.add_argument("--reader-timeout-s", type=float, default=READER_TIMEOUT_S,
+                    help="a request whose client stops reading (its unread backlog full) is cancelled after this")
     args = ap.parse_args()
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     keys = load_api_keys(args.api_key_file, os.environ.get("TTCORE_API_KEY"))
@@ -65,7 +71,8 @@ def main():
     serving = build_serving(args.checkpoints, device=args.device, precision=args.precision,
                             threads=args.threads or None, max_batch_samples=args.max_batch_samples,
                             max_requests=args.max_requests, memory_budget_mb=args.memory_budget_mb,
-                            max_timeout_s=args.max_timeout_s, stall_s=args.stall_s)
+                            max_timeout_s=args.max_timeout_s, stall_s=args.stall_s, max_step_s=args.max_step_s,
+                            reader_timeout_s=args.reader_timeout_s)
     uvicorn.run(create_app(serving, security), host=args.host, port=args.port, log_level=args.log_level)
 
 

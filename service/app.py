@@ -64,6 +64,35 @@ async def _cancel_on_disconnect(request: Request, serving: Serving, job_id: str)
     serving.engine.abort(job_id)
 
 
+class RequestMetrics:
+    """ASGI middleware: requests by route and status, and latency (streams: see the /generate route).
+    Pure ASGI, not BaseHTTPMiddleware, which hides client disconnects from the routes."""
+
+    def __init__(self, app, metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start, seen = time.perf_counter(), {}
+
+        async def send_and_note(message):
+            if message["type"] == "http.response.start":
+                seen["status"] = message["status"]
+                seen["stream"] = any(k == b"content-type" and v.startswith(b"text/event-stream")
+                                     for k, v in message.get("headers", []))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            route = scope.get("route")
+            path = route.path if route is not None else "unmatched"
+            self.metrics.requests.labels(path, str(seen.get("status", 499))).inc()
+            if not seen.get("stream"):
+                self.metrics.latency.labels(path).observe(time.perf_counter() - start)
+
+
 def create_app(serving: Serving, security: SecurityConfig | None = None) -> FastAPI:
     """The API over ``serving``; ``security``: API keys, body limit, CORS (default: open, 1 MiB, no CORS)."""
     security = security or SecurityConfig()
@@ -77,17 +106,7 @@ def create_app(serving: Serving, security: SecurityConfig | None = None) -> Fast
         app.add_middleware(CORSMiddleware, allow_origins=list(security.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["authorization", "content-type"])
     metrics, registry = serving.metrics, serving.registry
-
-    @app.middleware("http")
-    async def count_requests(request: Request, call_next):
-        start = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        path = route.path if route is not None else "unmatched"
-        metrics.requests.labels(path, str(response.status_code)).inc()
-        if not isinstance(response, StreamingResponse) or response.media_type != "text/event-stream":
-            metrics.latency.labels(path).observe(time.perf_counter() - start)
-        return response
+    app.add_middleware(RequestMetrics, metrics=metrics)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
@@ -121,7 +140,7 @@ def create_app(serving: Serving, security: SecurityConfig | None = None) -> Fast
                 if event == "done":
                     return JSONResponse(payload)
                 if event == "error":
-                    status = 504 if payload.get("code") == "timeout" else 500
+                    status = {"timeout": 504, "cancelled": 499}.get(payload.get("code"), 500)  # 499: client gone
                     return JSONResponse(status_code=status, content={"detail": payload["error"]})
         finally:
             watcher.cancel()

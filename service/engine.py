@@ -55,8 +55,8 @@ class StepOutput:
 
 @dataclass
 class EngineError:
-    """The request is over without an answer: ``kind`` is ``timeout`` (its deadline passed) or ``failed``
-    (a step raised); ``message`` is safe to show."""
+    """The request is over without an answer: ``kind`` is ``timeout`` (its deadline passed), ``cancelled``
+    (its client went away or stopped reading) or ``failed`` (a step raised); ``message`` is safe to show."""
     message: str
     kind: str = "failed"
 
@@ -122,7 +122,7 @@ class _Batcher:
                 self._finish(job)
             elif job.outputs.qsize() >= MAX_BACKLOG:
                 job.paused_since = job.paused_since or now
-                if now - job.paused_since > READER_TIMEOUT_S:
+                if now - job.paused_since > self.engine.reader_timeout_s:
                     log.warning("request %s: its reader stopped reading; cancelled", job.id)
                     self._finish(job, cancelled=True)
             else:
@@ -165,6 +165,8 @@ class _Batcher:
         if job in self.jobs:
             self.jobs.remove(job)
             self.engine._release(job, cancelled)
+            if cancelled:  # whoever still waits on its outputs stops waiting
+                job.outputs.put_nowait(EngineError("the request was cancelled", "cancelled"))
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         """The batch's one backbone call, timed (on CUDA, to the end of its kernels)."""
@@ -202,10 +204,11 @@ class Engine:
     """Runs ``GenerationRun``s of loaded models: ``submit`` / ``outputs`` / ``abort`` / ``check_health``."""
 
     def __init__(self, *, max_batch_samples: int = 256, max_requests: int = 64, threads: int | None = None,
-                 stall_s: float = 120.0, metrics: Metrics | None = None):
+                 stall_s: float = 120.0, reader_timeout_s: float = READER_TIMEOUT_S, metrics: Metrics | None = None):
         if threads:
             torch.set_num_threads(threads)
         self.max_batch_samples, self.max_requests, self.stall_s = max_batch_samples, max_requests, stall_s
+        self.reader_timeout_s = reader_timeout_s
         self.metrics = metrics or Metrics()
         self._batchers: dict[str, _Batcher] = {}
         self._jobs: dict[str, Job] = {}

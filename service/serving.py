@@ -9,7 +9,7 @@ from pathlib import Path
 from ttcore.sampling import ADAPTIVE, GenerationRun
 
 from . import admission
-from .engine import Engine, EngineError, Job, StepOutput
+from .engine import READER_TIMEOUT_S, Engine, EngineError, Job, StepOutput
 from .registry import ModelRegistry
 from .schema import GenerateRequest, GenerateResponse, Sample, StepEvent, Timings
 
@@ -38,9 +38,10 @@ class Serving:
     (a request's ``timeout_s`` may only shorten it)."""
 
     def __init__(self, registry: ModelRegistry, engine: Engine, *, memory_budget_mb: int = DEFAULT_MEMORY_BUDGET_MB,
-                 max_timeout_s: float = DEFAULT_MAX_TIMEOUT_S):
+                 max_timeout_s: float = DEFAULT_MAX_TIMEOUT_S, max_step_s: float | None = None):
         self.registry, self.engine, self.metrics = registry, engine, engine.metrics
         self.memory_budget, self.max_timeout_s = memory_budget_mb << 20, max_timeout_s
+        self.max_step_s = engine.stall_s / 2 if max_step_s is None else max_step_s
         if any(lm.domain == "smiles" for lm in registry.models):
             smiles_checker()  # says at start-up, not at the first answer, when RDKit is missing
 
@@ -56,7 +57,7 @@ class Serving:
         try:
             plan = admission.plan(lm.model, lm.speed, num_samples=request.num_samples, steps=request.steps,
                                   adaptive=adaptive, exact=exact, timeout_s=timeout, memory_budget=self.memory_budget,
-                                  step_limit_s=self.engine.stall_s / 2)
+                                  step_limit_s=self.max_step_s)
         except admission.TooLarge as e:
             self.metrics.too_large.labels(lm.family, e.field).inc()
             raise
@@ -102,8 +103,10 @@ class Serving:
 def build_serving(checkpoints: str | Path, *, device: str = "cpu", precision: str = "auto",
                   max_batch_samples: int = 256, max_requests: int = 64, threads: int | None = None,
                   memory_budget_mb: int = DEFAULT_MEMORY_BUDGET_MB, max_timeout_s: float = DEFAULT_MAX_TIMEOUT_S,
-                  stall_s: float = 120.0) -> Serving:
+                  stall_s: float = 120.0, max_step_s: float | None = None,
+                  reader_timeout_s: float = READER_TIMEOUT_S) -> Serving:
     """Load every checkpoint under ``checkpoints`` and start an engine over them."""
-    engine = Engine(max_batch_samples=max_batch_samples, max_requests=max_requests, threads=threads, stall_s=stall_s)
+    engine = Engine(max_batch_samples=max_batch_samples, max_requests=max_requests, threads=threads, stall_s=stall_s,
+                    reader_timeout_s=reader_timeout_s)
     return Serving(ModelRegistry(checkpoints, device, precision), engine, memory_budget_mb=memory_budget_mb,
-                   max_timeout_s=max_timeout_s)
+                   max_timeout_s=max_timeout_s, max_step_s=max_step_s)

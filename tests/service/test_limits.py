@@ -1,0 +1,159 @@
+"""Limits, against real uvicorn servers: admission by cost, deadlines, abandoned and unread requests,
+a stalled worker, and the reproductions of the robustness review (each a regression test)."""
+
+import re
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from common import metric
+from servers import start_uvicorn
+
+pytestmark = pytest.mark.slow  # servers
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _until(predicate, timeout=30.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _stop(proc):
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_the_reviewed_oom_request_is_refused_up_front_on_the_bundled_checkpoints():
+    """{"model":"text","ordering":"top_prob","num_samples":138,"steps":621} got the server OOM-killed."""
+    proc, url = start_uvicorn(ROOT / "checkpoints", "--precision", "bf16")
+    try:
+        body = {"model": "text", "ordering": "top_prob", "num_samples": 138, "steps": 621}
+        r = httpx.post(url + "/generate", json=body, timeout=60)
+        assert r.status_code == 422, r.text
+        detail = r.json()["detail"][0]
+        assert detail["loc"] == ["body", "num_samples"] and "at most" in detail["msg"]
+        fit = int(re.search(r"at most (\d+)", detail["msg"]).group(1))
+        assert 1 <= fit < 138
+        assert httpx.get(url + "/health").status_code == 200
+        ok = httpx.post(url + "/generate", json={"model": "qm9", "num_samples": 4, "steps": 8, "seed": 0}, timeout=60)
+        assert ok.status_code == 200 and len(ok.json()["samples"]) == 4
+    finally:
+        _stop(proc)
+
+
+def test_compute_admission_names_the_largest_num_samples_and_that_one_fits(checkpoints):
+    proc, url = start_uvicorn(checkpoints, "--max-timeout-s", "3")
+    try:
+        body = dict(model="qm9", ordering="entropy", steps=64, seed=0)
+        r = httpx.post(url + "/generate", json=dict(body, num_samples=256), timeout=60)
+        if r.status_code == 200:
+            pytest.skip("this machine computes 256 adaptive samples within 3 s: nothing to refuse")
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "num_samples"]
+        fit = int(re.search(r"at most (\d+)", r.json()["detail"][0]["msg"]).group(1))
+        t0 = time.time()
+        ok = httpx.post(url + "/generate", json=dict(body, num_samples=fit), timeout=60)
+        assert ok.status_code == 200 and len(ok.json()["samples"]) == fit
+        assert time.time() - t0 < 3 + 2  # the estimate is honest: it finishes within the deadline (+ slack)
+        assert metric(httpx.get(url + "/metrics").text, "ttcore_too_large_total", 'field="num_samples"') == 1
+    finally:
+        _stop(proc)
+
+
+def test_memory_budget_micro_batches_large_requests(checkpoints):
+    """A budget of a few MB: a 64-sequence adaptive request is drawn in micro-batches and answers."""
+    proc, url = start_uvicorn(checkpoints, "--memory-budget-mb", "8")
+    try:
+        r = httpx.post(url + "/generate", json=dict(model="qm9", decomposition="tt", ordering="entropy",
+                                                    num_samples=64, steps=8, seed=0), timeout=120)
+        assert r.status_code == 200 and len(r.json()["samples"]) == 64
+        tiny = httpx.post(url + "/generate", json=dict(model="qm9", num_samples=1, steps=2), timeout=60)
+        assert tiny.status_code == 200
+    finally:
+        _stop(proc)
+
+
+def test_deadlines_answer_504_and_end_streams_with_a_timeout_event(checkpoints):
+    proc, url = start_uvicorn(checkpoints, "--max-batch-samples", "256")
+    try:
+        big = threading.Thread(target=lambda: httpx.post(url + "/generate", json=dict(
+            num_samples=256, steps=1000, ordering="entropy"), timeout=300))  # fills the batch: the next wait
+        big.start()
+        assert _until(lambda: metric(httpx.get(url + "/metrics").text, "ttcore_tokens_generated_total") > 0)
+        answers = []
+        small = threading.Thread(target=lambda: answers.append(httpx.post(url + "/generate", json=dict(
+            num_samples=1, steps=4, timeout_s=0.5), timeout=60)))
+        small.start()
+        events, event = [], None
+        with httpx.stream("POST", url + "/generate", json=dict(num_samples=1, steps=4, timeout_s=0.5,
+                                                              stream=True), timeout=60) as s:
+            for line in s.iter_lines():
+                if line.startswith("event: "):
+                    event = line[7:]
+                elif line.startswith("data: "):
+                    events.append((event, line))
+        assert events[-1][0] == "error" and '"code":"timeout"' in events[-1][1]
+        small.join()
+        assert answers[0].status_code == 504 and "deadline" in answers[0].json()["detail"]
+        assert metric(httpx.get(url + "/metrics").text, "ttcore_timeouts_total") == 2
+        big.join()
+    finally:
+        _stop(proc)
+
+
+def test_a_non_streaming_client_that_gives_up_cancels_its_work(checkpoints):
+    proc, url = start_uvicorn(checkpoints)
+    try:
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(url + "/generate", json=dict(model="text", num_samples=256, steps=1000, ordering="entropy"),
+                       timeout=1.0)  # about 6 s of work
+        assert _until(lambda: metric(httpx.get(url + "/metrics").text, "ttcore_cancelled_total") == 1, 10)
+        t0 = time.time()
+        small = httpx.post(url + "/generate", json=dict(model="text", num_samples=1, steps=4), timeout=60)
+        assert small.status_code == 200 and time.time() - t0 < 2  # nothing abandoned is left ahead of it
+    finally:
+        _stop(proc)
+
+
+def test_a_stream_nobody_reads_is_cancelled_after_a_bounded_backlog(checkpoints):
+    proc, url = start_uvicorn(checkpoints, "--reader-timeout-s", "1")
+    try:
+        with httpx.stream("POST", url + "/generate", json=dict(model="text", num_samples=256, steps=1000,
+                                                               stream=True), timeout=60):
+            assert _until(lambda: metric(httpx.get(url + "/metrics").text, "ttcore_cancelled_total") == 1, 60)
+            text = httpx.get(url + "/metrics").text
+            assert metric(text, "ttcore_queue_depth") == 0
+            steps = metric(text, "ttcore_tokens_generated_total", 'model="text"') / 256
+            assert steps < 1000 * 32 / 1000  # it stopped early: far fewer tokens than a finished request
+    finally:
+        _stop(proc)
+
+
+def test_health_turns_503_while_a_worker_is_stalled_on_one_step(checkpoints):
+    proc, url = start_uvicorn(checkpoints, "--stall-s", "0.05", "--max-step-s", "1000")
+    try:
+        seen = []
+        worker = threading.Thread(target=lambda: seen.append(httpx.post(url + "/generate", json=dict(
+            model="text", ordering="entropy", num_samples=256, steps=1, seed=0), timeout=300)))
+        worker.start()
+        unhealthy = []
+        assert _until(lambda: unhealthy.append(httpx.get(url + "/health")) or unhealthy[-1].status_code == 503, 60)
+        assert "has been on one step" in unhealthy[-1].json()["detail"]
+        worker.join()
+        assert seen[0].status_code == 200  # the step was slow, not lost
+        assert _until(lambda: httpx.get(url + "/health").status_code == 200, 10)
+    finally:
+        _stop(proc)
+
+
+def test_openapi_documents_the_real_status_codes_and_content_types(server):
+    spec = httpx.get(server + "/openapi.json").json()
+    generate = spec["paths"]["/generate"]["post"]["responses"]
+    assert {"200", "404", "413", "422", "503", "504"} <= set(generate)
+    assert {"application/json", "text/event-stream"} <= set(generate["200"]["content"])
+    assert "503" in spec["paths"]["/health"]["get"]["responses"]
