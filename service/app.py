@@ -11,7 +11,7 @@ import time
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from .admission import TooLarge
 from .engine import Overloaded
@@ -40,11 +40,14 @@ def public_errors(errors) -> list[dict]:
              "type": str(e.get("type", "value_error"))} for e in errors]
 
 
+SSE_EVENT = {"type": "object", "required": ["event", "data"], "properties": {
+    "event": {"type": "string", "enum": ["step", "done", "error"]},
+    "data": {"type": "string", "description": "JSON: a StepEvent, a GenerateResponse or {id, error, code}"}}}
 GENERATE_RESPONSES = {
     200: {"description": "The samples (JSON); with `stream: true` a server-sent-event stream instead: `event: step` "
                          "per denoising step (StepEvent), then `event: done` (the JSON answer) or `event: error` "
                          "(`{id, error, code}`, code `timeout` or `failed`)",
-          "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+          "content": {"text/event-stream": {"schema": SSE_EVENT}}},
     400: {"description": "The body is not JSON"},
     401: {"description": "Missing or unknown API key (when keys are configured)"},
     404: {"description": "No loaded checkpoint matches; the answer names what is available"},
@@ -161,7 +164,8 @@ def create_app(serving: Serving, security: SecurityConfig | None = None) -> Fast
             return {"status": "ready", "models": len(registry.models), "refused": registry.refused}
         return JSONResponse({"status": "no models loaded", "refused": registry.refused}, status_code=503)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse,
+             responses={200: {"description": "Prometheus text format 0.0.4"}, 401: {"description": "Key needed"}})
     async def prometheus():
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 

@@ -20,6 +20,7 @@ MAX_SAMPLES = 256
 MAX_PROMPT_CHARS = 8192
 MIN_TEMPERATURE = 0.01  # below it every draw is the argmax to float precision: use a small value, not 1e-38
 MAX_TIMEOUT_S = 3600
+MAX_SEED = 2**53 - 1  # the largest integer every JSON reader holds exactly
 
 
 class GenerateRequest(BaseModel):
@@ -65,8 +66,9 @@ class GenerateRequest(BaseModel):
                             "exact with respect to that head's Gbar, not to the cores); `exact`: the sum of "
                             "the cores themselves (exact with respect to the TT; all V x r x r outputs on "
                             "every masked position). At temperature != 1 both use the exact sum.")
-    seed: int | None = Field(None, ge=0, le=2**62, description="RNG seed: the same seed gives the same output "
-                                                              "on the same device.", examples=[0])
+    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="RNG seed, 0..2^53-1 (exact in JSON): the same "
+                                                                  "seed gives the same output on the same device.",
+                             examples=[0])
     prompt: str | None = Field(
         None, max_length=MAX_PROMPT_CHARS,
         description="A template: known tokens are kept, `[MASK]` placeholders are filled; a template shorter "
