@@ -41,3 +41,10 @@ def test_service_load_smoke():
                  timeout=600)
     assert re.search(r"^\s+2 \|.*x \|\s+\d+%$", out, re.M), out
     assert "speed-up bound if only the forward counted: 2 clients" in out, out
+
+
+def test_request_memory_smoke():
+    out = _bench(ROOT / "benchmarks" / "request_memory.py", "--smoke")
+    rows = [line for line in out.splitlines() if re.match(r"\s+qm9-tt-r8\s+16 ", line)]
+    assert len(rows) == 2 and all(re.search(r"\|\s+-?\d+\s+\d+\s+-?[\d.]+$", r) for r in rows), out
+    assert "largest measured / estimated" in out

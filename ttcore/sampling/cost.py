@@ -5,7 +5,7 @@ micro-batches requests by it. Calibrated against peak RSS on the bundled checkpo
 from ttcore.decompositions import DECOMPOSITIONS
 from ttcore.decompositions.tt import EXACT_CHUNK
 
-CHAIN_RULE_COPIES = 4  # full factors / cores alive at once in a chain-rule step (measured 3.2-3.9 at text size)
+CHAIN_RULE_COPIES = 4.5  # full factors / cores alive at once in a chain-rule step (measured 3.2-4.1 at text size)
 ROW_SLACK_BYTES = 2 << 20  # per sequence: features, marginals, scores (measured 1.2 MB at QM9 size)
 FORWARD_BYTES_PER_TOKEN_WIDTH = 48  # backbone activations per token per hidden unit (bf16 and float32 mixed)
 
@@ -16,7 +16,7 @@ def chain_rule_row_bytes(cfg) -> int:
     l, v = cfg.dit.length, cfg.dit.out_vocab
     e = DECOMPOSITIONS[cfg.decomposition].outputs_per_position(cfg.rank)
     width = 8 if cfg.decomposition == "none" else 4
-    return CHAIN_RULE_COPIES * l * v * e * width + ROW_SLACK_BYTES
+    return int(CHAIN_RULE_COPIES * l * v * e * width) + ROW_SLACK_BYTES
 
 
 def predetermined_row_bytes(cfg) -> int:
