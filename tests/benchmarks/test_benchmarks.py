@@ -48,3 +48,11 @@ def test_request_memory_smoke():
     rows = [line for line in out.splitlines() if re.match(r"\s+qm9-tt-r8\s+16 ", line)]
     assert len(rows) == 2 and all(re.search(r"\|\s+-?\d+\s+\d+\s+-?[\d.]+$", r) for r in rows), out
     assert "largest measured / estimated" in out
+
+
+def test_soak_smoke(checkpoints):
+    out = _bench(ROOT / "benchmarks" / "soak.py", "--checkpoints", checkpoints, "--clients", "2", "--minutes", "0.1",
+                 timeout=600)
+    rows = {m: line for line in out.splitlines() for m in ("embedded", "ray") if line.strip().startswith(m)}
+    assert set(rows) == {"embedded", "ray"}, out
+    assert all(int(line.split("|")[2].split()[1]) == 0 for line in rows.values()), out  # no errors
