@@ -20,7 +20,7 @@ COPY service service
 RUN pip install ".[chem,serve,text]"  # the project itself; its dependency ranges live in pyproject.toml
 
 FROM ${PYTHON_IMAGE}
-RUN useradd --create-home --uid 1000 ttcore
+RUN useradd --create-home --uid 1000 ttcore && install -d -o ttcore -g ttcore -m 700 /home/ttcore/ray-auth
 COPY --from=build /opt/venv /opt/venv
 WORKDIR /app
 COPY --chown=ttcore:ttcore checkpoints checkpoints
@@ -30,7 +30,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     TTCORE_MODE=ray \
     TTCORE_CHECKPOINTS=/app/checkpoints \
     PORT=8000 \
-    RAY_AUTH_MODE=disabled
+    RAY_AUTH_MODE=token \
+    RAY_AUTH_TOKEN_PATH=/home/ttcore/ray-auth/token
 USER 1000
 EXPOSE 8000 8080
 HEALTHCHECK --interval=15s --timeout=5s --start-period=90s --retries=3 \

@@ -47,6 +47,10 @@ def main():
     ap.add_argument("--public-docs", action="store_true", help="serve /docs, /redoc, /openapi.json without a key")
     ap.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="larger bodies get 413")
     ap.add_argument("--cors-origins", nargs="*", default=[], help="origins allowed by CORS (default: none)")
+    ap.add_argument("--key-max-concurrency", type=int, default=16,
+                    help="with API keys: requests in flight per key (429 over it; 0: unlimited)")
+    ap.add_argument("--key-rate-per-minute", type=int, default=600,
+                    help="with API keys: requests per minute per key (429 with Retry-After over it; 0: unlimited)")
     ap.add_argument("--memory-budget-mb", type=int, default=DEFAULT_MEMORY_BUDGET_MB,
                     help="the most one step of one request may hold; larger requests are drawn in micro-batches")
     ap.add_argument("--max-timeout-s", type=float, default=DEFAULT_MAX_TIMEOUT_S,
@@ -62,7 +66,7 @@ def main():
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     keys = load_api_keys(args.api_key_file, os.environ.get("TTCORE_API_KEY"))
     security = SecurityConfig(keys, args.max_body_bytes, args.public_metrics, args.public_docs,
-                              tuple(args.cors_origins))
+                              tuple(args.cors_origins), args.key_max_concurrency, args.key_rate_per_minute)
     if keys:
         log.info("API keys: %d configured", len(keys))
     elif not _loopback(args.host):

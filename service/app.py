@@ -103,7 +103,7 @@ def create_app(serving: Serving, security: SecurityConfig | None = None) -> Fast
                   description="Few-step masked diffusion with CP / Tensor-Train joint distributions. With API "
                               "keys configured, every route but /health and /ready needs `Authorization: Bearer "
                               "<key>` (/metrics and the docs unless the server makes them public).")
-    app.add_middleware(SecurityMiddleware, config=security)
+    app.add_middleware(SecurityMiddleware, config=security, metrics=serving.metrics)
     if security.cors_origins:  # added last: outermost, so preflight requests are answered before the key check
         from fastapi.middleware.cors import CORSMiddleware
         app.add_middleware(CORSMiddleware, allow_origins=list(security.cors_origins), allow_methods=["GET", "POST"],

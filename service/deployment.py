@@ -37,6 +37,8 @@ class AppArgs(BaseModel):
     public_docs: bool = False
     max_body_bytes: int = Field(1 << 20, ge=1024)
     cors_origins: list[str] = Field(default_factory=list)
+    key_max_concurrency: int = Field(16, ge=0, description="with API keys: requests in flight per key (per replica)")
+    key_rate_per_minute: int = Field(600, ge=0, description="with API keys: requests per minute per key (per replica)")
     memory_budget_mb: int = Field(2048, ge=64, description="the most one step of one request may hold")
     max_timeout_s: float = Field(600.0, gt=0, description="the longest deadline of a request (504 past it)")
     stall_s: float = Field(120.0, gt=0, description="/health is 503 when a worker is on one step longer")
@@ -52,7 +54,7 @@ def _asgi_builder(args: AppArgs):
 
         keys = load_api_keys(args.api_key_file, os.environ.get("TTCORE_API_KEY"))  # on the replica, not the driver
         security = SecurityConfig(keys, args.max_body_bytes, args.public_metrics, args.public_docs,
-                                  tuple(args.cors_origins))
+                                  tuple(args.cors_origins), args.key_max_concurrency, args.key_rate_per_minute)
         serving = build_serving(args.checkpoints, device=args.device, precision=args.precision,
                                 max_batch_samples=args.max_batch_samples, max_requests=args.max_requests,
                                 threads=args.threads or None, memory_budget_mb=args.memory_budget_mb,

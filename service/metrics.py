@@ -33,6 +33,10 @@ class Metrics:
                                      buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 1024), registry=r)
         self.rejected = Counter("ttcore_rejected", "Requests refused by backpressure", registry=r)
         self.cancelled = Counter("ttcore_cancelled", "Requests cancelled before finishing", registry=r)
+        self.key_requests = Counter("ttcore_key_requests", "Compute requests per API key id (never the key)",
+                                    ["key"], registry=r)
+        self.key_limited = Counter("ttcore_key_limited", "Requests refused (429) by a per-key limit",
+                                   ["key", "reason"], registry=r)
         self.timeouts = Counter("ttcore_timeouts", "Requests ended by their deadline", ["model"], registry=r)
         self.too_large = Counter("ttcore_too_large", "Requests refused by admission (422): more compute or "
                                  "memory than the server's limits", ["model", "field"], registry=r)

@@ -12,17 +12,25 @@ body, so an oversized body is refused without being read):
   Keys never leave this module: callers see a key id (``key1``, ``key2``, ... in configuration order).
 - Body limit: a request whose Content-Length exceeds ``max_body_bytes`` gets 413 at once; a body sent
   without a length (chunked) is counted as it arrives and refused with 413 when it passes the limit.
+- Per-key limits (with keys configured), on the routes that compute (``COMPUTE_ROUTES``): at most
+  ``key_max_concurrency`` requests in flight per key (a stream counts until it ends) and
+  ``key_rate_per_minute`` requests per minute (a token bucket: that many at once, refilled evenly);
+  over either, 429 with ``Retry-After``. Counted per key id in ``ttcore_key_requests_total`` and
+  ``ttcore_key_limited_total``.
 """
 
 import hmac
 import json
+import math
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 ALWAYS_OPEN = ("/health", "/ready")
 DOCS = ("/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect")
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: the largest valid request (an 8192-character prompt) is far below
+COMPUTE_ROUTES = {("POST", "/generate")}
 
 
 def load_api_keys(path: str | os.PathLike | None = None, env: str | None = None) -> tuple[str, ...]:
@@ -48,6 +56,8 @@ class SecurityConfig:
     public_metrics: bool = False
     public_docs: bool = False
     cors_origins: tuple[str, ...] = field(default=())
+    key_max_concurrency: int = 16  # per key; 0: unlimited
+    key_rate_per_minute: int = 600  # per key; 0: unlimited
 
     def key_id(self, presented: str) -> str | None:
         """The id of the configured key equal to ``presented`` (constant time per key), else None."""
@@ -75,11 +85,40 @@ async def _send_json(send, status: int, detail: str, headers: list[tuple[bytes, 
     await send({"type": "http.response.body", "body": body})
 
 
-class SecurityMiddleware:
-    """ASGI middleware: API keys, then the body-size limit. The key id goes to ``scope["state"]``."""
+class KeyLimits:
+    """Per key id: requests in flight and a token bucket of ``rate_per_minute`` (capacity the same)."""
 
-    def __init__(self, app, config: SecurityConfig):
-        self.app, self.config = app, config
+    def __init__(self, max_concurrency: int, rate_per_minute: int, clock=time.monotonic):
+        self.max_concurrency, self.rate, self.clock = max_concurrency, rate_per_minute, clock
+        self.in_flight: dict[str, int] = {}
+        self.buckets: dict[str, tuple[float, float]] = {}  # key id -> (tokens, at)
+
+    def acquire(self, key_id: str) -> tuple[str, int] | None:
+        """None when admitted (release it later), else (reason, retry-after seconds)."""
+        if self.max_concurrency and self.in_flight.get(key_id, 0) >= self.max_concurrency:
+            return "concurrency", 1
+        if self.rate:
+            now = self.clock()
+            tokens, at = self.buckets.get(key_id, (float(self.rate), now))
+            tokens = min(float(self.rate), tokens + (now - at) * self.rate / 60)
+            if tokens < 1:
+                self.buckets[key_id] = (tokens, now)
+                return "rate", max(1, math.ceil((1 - tokens) * 60 / self.rate))
+            self.buckets[key_id] = (tokens - 1, now)
+        self.in_flight[key_id] = self.in_flight.get(key_id, 0) + 1
+        return None
+
+    def release(self, key_id: str) -> None:
+        self.in_flight[key_id] -= 1
+
+
+class SecurityMiddleware:
+    """ASGI middleware: API keys, the body-size limit, then per-key limits. The key id goes to
+    ``scope["state"]``. ``metrics`` (optional) counts requests and refusals per key id."""
+
+    def __init__(self, app, config: SecurityConfig, metrics=None):
+        self.app, self.config, self.metrics = app, config, metrics
+        self.limits = KeyLimits(config.key_max_concurrency, config.key_rate_per_minute)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -114,7 +153,24 @@ class SecurityMiddleware:
                 if received > cfg.max_body_bytes:
                     return await _send_json(send, 413, f"request body over the limit of {cfg.max_body_bytes} bytes")
             receive = _replay(b"".join(chunks), receive)
-        await self.app(scope, receive, send)
+        key_id = scope.get("state", {}).get("key_id")
+        if key_id is None or (scope["method"], scope["path"]) not in COMPUTE_ROUTES:
+            return await self.app(scope, receive, send)
+        refused = self.limits.acquire(key_id)
+        if self.metrics is not None:
+            self.metrics.key_requests.labels(key_id).inc()
+        if refused is not None:
+            reason, retry = refused
+            if self.metrics is not None:
+                self.metrics.key_limited.labels(key_id, reason).inc()
+            limit = (f"{cfg.key_max_concurrency} requests in flight" if reason == "concurrency"
+                     else f"{cfg.key_rate_per_minute} requests per minute")
+            return await _send_json(send, 429, f"{key_id} is over its limit of {limit}",
+                                    [(b"retry-after", str(retry).encode())])
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.limits.release(key_id)
 
 
 def _replay(body: bytes, receive):

@@ -43,6 +43,30 @@ def test_compose_file_is_valid():
                 assert port.startswith("127.0.0.1:"), (name, port)
 
 
+def test_secrets_come_from_the_environment_and_ray_requires_its_token():
+    """Compose, the KubeRay manifest and the image enable Ray's token auth; no secret value is committed:
+    the API key and Ray's token come from the environment / an uncommitted .env, or Kubernetes Secrets."""
+    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    for name in ("ttcore", "ray-worker"):
+        env = compose["services"][name]["environment"]
+        assert env["RAY_AUTH_MODE"] == "token" and env["RAY_AUTH_TOKEN"] == "${RAY_AUTH_TOKEN:-}"
+        assert env["TTCORE_API_KEY"] == "${TTCORE_API_KEY:-}"
+    assert compose["services"]["prometheus"]["secrets"] == ["api_key"]
+    assert compose["secrets"]["api_key"] == {"environment": "TTCORE_METRICS_KEY"}
+    scrape = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())["scrape_configs"][0]
+    assert scrape["authorization"]["credentials_file"] == "/run/secrets/api_key"
+    assert ".env" in (ROOT / ".gitignore").read_text().split() and not (ROOT / ".env").exists()
+    docs = list(yaml.safe_load_all((ROOT / "deploy" / "kuberay" / "rayservice.yaml").read_text()))
+    cluster = next(d for d in docs if d["kind"] == "RayService")["spec"]["rayClusterConfig"]
+    pods = [cluster["headGroupSpec"]] + cluster["workerGroupSpecs"]
+    for pod in pods:
+        env = {e["name"]: e for e in pod["template"]["spec"]["containers"][0]["env"]}
+        assert env["RAY_AUTH_MODE"]["value"] == "token"
+        assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "ttcore-ray-token"
+        assert env["TTCORE_API_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "ttcore-api-keys"
+    assert "RAY_AUTH_MODE=token" in (ROOT / "Dockerfile").read_text()
+
+
 def test_dockerfile_does_not_expose_ray_internals():
     exposed = [line.split()[1:] for line in (ROOT / "Dockerfile").read_text().splitlines() if line.startswith("EXPOSE")]
     assert exposed and not {"6379", "8265"} & {p for ports in exposed for p in ports}, exposed
@@ -121,13 +145,21 @@ def test_container_command_embedded_mode_serves(entrypoint, checkpoints):
 def test_container_command_ray_mode_serves(entrypoint, checkpoints):
     """The image's default command: a Ray head, then `serve run deploy/serve_config.yaml` (port 8000)."""
     temp = tempfile.mkdtemp(prefix="rayd", dir="/tmp")
+    token = Path(temp) / "auth" / "token"  # the image's token auth, its token file made by the head
     env = _container_env(TTCORE_CHECKPOINTS=str(checkpoints), RAY_START_ARGS=f"--temp-dir={temp} --num-cpus=2",
-                         OMP_NUM_THREADS="1")
+                         OMP_NUM_THREADS="1", RAY_AUTH_TOKEN_PATH=str(token))
+    env.pop("RAY_AUTH_TOKEN", None)
+    assert env["RAY_AUTH_MODE"] == "token"
     proc = subprocess.Popen(["sh", entrypoint], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_ready("http://127.0.0.1:8000", 240, proc)
         models = httpx.get("http://127.0.0.1:8000/models").json()["models"]
         assert len(models) == 4
+        assert token.stat().st_mode & 0o777 == 0o600 and len(token.read_text().strip()) == 64
+        dashboard = "http://127.0.0.1:8265/api/version"
+        assert httpx.get(dashboard, timeout=10).status_code == 401  # no token: no dashboard, no job submission
+        ok = httpx.get(dashboard, headers={"authorization": f"Bearer {token.read_text().strip()}"}, timeout=10)
+        assert ok.status_code == 200
     finally:
         proc.terminate()
         try:

@@ -41,7 +41,7 @@ def test_truncated_or_corrupted_checkpoint_is_refused(tmp_path):
     weights.write_bytes(data)
     load_checkpoint(path)
     (path / "config.json").write_text("{not json")
-    with pytest.raises(CheckpointError, match="not valid JSON"):
+    with pytest.raises(CheckpointError, match="not readable UTF-8 JSON"):
         load_checkpoint(path)
     with pytest.raises(CheckpointError, match="config.json is missing"):
         load_checkpoint(tmp_path)

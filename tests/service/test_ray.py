@@ -1,5 +1,10 @@
 """The same app under a real local Ray Serve application, through Ray's HTTP proxy (serving bf16)."""
 
+import os
+import signal
+import time
+from pathlib import Path
+
 import httpx
 import pytest
 from common import lone_run_texts, stream_events
@@ -21,3 +26,49 @@ def test_ray_serve_streams_and_validates(ray_server, checkpoints):
     r = httpx.post(ray_server + "/generate", json=dict(model="nope"))
     assert r.status_code == 404
     assert "ttcore_requests_total" in httpx.get(ray_server + "/metrics").text
+
+
+def _replica_pids() -> list[int]:
+    pids = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                cmd = (p / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if "ServeReplica" in cmd and "TTCore" in cmd:
+                pids.append(int(p.name))
+    return pids
+
+
+def test_a_killed_replica_ends_its_stream_and_is_replaced(ray_server):
+    """SIGKILL the replica mid-stream: the client's stream ends (no hang, no `done`), Serve starts a new
+    replica, and a new request succeeds within 30 s."""
+    (pid,) = _replica_pids()
+    events, ended = [], None
+    t0 = time.time()
+    try:
+        with httpx.stream("POST", ray_server + "/generate", json=dict(model="text", num_samples=64, steps=1000,
+                                                                      ordering="entropy", stream=True),
+                          timeout=httpx.Timeout(60, read=30)) as r:
+            for line in r.iter_lines():
+                if line.startswith("event: "):
+                    events.append(line[7:])
+                    if len(events) == 2:
+                        os.kill(pid, signal.SIGKILL)
+                        t0 = time.time()
+        ended = "closed"
+    except httpx.HTTPError as e:
+        ended = type(e).__name__
+    assert "done" not in events and time.time() - t0 < 30, (ended, events[-3:])
+    deadline = time.time() + 30
+    while True:
+        try:
+            r = httpx.post(ray_server + "/generate", json=dict(num_samples=1, steps=2), timeout=10)
+            if r.status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert time.time() < deadline, "no replica answered within 30 s of the kill"
+        time.sleep(0.5)
+    assert _replica_pids() and pid not in _replica_pids()

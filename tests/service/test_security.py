@@ -97,3 +97,30 @@ def test_no_answer_reveals_a_path(keyed, checkpoints):
 def test_open_server_has_no_cors_and_no_key_check(server):
     r = httpx.get(server + "/models", headers={"origin": "https://ok.example"})
     assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+
+
+def test_per_key_concurrency_and_rate_limits_answer_429_and_count_per_key_id(checkpoints):
+    proc, url = start_uvicorn(checkpoints, "--key-max-concurrency", "1", "--key-rate-per-minute", "4",
+                              env={"TTCORE_API_KEY": f"{KEY},{OTHER}"})
+    other = {"authorization": f"Bearer {OTHER}"}
+    try:
+        with httpx.stream("POST", url + "/generate", headers=AUTH, timeout=60,
+                          json=dict(model="text", num_samples=64, steps=1000, ordering="entropy", stream=True)) as r:
+            lines = r.iter_lines()
+            while not next(lines).startswith("data: "):
+                pass  # key1 now has one request in flight
+            busy = httpx.post(url + "/generate", json=BODY, headers=AUTH)
+            assert busy.status_code == 429 and busy.headers["retry-after"] == "1"
+            assert "key1" in busy.json()["detail"] and "in flight" in busy.json()["detail"]
+            assert httpx.post(url + "/generate", json=BODY, headers=other, timeout=60).status_code == 200  # key2 free
+        codes = [httpx.post(url + "/generate", json=BODY, headers=other, timeout=60).status_code for _ in range(4)]
+        assert codes == [200, 200, 200, 429]  # key2's bucket of 4 per minute is empty after 4 requests
+        limited = httpx.post(url + "/generate", json=BODY, headers=other)
+        assert limited.status_code == 429 and 1 <= int(limited.headers["retry-after"]) <= 15
+        text = httpx.get(url + "/metrics", headers=AUTH).text
+        assert 'ttcore_key_limited_total{key="key1",reason="concurrency"} 1.0' in text
+        assert 'ttcore_key_limited_total{key="key2",reason="rate"} 2.0' in text
+        assert KEY not in text and OTHER not in text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
