@@ -30,8 +30,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     TTCORE_MODE=ray \
     TTCORE_CHECKPOINTS=/app/checkpoints \
     PORT=8000 \
-    RAY_AUTH_MODE=token \
-    RAY_AUTH_TOKEN_PATH=/home/ttcore/ray-auth/token
+    RAY_AUTH_MODE=token
 USER 1000
 EXPOSE 8000 8080
 HEALTHCHECK --interval=15s --timeout=5s --start-period=90s --retries=3 \

@@ -4,8 +4,8 @@
 #   TTCORE_MODE=embedded  the same FastAPI app under uvicorn, no Ray
 #   TTCORE_MODE=worker    a Ray worker joining RAY_HEAD (docker compose up --scale ray-worker=N)
 # Ray token authentication (RAY_AUTH_MODE=token, the image's default): the token is $RAY_AUTH_TOKEN, or the
-# file $RAY_AUTH_TOKEN_PATH, which the head creates (random, mode 600) when it is missing and workers
-# sharing that volume wait for. Nothing of it is committed.
+# file $RAY_AUTH_TOKEN_PATH (default ~/ray-auth/token), which the head creates (random, mode 600) when it is
+# missing and workers sharing that volume wait for. Nothing of it is committed.
 set -eu
 cd "$(dirname "$0")/.."
 MODE="${TTCORE_MODE:-ray}"
@@ -16,7 +16,9 @@ ray_token() {  # $1: head or worker
   if [ "${RAY_AUTH_MODE:-disabled}" != token ] || [ -n "${RAY_AUTH_TOKEN:-}" ]; then
     return 0
   fi
-  file="${RAY_AUTH_TOKEN_PATH:?RAY_AUTH_MODE=token needs RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH}"
+  RAY_AUTH_TOKEN_PATH="${RAY_AUTH_TOKEN_PATH:-$HOME/ray-auth/token}"
+  export RAY_AUTH_TOKEN_PATH
+  file="$RAY_AUTH_TOKEN_PATH"
   if [ "$1" = head ] && [ ! -s "$file" ]; then
     mkdir -p "$(dirname "$file")"
     (umask 077 && python -c "import secrets; print(secrets.token_hex(32))" > "$file")
