@@ -2,6 +2,7 @@
 a request (``resolve``)."""
 
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,12 +38,16 @@ class LoadedModel:
     speed: Speed  # this machine's timings of the model (admission's compute estimates)
 
 
+_ABSOLUTE_PATH = re.compile(r"(?<![\w./-])/(?:[\w.+-]+/)+([\w.+-]+)")
+
+
 def _read_card(path: Path) -> str | None:
-    """The model card, or None when it is missing or unreadable (the model is still served)."""
+    """The model card, or None when it is missing or unreadable (the model is still served). Absolute
+    paths in it (a recorded command line of an older card) are cut to ``.../name``."""
     if not path.exists():
         return None
     try:
-        return path.read_bytes().decode("utf-8")
+        return _ABSOLUTE_PATH.sub(r".../\1", path.read_bytes().decode("utf-8"))
     except (OSError, UnicodeDecodeError) as e:
         log.warning("%s/%s is unreadable (%s): served without a card", path.parent.name, path.name, type(e).__name__)
         return None

@@ -222,6 +222,21 @@ def _restore_generator(gen: torch.Generator, state: torch.Tensor, meta: dict, se
     meta.setdefault("device_moves", []).append({"step": meta["step"], "from": saved_on, "to": gen.device.type})
 
 
+def public_command(argv: list[str]) -> str:
+    """The command line as cards record it: absolute paths under the working directory made relative,
+    any other absolute path cut to its last component (``.../name``), so a card never tells where the
+    trainer's files were."""
+    cwd = Path.cwd()
+    out = []
+    for arg in argv:
+        key, eq, value = arg.partition("=") if arg.startswith("--") or "=" in arg else ("", "", arg)
+        if value.startswith("/"):
+            p = Path(value)
+            value = str(p.relative_to(cwd)) if p.is_relative_to(cwd) else f".../{p.name}"
+        out.append(key + eq + value)
+    return shlex.join(out)
+
+
 def validation_summary(val: dict) -> str:
     """One line for model cards and logs; the names are those of ``evaluate_loss``."""
     nan = float("nan")
@@ -268,7 +283,7 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
         torch.set_rng_state(tensors["rng.torch"])
         meta["device"] = str(device)
         order = BatchOrder(len(train_tokens), cfg.batch_size, cfg.seed, meta["epoch"], meta["index"])
-    meta["commands"] = meta["commands"] + [shlex.join([Path(sys.executable).name] + sys.argv)]
+    meta["commands"] = meta["commands"] + [public_command([Path(sys.executable).name] + sys.argv)]
     mask_id = tokenizer.mask_id
     max_steps = cfg.total_steps if max_steps is None else max_steps
     start_time, start_wall, last_ckpt = time.time(), meta["wall_seconds"], time.time()

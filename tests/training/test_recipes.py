@@ -184,3 +184,12 @@ def test_configs_nest_the_model_and_read_the_flat_cards_of_earlier_checkpoints()
         assert "hiden_dim" in str(e) and "hidden_dim" in str(e)
     else:
         raise AssertionError("an unknown key must be refused")
+
+
+def test_cards_record_commands_without_the_trainers_paths(tmp_path, monkeypatch):
+    from ttcore.training import public_command
+    monkeypatch.chdir(tmp_path)
+    argv = ["python", str(tmp_path / "training" / "finetune.py"), "--base", "/home/someone/ck", "--out=/srv/x/run",
+            "--set", "data=/data/q.txt", "lr=0.1"]
+    cmd = public_command(argv)
+    assert cmd == "python training/finetune.py --base .../ck --out=.../run --set data=.../q.txt lr=0.1"
