@@ -25,22 +25,6 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 BODY = {"model": "qm9", "num_samples": 2, "steps": 8, "ordering": "random", "stream": True}
-RAY_LAUNCHER = """
-import signal, sys, time
-import ray
-from ray import serve
-from service.deployment import build_app
-def stop(*_):
-    serve.shutdown()
-    ray.shutdown()  # the local cluster this driver started goes with it
-    sys.exit(0)
-signal.signal(signal.SIGTERM, stop)
-serve.start(http_options={"host": "127.0.0.1", "port": int(sys.argv[1])})
-serve.run(build_app({"checkpoints": sys.argv[2], "threads": 1}), name="ttcore", route_prefix="/")
-print("ready", flush=True)
-while True:
-    time.sleep(3600)
-"""
 
 
 def _port() -> int:
@@ -150,7 +134,8 @@ def main():
             cmd = [sys.executable, "-m", "service", "--checkpoints", args.checkpoints, "--port", str(port),
                    "--log-level", "warning"]
         else:
-            cmd = [sys.executable, "-c", RAY_LAUNCHER, str(port), str(Path(args.checkpoints).resolve())]
+            app = json.dumps({"checkpoints": str(Path(args.checkpoints).resolve()), "threads": 1})
+            cmd = [sys.executable, "-m", "service.deployment", "--port", str(port), "--args", app]
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 start_new_session=True)
         url = f"http://127.0.0.1:{port}"

@@ -72,3 +72,40 @@ def build_app(args: dict | AppArgs | None = None) -> Application:
     ingress = serve.ingress(_asgi_builder(args))()
     deployment = serve.deployment(name="TTCore", max_ongoing_requests=args.max_requests * ONGOING_PER_ADMITTED)(ingress)
     return deployment.bind()
+
+
+def main():
+    """A local Ray Serve application on this machine (a fresh Ray cluster, stopped with this process):
+
+        python -m service.deployment --port 8000 --args '{"checkpoints": "checkpoints", "threads": 1}'
+    """
+    import argparse
+    import json
+    import signal
+    import sys
+    import time
+
+    import ray
+
+    ap = argparse.ArgumentParser(description=main.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--args", default="{}", help="the application's args (AppArgs) as JSON")
+    opts = ap.parse_args()
+
+    def stop(*_):
+        serve.shutdown()
+        ray.shutdown()  # the local cluster this process started goes with it
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    serve.start(http_options={"host": opts.host, "port": opts.port})
+    serve.run(build_app(json.loads(opts.args)), name="ttcore", route_prefix="/")
+    print(f"serving on http://{opts.host}:{opts.port}", flush=True)
+    while True:
+        time.sleep(3600)
+
+
+if __name__ == "__main__":
+    main()

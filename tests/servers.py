@@ -84,3 +84,21 @@ def start_uvicorn(checkpoints: Path, *extra: str, env: dict | None = None) -> tu
         proc.kill()
         raise
     return proc, url
+
+
+def start_ray_serve(app_args: dict, env: dict | None = None) -> tuple[subprocess.Popen, str]:
+    """``python -m service.deployment``: a fresh local Ray cluster serving the app (stopped on terminate)."""
+    import json
+
+    port = free_port()
+    env = dict(os.environ, OMP_NUM_THREADS="1", RAY_AUTH_MODE="disabled", **(env or {}))
+    proc = subprocess.Popen([sys.executable, "-m", "service.deployment", "--port", str(port), "--args",
+                             json.dumps(app_args)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, 240, proc)
+    except BaseException:
+        proc.kill()
+        raise
+    return proc, url

@@ -122,3 +122,22 @@ def test_per_key_concurrency_and_rate_limits_answer_429_and_count_per_key_id(che
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_keys_and_limits_under_ray_serve(checkpoints, tmp_path):
+    """The same keys (read on the replica from api_key_file), 401s and per-key ids through Ray's proxy."""
+    from servers import start_ray_serve
+    key_file = tmp_path / "keys.txt"
+    key_file.write_text(f"{KEY}\n")
+    proc, url = start_ray_serve({"checkpoints": str(checkpoints), "threads": 1, "api_key_file": str(key_file),
+                                 "key_rate_per_minute": 2})
+    try:
+        assert httpx.post(url + "/generate", json=BODY, timeout=60).status_code == 401
+        assert httpx.get(url + "/health").status_code == 200
+        codes = [httpx.post(url + "/generate", json=BODY, headers=AUTH, timeout=60).status_code for _ in range(3)]
+        assert codes == [200, 200, 429]
+        text = httpx.get(url + "/metrics", headers=AUTH).text
+        assert 'ttcore_key_limited_total{key="key1",reason="rate"} 1.0' in text and KEY not in text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
