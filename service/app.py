@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 from .admission import TooLarge
 from .engine import Overloaded
+from .openai_api import openai_error, openai_router
 from .registry import ModelNotFound, PromptError
 from .schema import GenerateRequest, GenerateResponse, ModelList
 from .security import SecurityConfig, SecurityMiddleware
@@ -113,7 +114,14 @@ def create_app(serving: Serving, security: SecurityConfig | None = None) -> Fast
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
-        return JSONResponse(status_code=422, content={"detail": public_errors(exc.errors())})
+        errors = public_errors(exc.errors())
+        if request.url.path.startswith("/v1/"):  # OpenAI clients expect their error object
+            first = errors[0]
+            field = ".".join(p for p in first["loc"] if p != "body")
+            return openai_error(400, f"{field}: {first['msg']}" if field else first["msg"], field or None)
+        return JSONResponse(status_code=422, content={"detail": errors})
+
+    app.include_router(openai_router(serving))
 
     @app.post("/generate", response_model=GenerateResponse, responses=GENERATE_RESPONSES)
     async def generate(req: GenerateRequest, request: Request):

@@ -30,7 +30,7 @@ from pathlib import Path
 ALWAYS_OPEN = ("/health", "/ready")
 DOCS = ("/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect")
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: the largest valid request (an 8192-character prompt) is far below
-COMPUTE_ROUTES = {("POST", "/generate")}
+COMPUTE_ROUTES = {("POST", "/generate"), ("POST", "/v1/completions"), ("POST", "/score")}
 
 
 def load_api_keys(path: str | os.PathLike | None = None, env: str | None = None) -> tuple[str, ...]:

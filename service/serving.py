@@ -76,13 +76,30 @@ class Serving:
             if out.finished:
                 yield "done", self.answer(job, out).model_dump()
 
+    def outputs(self, job: Job):
+        """The engine's typed outputs of ``job`` (for front ends that format their own answers)."""
+        return self.engine.outputs(job)
+
+    def answer_telemetry(self, job: Job, out: StepOutput) -> dict:
+        """Steps, model calls and timings of a finished job (counted in the metrics once)."""
+        self.metrics.samples.labels(job.lm.family).inc(out.tokens.shape[0])
+        self.metrics.steps.labels(job.lm.family).inc(out.step)
+        self.metrics.model_calls.observe(out.model_calls)
+        return {"steps": out.step, "model_calls": out.model_calls, "checkpoint": job.lm.name,
+                "timings": self._timings(job).model_dump()}
+
+    def _timings(self, job: Job) -> Timings:
+        now = time.perf_counter()
+        return Timings(queue_ms=1e3 * (job.started - job.arrived),
+                       first_event_ms=1e3 * (job.first_output - job.arrived), total_ms=1e3 * (now - job.arrived))
+
     def step_event(self, job: Job, out: StepOutput) -> StepEvent:
         tok = job.lm.tokenizer
         return StepEvent(step=out.step, sequences=[tok.decode(row) for row in out.tokens.tolist()],
                          committed=out.committed)
 
     def answer(self, job: Job, out: StepOutput) -> GenerateResponse:
-        lm, now = job.lm, time.perf_counter()
+        lm = job.lm
         check = smiles_checker() if lm.domain == "smiles" else None
         samples = []
         for row in out.tokens.tolist():
@@ -90,14 +107,10 @@ class Serving:
             canonical = check(text) if check is not None else None
             samples.append(Sample(text=text, valid=None if check is None else canonical is not None,
                                   canonical=canonical))
-        self.metrics.samples.labels(lm.family).inc(len(samples))
-        self.metrics.steps.labels(lm.family).inc(out.step)
-        self.metrics.model_calls.observe(out.model_calls)
-        timings = Timings(queue_ms=1e3 * (job.started - job.arrived),
-                          first_event_ms=1e3 * (job.first_output - job.arrived), total_ms=1e3 * (now - job.arrived))
+        telemetry = self.answer_telemetry(job, out)
         return GenerateResponse(id=job.id, model=lm.family, checkpoint=lm.name, decomposition=lm.info.decomposition,
                                 rank=lm.info.rank, samples=samples, steps=out.step, model_calls=out.model_calls,
-                                timings=timings)
+                                timings=telemetry["timings"])
 
 
 def build_serving(checkpoints: str | Path, *, device: str = "cpu", precision: str = "auto",

@@ -1,0 +1,96 @@
+"""The OpenAI-compatible wire types (``/v1/completions``, ``/v1/models``), following OpenAI's Completions
+API; diffusion settings are extra fields (OpenAI clients pass them as ``extra_body``)."""
+
+import time
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .schema import (
+    MAX_PROMPT_CHARS,
+    MAX_SAMPLES,
+    MAX_SEED,
+    MAX_STEPS,
+    MAX_TIMEOUT_S,
+    MIN_TEMPERATURE,
+    Contraction,
+    EBProxy,
+    Ordering,
+    Schedule,
+)
+
+
+class CompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"model": "qm9-tt-r8", "prompt": "C1CC", "n": 4, "steps": 8, "seed": 0},
+        {"model": "text", "prompt": "The Congress", "max_tokens": 32, "stream": True, "steps": 16},
+    ]})
+
+    model: str = Field(description="A model id from /v1/models (`family-decomposition-rRANK`, e.g. `qm9-tt-r8`), "
+                                   "or a family (`qm9`, `text`) for its best checkpoint.", max_length=64)
+    prompt: str = Field("", max_length=MAX_PROMPT_CHARS,
+                        description="A prefix to continue, or a template with `[MASK]` placeholders to fill "
+                                    "(then the completion is the whole filled sequence).")
+    max_tokens: int | None = Field(None, ge=1, le=MAX_STEPS,
+                                   description="The most completion tokens returned (the model fills its fixed "
+                                               "length; the completion is cut here, finish_reason `length`).")
+    n: int = Field(1, ge=1, le=MAX_SAMPLES, description="Completions to generate.")
+    temperature: float = Field(1.0, ge=0, le=2, allow_inf_nan=False,
+                               description=f"0..2; 0 is greedy in effect (served as {MIN_TEMPERATURE}).")
+    top_p: float = Field(1.0, ge=1, le=1, description="Only 1 (nucleus sampling does not apply to joint draws).")
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+    stream: bool = Field(False, strict=True)
+    stream_options: dict | None = Field(None, description="`{\"include_usage\": true}` adds a final usage chunk.")
+    echo: bool = Field(False, strict=True, description="Return the prompt before the completion.")
+    stop: None = Field(None, description="Not supported (null only).")
+    suffix: None = Field(None, description="Not supported (null only).")
+    logprobs: None = Field(None, description="Not supported (null only); see POST /score for exact log-probabilities.")
+    user: str | None = Field(None, max_length=256)
+    # diffusion settings (extra_body)
+    steps: int = Field(16, ge=1, le=MAX_STEPS, description="Denoising steps (extension).")
+    ordering: Ordering = Field("random", description="Unmasking order (extension), as in POST /generate.")
+    schedule: Schedule = Field("loglinear", description="Tokens per step (extension).")
+    sampler: Literal["fixed", "eb"] = Field("fixed", description="`eb`: EB-Sampler's adaptive counts (extension).")
+    eb_gamma: float = Field(0.5, ge=0, le=1e6, allow_inf_nan=False, description="EB-Sampler budget (extension).")
+    eb_proxy: EBProxy = Field("entropy", description="EB-Sampler's error proxy (extension).")
+    contraction: Contraction = Field("head", description="TT contraction (extension), as in POST /generate.")
+    timeout_s: float | None = Field(None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False,
+                                    description="Deadline in seconds (extension).")
+
+
+class CompletionChoice(BaseModel):
+    text: str
+    index: int
+    logprobs: None = None
+    finish_reason: Literal["stop", "length"] | None
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    ttcore: dict | None = Field(None, description="Extension: steps, model calls, timings; in stream chunks the "
+                                                  "step, the provisional canvas (masks shown) and the positions "
+                                                  "committed in that step.")
+
+
+class OpenAIModel(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = 0
+    owned_by: str = "ttcore"
+    ttcore: dict = Field(description="Extension: checkpoint, family, decomposition, rank, length, domain.")
+
+
+class OpenAIModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[OpenAIModel]

@@ -1,0 +1,78 @@
+"""The OpenAI-compatible API with the real `openai` client, against a live uvicorn server and through Ray
+Serve: models, completions (n > 1, seeds, prefixes and templates), streaming deltas, errors."""
+
+import openai
+import pytest
+from servers import start_ray_serve
+
+pytestmark = pytest.mark.slow  # servers
+
+
+def _client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused-on-an-open-server", max_retries=0, timeout=120)
+
+
+def _check_api(url: str):
+    client = _client(url)
+    ids = {m.id for m in client.models.list().data}
+    assert {"qm9-none-r1", "qm9-tt-r2", "qm9-cp-r3", "text-none-r1"} <= ids
+    a = client.completions.create(model="qm9-tt-r2", prompt="CC", n=3, seed=7, extra_body={"steps": 6})
+    b = client.completions.create(model="qm9-tt-r2", prompt="CC", n=3, seed=7, extra_body={"steps": 6})
+    assert [c.text for c in a.choices] == [c.text for c in b.choices]  # seeds reproduce
+    assert len(a.choices) == 3 and [c.index for c in a.choices] == [0, 1, 2]
+    assert all(c.finish_reason in ("stop", "length") for c in a.choices)
+    assert a.usage.prompt_tokens == 2 and a.usage.total_tokens == 2 + a.usage.completion_tokens
+    assert a.model == "qm9-tt-r2" and a.object == "text_completion"
+    # the same request through /generate fills the same canvas: the completion is its text after the prefix
+    echo = client.completions.create(model="qm9-tt-r2", prompt="CC", n=3, seed=7, echo=True, extra_body={"steps": 6})
+    assert [c.text for c in echo.choices] == ["CC" + c.text for c in a.choices]
+    # streaming: the deltas of each choice concatenate to the non-streamed text
+    parts, reasons, canvases = {}, {}, []
+    for chunk in client.completions.create(model="qm9-tt-r2", prompt="CC", n=3, seed=7, stream=True,
+                                           extra_body={"steps": 6}):
+        for c in chunk.choices:
+            parts[c.index] = parts.get(c.index, "") + c.text
+            reasons[c.index] = c.finish_reason or reasons.get(c.index)
+        canvases.append(chunk.model_extra["ttcore"]["canvas"])
+    assert [parts[i] for i in range(3)] == [c.text for c in a.choices]
+    assert all(reasons[i] in ("stop", "length") for i in range(3))
+    assert "[MASK]" in canvases[0] and "[MASK]" not in canvases[-1]
+    # a text prefix, max_tokens, and usage in the stream
+    text_parts, usage = "", None
+    for chunk in client.completions.create(model="text", prompt="The state of the", max_tokens=8, seed=1,
+                                           stream=True, stream_options={"include_usage": True},
+                                           extra_body={"steps": 8}):
+        text_parts += "".join(c.text for c in chunk.choices)
+        usage = chunk.usage or usage
+    whole = client.completions.create(model="text", prompt="The state of the", max_tokens=8, seed=1,
+                                      extra_body={"steps": 8})
+    assert text_parts == whole.choices[0].text and usage.completion_tokens == whole.usage.completion_tokens <= 8
+    # a template: the completion is the whole filled sequence
+    filled = client.completions.create(model="qm9", prompt="C[MASK]C", seed=0, extra_body={"steps": 4})
+    assert filled.choices[0].text.startswith("C")
+    # errors arrive as openai exceptions with OpenAI's error object
+    with pytest.raises(openai.NotFoundError) as e:
+        client.completions.create(model="gpt-9", prompt="x")
+    assert e.value.body["code"] == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="qm9", prompt="CC", n=0)
+    assert e.value.body["param"] == "n"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="qm9", prompt="CC", extra_body={"frobnicate": 1})
+    assert "frobnicate" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="qm9", prompt="CXC")
+    assert e.value.body["param"] == "prompt"
+
+
+def test_openai_client_against_uvicorn(server):
+    _check_api(server)
+
+
+def test_openai_client_through_ray_serve(checkpoints):
+    proc, url = start_ray_serve({"checkpoints": str(checkpoints), "threads": 1})
+    try:
+        _check_api(url)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
