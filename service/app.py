@@ -17,9 +17,9 @@ from .admission import TooLarge
 from .engine import Overloaded
 from .openai_api import openai_error, openai_router
 from .registry import ModelNotFound, PromptError
-from .schema import GenerateRequest, GenerateResponse, ModelList
+from .schema import GenerateRequest, GenerateResponse, ModelList, ScoreRequest, ScoreResponse
 from .security import SecurityConfig, SecurityMiddleware
-from .serving import Serving
+from .serving import ScoreInputError, Serving
 
 DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks that its client is still there
 
@@ -155,6 +155,18 @@ def create_app(serving: Serving, security: SecurityConfig | None = None) -> Fast
                     return JSONResponse(status_code=status, content={"detail": payload["error"]})
         finally:
             watcher.cancel()
+
+    @app.post("/score", response_model=ScoreResponse, responses={
+        404: {"description": "No loaded checkpoint matches"},
+        422: {"description": "Invalid input; a sequence that cannot be scored is named by its index"}})
+    async def score(req: ScoreRequest):
+        try:
+            return await serving.score(req)
+        except ModelNotFound as e:
+            return JSONResponse(status_code=404, content={"detail": str(e), "available": e.available})
+        except ScoreInputError as e:
+            return JSONResponse(status_code=422, content={"detail": [{"loc": ["body", *e.loc], "msg": str(e),
+                                                                      "type": "value_error"}]})
 
     @app.get("/models", response_model=ModelList)
     async def models():

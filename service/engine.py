@@ -253,6 +253,17 @@ class Engine:
             if not job.finished:
                 self.abort(job.id)
 
+    async def run_on_worker(self, lm: LoadedModel, fn):
+        """Run ``fn()`` on ``lm``'s worker thread, between its denoising steps (scoring uses the model too)."""
+        batcher = self._batchers.get(lm.name)
+        if batcher is None:
+            batcher = self._batchers[lm.name] = _Batcher(self, lm)
+        batcher.busy_since = time.perf_counter()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(batcher.executor, fn)
+        finally:
+            batcher.busy_since = None
+
     def abort(self, job_id: str) -> None:
         job = self._jobs.get(job_id)
         if job is not None:

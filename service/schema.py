@@ -131,6 +131,66 @@ class StepEvent(BaseModel):
     committed: list[list[int]] = Field(description="Positions unmasked in this step, per sequence.")
 
 
+MAX_SCORE_SEQUENCES = 64
+MAX_MC = 64
+
+
+class ScoreRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"model": "qm9", "decomposition": "tt", "sequences": ["CC(=O)O", "c1ccccc1"]},
+        {"model": "qm9", "sequences": ["CC(=O)O"], "template": "CC[MASK][MASK][MASK][MASK][MASK]"},
+        {"model": "text", "sequences": ["The Congress shall"], "mode": "elbo", "num_mc": 16, "seed": 0},
+    ]})
+
+    model: str | None = Field(None, max_length=64, description="Model family, as in POST /generate.")
+    decomposition: Decomposition | None = Field(None, description="As in POST /generate.")
+    rank: int | None = Field(None, ge=1, le=1024, description="As in POST /generate.")
+    sequences: list[str] = Field(min_length=1, max_length=MAX_SCORE_SEQUENCES,
+                                 description=f"1..{MAX_SCORE_SEQUENCES} sequences (SMILES or text), each encoded "
+                                             "to the model's length (padded).")
+    template: str | None = Field(None, max_length=MAX_PROMPT_CHARS,
+                                 description="Which positions are masked (scored): `[MASK]` where masked, the "
+                                             "sequence's own tokens elsewhere; positions after it are masked. "
+                                             "Default: every position masked. Joint mode only.")
+    mode: Literal["joint", "elbo"] = Field("joint", description="`joint`: the exact log p(x_M | x_t) and the "
+                                                                "per-position log-marginals; `elbo`: the MDLM "
+                                                                "bound on -log p(x), nats per token.")
+    num_mc: int = Field(16, ge=1, le=MAX_MC, description=f"`elbo`: Monte Carlo draws of (t, mask), 1..{MAX_MC}.")
+    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="`elbo`: RNG seed of the draws.")
+
+    @field_validator("sequences", "template")
+    @classmethod
+    def _unicode(cls, value):
+        for text in value if isinstance(value, list) else [value] if value is not None else []:
+            if len(text) > MAX_PROMPT_CHARS:
+                raise ValueError(f"each sequence must have at most {MAX_PROMPT_CHARS} characters")
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError("must be valid Unicode text (it holds a lone surrogate)") from None
+        return value
+
+
+class Score(BaseModel):
+    tokens: int = Field(description="Tokens of the encoded sequence (padding included: the model's length).")
+    log_prob: float | None = Field(None, description="joint: log p(x_M | x_t), exact under the checkpoint's "
+                                                     "joint (CP/TT; rank 1: the product), natural log.")
+    token_log_probs: list[float | None] | None = Field(
+        None, description="joint: log p(x^i | x_t) per position under the joint's exact marginal; null where "
+                          "not masked.")
+    nll_per_token: float | None = Field(None, description="elbo: the bound on -log p(x) per token (nats).")
+    stderr: float | None = Field(None, description="elbo: standard error of nll_per_token over the draws.")
+
+
+class ScoreResponse(BaseModel):
+    model: str
+    checkpoint: str
+    decomposition: str
+    rank: int
+    mode: str
+    scores: list[Score]
+
+
 class ModelInfo(BaseModel):
     model: str
     checkpoint: str

@@ -6,12 +6,15 @@ import logging
 import time
 from pathlib import Path
 
-from ttcore.sampling import ADAPTIVE, GenerationRun
+import torch
+
+from ttcore import scoring
+from ttcore.sampling import ADAPTIVE, GenerationRun, cost
 
 from . import admission
 from .engine import READER_TIMEOUT_S, Engine, EngineError, Job, StepOutput
 from .registry import ModelRegistry
-from .schema import GenerateRequest, GenerateResponse, Sample, StepEvent, Timings
+from .schema import GenerateRequest, GenerateResponse, Sample, Score, ScoreRequest, ScoreResponse, StepEvent, Timings
 
 log = logging.getLogger("ttcore.serving")
 
@@ -76,6 +79,37 @@ class Serving:
             if out.finished:
                 yield "done", self.answer(job, out).model_dump()
 
+    async def score(self, request: ScoreRequest) -> ScoreResponse:
+        """Exact joint scores or the ELBO of ``request.sequences``, in micro-batches within the memory budget,
+        on the model's worker (raises ModelNotFound, ScoreInputError)."""
+        lm = self.registry.resolve(request.model, request.decomposition, request.rank)
+        model, tok = lm.model, lm.tokenizer
+        x0, mask = _encode_for_scoring(tok, request)
+        rows = cost.rows_per_pass(model.cfg, True, self.memory_budget)
+        if rows == 0:
+            raise ScoreInputError(["model"], "one sequence of this model does not fit the server's memory budget")
+        generator = torch.Generator().manual_seed(request.seed if request.seed is not None else
+                                                  int(torch.randint(0, 2**62, (1,))))
+
+        def work() -> list[Score]:
+            out = []
+            with model.compute_context():
+                for s in range(0, len(x0), rows):
+                    x, m = x0[s:s + rows].to(self.registry.device), mask[s:s + rows].to(self.registry.device)
+                    if request.mode == "joint":
+                        log_prob, token = scoring.score(model, x, m)
+                        out += [Score(tokens=tok.length, log_prob=lp, token_log_probs=[
+                            None if v != v else v for v in tl]) for lp, tl in zip(log_prob.tolist(), token.tolist())]
+                    else:
+                        mean, stderr = scoring.elbo(model, x, request.num_mc, generator)
+                        out += [Score(tokens=tok.length, nll_per_token=mu, stderr=None if se != se else se)
+                                for mu, se in zip(mean.tolist(), stderr.tolist())]
+            return out
+
+        scores = await self.engine.run_on_worker(lm, work)
+        return ScoreResponse(model=lm.family, checkpoint=lm.name, decomposition=lm.info.decomposition,
+                             rank=lm.info.rank, mode=request.mode, scores=scores)
+
     def outputs(self, job: Job):
         """The engine's typed outputs of ``job`` (for front ends that format their own answers)."""
         return self.engine.outputs(job)
@@ -111,6 +145,44 @@ class Serving:
         return GenerateResponse(id=job.id, model=lm.family, checkpoint=lm.name, decomposition=lm.info.decomposition,
                                 rank=lm.info.rank, samples=samples, steps=out.step, model_calls=out.model_calls,
                                 timings=telemetry["timings"])
+
+
+class ScoreInputError(ValueError):
+    """A sequence or the template cannot be scored; ``loc`` names it (e.g. ``["sequences", 3]``)."""
+
+    def __init__(self, loc: list, message: str):
+        super().__init__(message)
+        self.loc = loc
+
+
+def _encode_for_scoring(tok, request: ScoreRequest) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (tokens [b, l], mask [b, l]); raises ScoreInputError naming the sequence."""
+    rows = []
+    for i, text in enumerate(request.sequences):
+        try:
+            ids = tok.tokenize(text)
+        except ValueError as e:
+            raise ScoreInputError(["sequences", i], str(e)) from None
+        if len(ids) > tok.length:
+            raise ScoreInputError(["sequences", i], f"{len(ids)} tokens, more than the model length {tok.length}")
+        rows.append(ids + [tok.pad_id] * (tok.length - len(ids)))
+    x0 = torch.tensor(rows, dtype=torch.long)
+    mask = torch.ones_like(x0, dtype=torch.bool)
+    if request.template:
+        try:
+            ids = tok.tokenize(request.template, allow_mask=True)
+        except ValueError as e:
+            raise ScoreInputError(["template"], str(e)) from None
+        if len(ids) > tok.length:
+            raise ScoreInputError(["template"], f"{len(ids)} tokens, more than the model length {tok.length}")
+        known = torch.tensor([t != tok.mask_id for t in ids] + [False] * (tok.length - len(ids)))
+        fixed = torch.tensor(ids + [tok.mask_id] * (tok.length - len(ids)))
+        for i in range(len(rows)):
+            bad = (known & (x0[i] != fixed)).nonzero()
+            if len(bad):
+                raise ScoreInputError(["sequences", i], f"does not match the template at position {int(bad[0])}")
+        mask = ~known.expand_as(x0).clone()
+    return x0, mask
 
 
 def build_serving(checkpoints: str | Path, *, device: str = "cpu", precision: str = "auto",

@@ -112,7 +112,7 @@ class JointHead(nn.Module):
 
     def component_logits(self, h: torch.Tensor, base: nn.Linear | None) -> torch.Tensor:
         """h [m, d] -> [m, e, v]."""
-        m = h.shape[0]
+        m = h.shape[0]  # may be 0: explicit widths, not -1
         if self.head == "1layer":
-            return self.proj(h).view(m, self.e, -1)
-        return base(self.mix(h).view(m, self.e, -1))  # the frozen W on each of the E outputs
+            return self.proj(h).view(m, self.e, self.proj.out_features // self.e)
+        return base(self.mix(h).view(m, self.e, self.mix.in_features))  # the frozen W on each of the E outputs

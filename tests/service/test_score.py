@@ -1,0 +1,45 @@
+"""POST /score against the library on the same checkpoint (a live uvicorn server, fp32)."""
+
+import math
+
+import httpx
+import pytest
+import torch
+
+from ttcore.models import load_for_inference
+from ttcore.scoring import score
+
+pytestmark = pytest.mark.slow  # a server
+
+
+def test_joint_scores_match_the_library_and_templates_choose_the_positions(server, checkpoints):
+    seqs = ["CC(=O)O", "c1ccccc1", "CCN"]
+    r = httpx.post(server + "/score", json={"model": "qm9", "decomposition": "tt", "sequences": seqs}, timeout=60)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert answer["checkpoint"] == "qm9-tt-r2" and answer["mode"] == "joint"
+    model, tok, _ = load_for_inference(checkpoints / "qm9-tt-r2", "cpu", "fp32")
+    x0 = torch.tensor([tok.encode(s) for s in seqs])
+    with model.compute_context():
+        log_prob, token = score(model, x0, torch.ones_like(x0, dtype=torch.bool))
+    for s, lp, tl in zip(answer["scores"], log_prob.tolist(), token.tolist()):
+        assert s["log_prob"] == pytest.approx(lp, rel=1e-6) and len(s["token_log_probs"]) == tok.length
+        assert s["token_log_probs"] == pytest.approx(tl, rel=1e-6)
+        assert s["log_prob"] <= max(s["token_log_probs"])  # a joint is no likelier than any of its marginals
+    t = httpx.post(server + "/score", json={"model": "qm9", "sequences": ["CC(=O)O"], "template": "CC[MASK]"},
+                   timeout=60).json()["scores"][0]
+    assert t["token_log_probs"][:2] == [None, None] and all(v is not None for v in t["token_log_probs"][2:])
+    assert math.exp(t["log_prob"]) > math.exp(answer["scores"][0]["log_prob"])  # fewer positions to predict
+
+
+def test_elbo_mode_and_bad_sequences(server):
+    body = {"model": "qm9", "sequences": ["CC(=O)O", "CCN"], "mode": "elbo", "num_mc": 8, "seed": 3}
+    a = httpx.post(server + "/score", json=body, timeout=60).json()["scores"]
+    b = httpx.post(server + "/score", json=body, timeout=60).json()["scores"]
+    assert a == b and all(s["nll_per_token"] > 0 and s["stderr"] > 0 for s in a)  # seeded: reproducible
+    bad = httpx.post(server + "/score", json={"model": "qm9", "sequences": ["CC", "CXC"]})
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "sequences", 1]
+    long = httpx.post(server + "/score", json={"model": "qm9", "sequences": ["C" * 500]})
+    assert long.status_code == 422 and long.json()["detail"][0]["loc"] == ["body", "sequences", 0]
+    mismatch = httpx.post(server + "/score", json={"model": "qm9", "sequences": ["CCO"], "template": "N[MASK]"})
+    assert mismatch.status_code == 422 and "template" in mismatch.json()["detail"][0]["msg"]
