@@ -1,6 +1,7 @@
 """training/evaluate.py on the tiny checkpoints: tables, CSV/JSON and plots are written."""
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -98,6 +99,9 @@ def test_likelihood_metrics_and_head_error_replace_the_cards_validation_line(che
     base, tt = rows["qm9-base"], rows["qm9-tt-r2"]
     assert abs(base["nll"] - base["marginal_nll"]) < 1e-5  # rank 1: the joint is its marginals
     assert tt["marginal_nll"] > 0 and 0 < tt["nelbo"] < 20 and "head_tv_mean" not in base
+    for row in (base, tt):  # the ELBO perplexity through ttcore.scoring.elbo (as POST /score computes it)
+        assert row["elbo_ppl"] == pytest.approx(math.exp(row["elbo_nll"])) and row["elbo_stderr"] > 0
+        assert abs(row["elbo_nll"] - row["nelbo"]) < 0.25 * row["nelbo"]  # two estimates of one bound
     assert 0 <= tt["head_tv_mean"] <= tt["head_tv_max"] <= 1 and tt["head_tv_positions"] > 0
     for name in rows:
         card = (tmp_path / "ck" / name / "model_card.md").read_text()
