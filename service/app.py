@@ -147,7 +147,7 @@ def create_app(serving: Serving, security: SecurityConfig | None = None) -> Fast
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         watcher = asyncio.create_task(_cancel_on_disconnect(request, serving, job.id))
         try:
-            async for event, payload in serving.events(job):
+            async for event, payload in serving.events(job, steps=False):
                 if event == "done":
                     return JSONResponse(payload)
                 if event == "error":

@@ -75,6 +75,10 @@ class Job:
     cancelled: bool = False
     finished: bool = False
     paused_since: float | None = None  # its backlog of unread outputs is full
+    forward_s: float = 0.0  # its share of the backbone passes it took part in (split by sequences)
+    sampling_s: float = 0.0  # its share of the rest of those steps: heads and joint draws
+    tokens_per_step: list[int] = field(default_factory=list)
+    decode_s: float = 0.0  # set by the front end that decodes its outputs
 
     @property
     def remaining_s(self) -> float:
@@ -175,7 +179,9 @@ class _Batcher:
         h = self.lm.model.features(x)  # [sum b, l, d]
         if x.is_cuda:
             torch.cuda.synchronize(x.device)
-        m.forward_seconds.labels(name).inc(time.perf_counter() - t0)
+        self._forward_s = time.perf_counter() - t0
+        self._forward_jobs = {id(job) for job in self._in_step if job.run.needs_model}
+        m.forward_seconds.labels(name).inc(self._forward_s)
         m.forward_samples.labels(name).observe(x.shape[0])
         m.forward_requests.labels(name).observe(sum(job.run.needs_model for job in self._in_step))
         return h
@@ -183,20 +189,29 @@ class _Batcher:
     def _step(self, batch: list[Job]) -> list[StepOutput]:
         """One denoising step for every job in ``batch`` (compute thread)."""
         t0 = time.perf_counter()
-        self._in_step = batch
+        self._in_step, self._forward_s, self._forward_jobs = batch, 0.0, set()
         model = self.lm.model
         with model.compute_context():
             states = batch_step(model, [job.run for job in batch], forward=self._forward)
+        step_s = time.perf_counter() - t0
+        # each job's share of this step's time: the forward by the sequences it sent through the backbone,
+        # the rest (heads, joint draws) by its sequences in the step
+        rows = {id(job): job.run.tokens.shape[0] for job in batch}
+        forward_rows = sum(rows[i] for i in self._forward_jobs) or 1
         outputs = []
         for job, state in zip(batch, states):
             if job.started is None:
                 job.started = t0
+            share = rows[id(job)]
+            job.forward_s += self._forward_s * share / forward_rows if id(job) in self._forward_jobs else 0.0
+            job.sampling_s += (step_s - self._forward_s) * share / sum(rows.values())
             committed = [[] for _ in range(state.committed.shape[0])]
             for i, pos in state.committed.nonzero().tolist():  # one op for all rows, not one per row
                 committed[i].append(pos)
-            self.engine.metrics.tokens.labels(self.lm.family).inc(sum(map(len, committed)))
+            job.tokens_per_step.append(sum(map(len, committed)))
+            self.engine.metrics.tokens.labels(self.lm.family).inc(job.tokens_per_step[-1])
             outputs.append(StepOutput(state.step, state.tokens, committed, state.model_calls, job.run.done))
-        self.engine.metrics.step_seconds.labels(self.lm.family).inc(time.perf_counter() - t0)
+        self.engine.metrics.step_seconds.labels(self.lm.family).inc(step_s)
         return outputs
 
 

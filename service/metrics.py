@@ -28,6 +28,12 @@ class Metrics:
                                        ["model"], registry=r)
         self.step_seconds = Counter("ttcore_engine_step_seconds", "Wall time of engine steps (forward + heads + "
                                     "sampling)", ["model"], registry=r)
+        self.request_seconds = Histogram("ttcore_request_phase_seconds", "Per finished request: time by phase "
+                                         "(queue; forward and sampling: its shares of batched steps; decode)",
+                                         ["model", "phase"], buckets=LATENCY_BUCKETS, registry=r)
+        self.tokens_per_step = Histogram("ttcore_tokens_per_step", "Tokens committed per denoising step "
+                                         "(one request's sequences together)", ["model"], buckets=BATCH_BUCKETS,
+                                         registry=r)
         self.queue_depth = Gauge("ttcore_queue_depth", "Requests admitted and not finished", registry=r)
         self.model_calls = Histogram("ttcore_model_calls_per_request", "Backbone calls per request",
                                      buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 1024), registry=r)

@@ -15,6 +15,7 @@ chunk has its ``finish_reason``; with ``stream_options.include_usage`` a final c
 
 import json
 import re
+import time
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -136,11 +137,12 @@ def openai_router(serving: Serving) -> APIRouter:
                     status = {"timeout": 504, "cancelled": 499}.get(out.kind, 500)
                     return openai_error(status, out.message, code=out.kind, kind="server_error")
                 if out.finished:
-                    rows = out.tokens.tolist()
+                    rows, t0 = out.tokens.tolist(), time.perf_counter()
                     made = []
                     for i, (c, row) in enumerate(zip(choices, rows)):
                         ids_i, reason = c.completion(row, True)
                         made.append(CompletionChoice(text=prefix + tok.decode(ids_i), index=i, finish_reason=reason))
+                    job.decode_s += time.perf_counter() - t0
                     answer = serving.answer_telemetry(job, out)
                     return Completion(id=cid, model=name, choices=made, usage=usage(rows), ttcore=answer)
 
@@ -153,7 +155,7 @@ def openai_router(serving: Serving) -> APIRouter:
                     err = {"message": out.message, "type": "server_error", "param": None, "code": out.kind}
                     yield f"data: {json.dumps({'error': err})}\n\n".encode()
                     break
-                rows = out.tokens.tolist()
+                rows, t0 = out.tokens.tolist(), time.perf_counter()
                 for i, (c, row) in enumerate(zip(choices, rows)):
                     if c.finished:
                         continue
@@ -164,7 +166,9 @@ def openai_router(serving: Serving) -> APIRouter:
                         ttcore={"step": out.step, "canvas": tok.decode(row), "committed": out.committed[i]})
                     yield f"data: {chunk.model_dump_json(exclude_none=True)}\n\n".encode()
                 first = False
+                job.decode_s += time.perf_counter() - t0
                 if out.finished:
+                    serving.answer_telemetry(job, out)
                     if include_usage:
                         last = Completion(id=cid, model=name, choices=[], usage=usage(rows))
                         yield f"data: {last.model_dump_json(exclude_none=True)}\n\n".encode()

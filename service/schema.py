@@ -111,6 +111,12 @@ class Timings(BaseModel):
     queue_ms: float = Field(description="From arrival to the first denoising step.")
     first_event_ms: float = Field(description="From arrival to the first step's event.")
     total_ms: float = Field(description="From arrival to the final sequences.")
+    forward_ms: float = Field(0.0, description="This request's share of the backbone passes it took part in (a "
+                                               "batched pass split by sequences: an apportioned figure).")
+    sampling_ms: float = Field(0.0, description="Its share of the rest of those steps (heads, joint draws), split "
+                                                "the same way.")
+    decode_ms: float = Field(0.0, description="Decoding its sequences to text (every step when streaming; the "
+                                              "final sequences otherwise) and checking SMILES.")
 
 
 class GenerateResponse(BaseModel):
@@ -122,6 +128,8 @@ class GenerateResponse(BaseModel):
     samples: list[Sample]
     steps: int = Field(description="Denoising steps taken.")
     model_calls: int = Field(description="Backbone forward passes this request took part in.")
+    tokens_per_step: list[int] = Field(default_factory=list, description="Tokens committed in each step (all "
+                                                                         "sequences together).")
     timings: Timings
 
 

@@ -68,14 +68,16 @@ class Serving:
                             max_rows_per_pass=plan.max_rows_per_pass, **settings)
         return self.engine.submit(lm, run, plan.seconds, timeout)
 
-    async def events(self, job: Job):
-        """(event, payload) pairs: a ``step`` per denoising step, then ``done`` (the answer) or ``error``;
+    async def events(self, job: Job, steps: bool = True):
+        """(event, payload) pairs: a ``step`` per denoising step (decoded only when ``steps``: a non-streaming
+        answer does not pay for decoding partial sequences), then ``done`` (the answer) or ``error``;
         closing it early cancels the job."""
         async for out in self.engine.outputs(job):
             if isinstance(out, EngineError):
                 yield "error", {"id": job.id, "error": out.message, "code": out.kind}
                 return
-            yield "step", self.step_event(job, out).model_dump()
+            if steps:
+                yield "step", self.step_event(job, out).model_dump()
             if out.finished:
                 yield "done", self.answer(job, out).model_dump()
 
@@ -115,25 +117,33 @@ class Serving:
         return self.engine.outputs(job)
 
     def answer_telemetry(self, job: Job, out: StepOutput) -> dict:
-        """Steps, model calls and timings of a finished job (counted in the metrics once)."""
-        self.metrics.samples.labels(job.lm.family).inc(out.tokens.shape[0])
-        self.metrics.steps.labels(job.lm.family).inc(out.step)
-        self.metrics.model_calls.observe(out.model_calls)
+        """Steps, model calls, tokens per step and timings of a finished job (counted in the metrics once)."""
+        m, family = self.metrics, job.lm.family
+        m.samples.labels(family).inc(out.tokens.shape[0])
+        m.steps.labels(family).inc(out.step)
+        m.model_calls.observe(out.model_calls)
+        timings = self._timings(job)
+        for phase in ("queue", "forward", "sampling", "decode"):
+            m.request_seconds.labels(family, phase).observe(getattr(timings, f"{phase}_ms") / 1e3)
+        for n in job.tokens_per_step:
+            m.tokens_per_step.labels(family).observe(n)
         return {"steps": out.step, "model_calls": out.model_calls, "checkpoint": job.lm.name,
-                "timings": self._timings(job).model_dump()}
+                "tokens_per_step": job.tokens_per_step, "timings": timings.model_dump()}
 
     def _timings(self, job: Job) -> Timings:
         now = time.perf_counter()
         return Timings(queue_ms=1e3 * (job.started - job.arrived),
-                       first_event_ms=1e3 * (job.first_output - job.arrived), total_ms=1e3 * (now - job.arrived))
+                       first_event_ms=1e3 * (job.first_output - job.arrived), total_ms=1e3 * (now - job.arrived),
+                       forward_ms=1e3 * job.forward_s, sampling_ms=1e3 * job.sampling_s, decode_ms=1e3 * job.decode_s)
 
     def step_event(self, job: Job, out: StepOutput) -> StepEvent:
-        tok = job.lm.tokenizer
-        return StepEvent(step=out.step, sequences=[tok.decode(row) for row in out.tokens.tolist()],
-                         committed=out.committed)
+        tok, t0 = job.lm.tokenizer, time.perf_counter()
+        sequences = [tok.decode(row) for row in out.tokens.tolist()]
+        job.decode_s += time.perf_counter() - t0
+        return StepEvent(step=out.step, sequences=sequences, committed=out.committed)
 
     def answer(self, job: Job, out: StepOutput) -> GenerateResponse:
-        lm = job.lm
+        lm, t0 = job.lm, time.perf_counter()
         check = smiles_checker() if lm.domain == "smiles" else None
         samples = []
         for row in out.tokens.tolist():
@@ -141,10 +151,11 @@ class Serving:
             canonical = check(text) if check is not None else None
             samples.append(Sample(text=text, valid=None if check is None else canonical is not None,
                                   canonical=canonical))
+        job.decode_s += time.perf_counter() - t0
         telemetry = self.answer_telemetry(job, out)
         return GenerateResponse(id=job.id, model=lm.family, checkpoint=lm.name, decomposition=lm.info.decomposition,
                                 rank=lm.info.rank, samples=samples, steps=out.step, model_calls=out.model_calls,
-                                timings=telemetry["timings"])
+                                tokens_per_step=telemetry["tokens_per_step"], timings=telemetry["timings"])
 
 
 class ScoreInputError(ValueError):

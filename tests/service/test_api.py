@@ -200,3 +200,15 @@ def test_smiles_served_without_rdkit(checkpoints, tmp_path):
         proc.terminate()
         proc.wait(timeout=30)
     assert "RDKit is not importable" in proc.stderr.read().decode()
+
+
+def test_answers_carry_telemetry_and_the_metrics_count_it(server):
+    r = httpx.post(server + "/generate", json=dict(model="qm9", num_samples=4, steps=8, seed=0), timeout=60).json()
+    t = r["timings"]
+    assert t["forward_ms"] > 0 and t["sampling_ms"] > 0 and t["decode_ms"] > 0
+    assert t["queue_ms"] + t["forward_ms"] + t["sampling_ms"] + t["decode_ms"] <= t["total_ms"] + 1
+    length = httpx.get(server + "/models").json()["models"][0]["length"]
+    assert len(r["tokens_per_step"]) == r["steps"] and sum(r["tokens_per_step"]) == 4 * length
+    text = httpx.get(server + "/metrics").text
+    assert metric(text, "ttcore_request_phase_seconds_count", 'phase="forward"') >= 1
+    assert metric(text, "ttcore_tokens_per_step_count") >= r["steps"]
