@@ -93,11 +93,12 @@ async def _soak(url, clients, seconds, pids_fn):
         start = time.perf_counter()
         stop_at = start + seconds
 
-        async def sample_rss():
-            await asyncio.sleep(seconds / 10)
-            rss["warm"] = _rss_mb(pids_fn())
-            await asyncio.sleep(max(0.0, stop_at - time.perf_counter() - 0.5))
-            rss["end"] = _rss_mb(pids_fn())
+        async def sample_rss():  # every tenth of the run; "warm" is after the first tenth
+            rss["series"] = []
+            for k in range(1, 11):
+                await asyncio.sleep(max(0.0, start + k * seconds / 10 - 0.5 - time.perf_counter()))
+                rss["series"].append(round(_rss_mb(pids_fn())))
+            rss["warm"], rss["end"] = rss["series"][0], rss["series"][-1]
 
         await asyncio.gather(sample_rss(), *[_client(http, url, stop_at, stats) for _ in range(clients)])
     return stats, rss
@@ -111,6 +112,7 @@ def _report(mode, clients, minutes, stats, rss) -> bool:
     print(f"{mode:>8} | {clients:>7} {minutes:>5.1f} | {len(lat):>8} {len(stats['errors']):>6} | "
           f"{q(lat, 50):>6.2f} {q(lat, 99):>6.2f} | {q(first, 50):>6.2f} {q(first, 99):>6.2f} | "
           f"{rss.get('warm', 0):>8.0f} {rss.get('end', 0):>8.0f} {growth:>+7.1%}", flush=True)
+    print(f"         RSS MB every tenth of the run: {rss.get('series')}")
     if stats["errors"]:
         print(f"         errors (first 5): {stats['errors'][:5]}")
     return not stats["errors"] and growth < 0.05

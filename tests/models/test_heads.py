@@ -98,3 +98,19 @@ def test_bf16_linears_match_autocast_exactly(decomposition, rank, head):
     assert outs[0][2].abs().max() > 0
     for a, b in zip(*outs):
         assert torch.equal(a, b)
+
+
+def test_bucketed_linears_change_no_output_and_bound_the_shapes():
+    from ttcore.models.precision import bucket_linear_rows_, bucketed_rows
+    sizes = {bucketed_rows(n) for n in range(1, 4097)}
+    assert all(n <= bucketed_rows(n) <= 1.25 * n for n in range(1, 4097)) and len(sizes) < 60
+    base = _base().float()
+    model = JointModel.from_base(base, "tt", 3, "1layer", noise=0.2, generator=torch.Generator().manual_seed(0))
+    plain = copy.deepcopy(model).eval().cast_linears_(torch.bfloat16)
+    bucketed = bucket_linear_rows_(copy.deepcopy(plain))
+    x = torch.randint(0, V + 1, (37, L))  # 37 rows: padded to 40 inside every linear
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        h1, h2 = plain.features(x), bucketed.features(x)
+        s1 = plain.select_logits(h1.reshape(-1, h1.shape[-1]), torch.zeros(37 * L, dtype=torch.long), 3)
+        s2 = bucketed.select_logits(h2.reshape(-1, h2.shape[-1]), torch.zeros(37 * L, dtype=torch.long), 3)
+    assert torch.equal(h1, h2) and torch.equal(s1, s2)

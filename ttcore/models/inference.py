@@ -7,7 +7,7 @@ import torch
 
 from .checkpoint import load_checkpoint
 from .joint_model import JointModel
-from .precision import resolve_precision
+from .precision import bucket_linear_rows_, resolve_precision
 
 
 def prepare_for_inference(model: JointModel, precision: str) -> JointModel:
@@ -18,6 +18,7 @@ def prepare_for_inference(model: JointModel, precision: str) -> JointModel:
     model.eval()
     if precision == "bf16":
         model.cast_linears_(torch.bfloat16)
+        bucket_linear_rows_(model)  # bounded shapes: bounded oneDNN caches
     model.precision = precision
     return model
 
