@@ -157,7 +157,8 @@ def create_app(serving: Serving, security: SecurityConfig | None = None) -> Fast
             watcher.cancel()
 
     @app.post("/score", response_model=ScoreResponse, responses={
-        404: {"description": "No loaded checkpoint matches"},
+        400: {"description": "The body is not JSON"}, 401: {"description": "Missing or unknown API key"},
+        404: {"description": "No loaded checkpoint matches"}, 413: {"description": "Body too large"},
         422: {"description": "Invalid input; a sequence that cannot be scored is named by its index"}})
     async def score(req: ScoreRequest):
         try:

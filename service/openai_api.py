@@ -98,7 +98,9 @@ def openai_router(serving: Serving) -> APIRouter:
 
     @router.post("/completions", response_model=Completion, responses={
         200: {"description": "A completion; with `stream: true`, `data: {chunk}` events then `data: [DONE]`",
-              "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+              "content": {"text/event-stream": {"schema": {
+                  "type": "object", "required": ["data"],
+                  "properties": {"data": {"type": "string", "description": "a Completion chunk (JSON) or [DONE]"}}}}}},
         400: {"description": "Invalid request (OpenAI error object)"}, 401: {"description": "Missing or bad key"},
         404: {"description": "Unknown model"}, 413: {"description": "Body too large"},
         422: {"description": "Invalid request (OpenAI error object)"},
