@@ -23,6 +23,8 @@ from pathlib import Path
 
 import httpx
 
+from service.deployment import replica_pids
+
 ROOT = Path(__file__).resolve().parents[1]
 BODY = {"model": "qm9", "num_samples": 2, "steps": 8, "ordering": "random", "stream": True}
 
@@ -43,20 +45,6 @@ def _rss_mb(pids: list[int]) -> float:
         except OSError:
             pass
     return total
-
-
-def _replica_pids() -> list[int]:
-    """Processes whose command line names a Serve replica of ours."""
-    pids = []
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                cmd = (p / "cmdline").read_bytes().decode(errors="replace")
-            except OSError:
-                continue
-            if "ServeReplica" in cmd and "TTCore" in cmd:
-                pids.append(int(p.name))
-    return pids
 
 
 async def _client(http, url, stop_at, stats):
@@ -152,7 +140,7 @@ def main():
                 if time.time() > deadline or proc.poll() is not None:
                     raise SystemExit(f"{mode} server did not start: {proc.stderr.read().decode()[-2000:]}")
                 time.sleep(0.5)
-            pids = (lambda: [proc.pid]) if mode == "embedded" else _replica_pids
+            pids = (lambda: [proc.pid]) if mode == "embedded" else replica_pids
             stats, rss = asyncio.run(_soak(url, args.clients, 60 * args.minutes, pids))
             passed &= _report(mode, args.clients, args.minutes, stats, rss)
         finally:

@@ -74,6 +74,20 @@ def build_app(args: dict | AppArgs | None = None) -> Application:
     return deployment.bind()
 
 
+def replica_pids(deployment: str = "TTCore") -> list[int]:
+    """Process ids of this machine's Serve replicas of ``deployment`` (for soak figures and fault tests)."""
+    pids = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                cmd = (p / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if "ServeReplica" in cmd and deployment in cmd:
+                pids.append(int(p.name))
+    return pids
+
+
 def main():
     """A local Ray Serve application on this machine (a fresh Ray cluster, stopped with this process):
 

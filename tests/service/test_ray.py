@@ -3,11 +3,12 @@
 import os
 import signal
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 from common import lone_run_texts, stream_events
+
+from service.deployment import replica_pids
 
 pytestmark = pytest.mark.slow  # servers, Ray, training or end-to-end commands
 
@@ -28,23 +29,10 @@ def test_ray_serve_streams_and_validates(ray_server, checkpoints):
     assert "ttcore_requests_total" in httpx.get(ray_server + "/metrics").text
 
 
-def _replica_pids() -> list[int]:
-    pids = []
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                cmd = (p / "cmdline").read_bytes().decode(errors="replace")
-            except OSError:
-                continue
-            if "ServeReplica" in cmd and "TTCore" in cmd:
-                pids.append(int(p.name))
-    return pids
-
-
 def test_a_killed_replica_ends_its_stream_and_is_replaced(ray_server):
     """SIGKILL the replica mid-stream: the client's stream ends (no hang, no `done`), Serve starts a new
     replica, and a new request succeeds within 30 s."""
-    (pid,) = _replica_pids()
+    (pid,) = replica_pids()
     events, ended = [], None
     t0 = time.time()
     try:
@@ -71,4 +59,4 @@ def test_a_killed_replica_ends_its_stream_and_is_replaced(ray_server):
             pass
         assert time.time() < deadline, "no replica answered within 30 s of the kill"
         time.sleep(0.5)
-    assert _replica_pids() and pid not in _replica_pids()
+    assert replica_pids() and pid not in replica_pids()
