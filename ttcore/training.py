@@ -5,6 +5,7 @@ writes an atomic checkpoint every ``ckpt_minutes`` and at the end; ``resume`` co
 (model, optimizer, LR schedule position, RNG, step, data position).
 """
 
+import contextlib
 import json
 import math
 import resource
@@ -65,6 +66,7 @@ class TrainConfig:
     val_every: int = 500
     val_batches: int = 8
     ckpt_minutes: float = 10.0
+    ema_decay: float = 0.0  # > 0: validate, checkpoint and export the EMA of the weights (MDLM / VADD: 0.9999)
     data: str = "qm9"  # qm9; text (the public-domain corpus); or a file with one SMILES per line
     family: str = "qm9"  # the model family the service exposes (`model` in requests)
     tokenizer: str = "bpe"  # text only: bpe (trained on the corpus) or gpt2
@@ -158,6 +160,38 @@ class _StopOnSignal:
     def restore(self):
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+
+class WeightEMA:
+    """Exponential moving average of the trainable weights, in float32, with the usual warm-up decay
+    min(decay, (1 + n) / (10 + n)) after n updates, so early averages do not stay near the initialization."""
+
+    def __init__(self, model: JointModel, decay: float, updates: int = 0):
+        self.decay, self.updates = decay, updates
+        self.shadow = {n: p.detach().float().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    @torch.no_grad()
+    def update(self, model: JointModel) -> None:
+        d = min(self.decay, (1 + self.updates) / (10 + self.updates))
+        for n, p in model.named_parameters():
+            if n in self.shadow:
+                self.shadow[n].mul_(d).add_(p.detach().float(), alpha=1 - d)
+        self.updates += 1
+
+    @contextlib.contextmanager
+    def applied(self, model: JointModel):
+        """The model holds the averaged weights inside the block, its own after; yields its own weights."""
+        params = dict(model.named_parameters())
+        raw = {n: params[n].detach().clone() for n in self.shadow}
+        with torch.no_grad():
+            for n, v in self.shadow.items():
+                params[n].copy_(v)
+        try:
+            yield raw
+        finally:
+            with torch.no_grad():
+                for n, v in raw.items():
+                    params[n].copy_(v)
 
 
 def _autocast(device: torch.device, precision: str):
@@ -254,6 +288,8 @@ def model_card(title: str, cfg: TrainConfig, model: JointModel, meta: dict) -> s
              f"- steps: {meta['step']}, wall time {meta['wall_seconds'] / 3600:.2f} h "
              f"({meta['seconds_per_step']:.3f} s/step, batch {cfg.batch_size}, {meta['device']})",
              "- validation: " + validation_summary(meta["val"]),
+             *([f"- weights: the EMA of the training weights (decay {cfg.ema_decay:g}, {meta.get('ema_updates', 0)} "
+                f"updates); validation uses them too"] if cfg.ema_decay > 0 else []),
              "", "## Commands", "", *[f"    {c}" for c in meta["commands"]],
              "", "## Config", "", "```json", json.dumps(asdict(cfg), indent=1), "```", ""]
     return "\n".join(lines)
@@ -283,14 +319,23 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
         torch.set_rng_state(tensors["rng.torch"])
         meta["device"] = str(device)
         order = BatchOrder(len(train_tokens), cfg.batch_size, cfg.seed, meta["epoch"], meta["index"])
+    # EMA: the checkpoint's model weights are the average (what validation, export and serving see); the
+    # optimizer's own weights travel in the train state as raw.<name>
+    ema = WeightEMA(model, cfg.ema_decay, meta.get("ema_updates", 0)) if cfg.ema_decay > 0 else None
+    if saved is not None and ema is not None and any(k.startswith("raw.") for k in tensors):
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if f"raw.{n}" in tensors:
+                    p.copy_(tensors[f"raw.{n}"].to(p))
     meta["commands"] = meta["commands"] + [public_command([Path(sys.executable).name] + sys.argv)]
     mask_id = tokenizer.mask_id
     max_steps = cfg.total_steps if max_steps is None else max_steps
     start_time, start_wall, last_ckpt = time.time(), meta["wall_seconds"], time.time()
 
     def validate():
-        return evaluate_loss(model, val_tokens, mask_id, batch_size=cfg.batch_size, batches=cfg.val_batches,
-                             precision=cfg.precision, eps=cfg.eps, device=device)
+        with ema.applied(model) if ema is not None else contextlib.nullcontext():
+            return evaluate_loss(model, val_tokens, mask_id, batch_size=cfg.batch_size, batches=cfg.val_batches,
+                                 precision=cfg.precision, eps=cfg.eps, device=device)
 
     def checkpoint():
         meta["wall_seconds"] = start_wall + time.time() - start_time
@@ -299,8 +344,12 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
         meta["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         opt_tensors, opt_meta = _optimizer_state(opt)
         tensors = dict(opt_tensors, **{"rng.generator": gen.get_state(), "rng.torch": torch.get_rng_state()})
-        save_checkpoint(out, model, tokenizer, model_card=model_card(title, cfg, model, meta),
-                        train_state=(tensors, dict(meta, optimizer=opt_meta, config=asdict(cfg))))
+        if ema is not None:
+            meta["ema_updates"] = ema.updates
+        with ema.applied(model) if ema is not None else contextlib.nullcontext() as raw:
+            tensors.update({f"raw.{n}": v for n, v in (raw or {}).items()})
+            save_checkpoint(out, model, tokenizer, model_card=model_card(title, cfg, model, meta),
+                            train_state=(tensors, dict(meta, optimizer=opt_meta, config=asdict(cfg))))
 
     bar = tqdm(total=max_steps, initial=meta["step"], disable=quiet, dynamic_ncols=True, mininterval=5)
     tokens_seen, t0 = 0, time.time()
@@ -318,6 +367,8 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
         losses["loss"].backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         opt.step()
+        if ema is not None:
+            ema.update(model)
         meta["step"] = step + 1
         tokens_seen += x0.numel()
         if meta["step"] % cfg.log_every == 0:

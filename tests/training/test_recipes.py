@@ -193,3 +193,25 @@ def test_cards_record_commands_without_the_trainers_paths(tmp_path, monkeypatch)
             "--set", "data=/data/q.txt", "lr=0.1"]
     cmd = public_command(argv)
     assert cmd == "python training/finetune.py --base .../ck --out=.../run --set data=.../q.txt lr=0.1"
+
+
+def test_ema_weights_are_checkpointed_and_a_resume_is_exact(tmp_path):
+    """With ema_decay the checkpoint holds the average (served, exported), the train state the optimizer's
+    own weights; stopping and resuming gives bit-identical weights, average and optimizer state."""
+    cfg = load_config(TINY, ["threads=1", "device=cpu", "ema_decay=0.9", "val_every=1000"])
+    dims = dict(hidden_dim=16, cond_dim=8, n_blocks=1, n_heads=2)
+    model, tok, train, val = _sample_model(**dims)
+    fit(model, tok, train, val, cfg, tmp_path / "straight", max_steps=12, quiet=True)
+    model, tok, train, val = _sample_model(**dims)
+    fit(model, tok, train, val, cfg, tmp_path / "stopped", max_steps=6, quiet=True)
+    resumed, _, _ = load_checkpoint(tmp_path / "stopped")
+    fit(resumed, tok, train, val, cfg, tmp_path / "stopped", resume=True, max_steps=12, quiet=True)
+    for name in ("model.safetensors", "train_state/state.safetensors"):
+        a, b = load_file(str(tmp_path / "straight" / name)), load_file(str(tmp_path / "stopped" / name))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+    weights = load_file(str(tmp_path / "straight" / "model.safetensors"))
+    state = load_file(str(tmp_path / "straight" / "train_state" / "state.safetensors"))
+    raw = {k[4:]: v for k, v in state.items() if k.startswith("raw.")}
+    assert raw and all(k in weights for k in raw)
+    assert any(not torch.equal(weights[k], raw[k]) for k in raw)  # the average is not the last iterate
+    assert "the EMA of the training weights" in (tmp_path / "straight" / "model_card.md").read_text()
