@@ -50,7 +50,7 @@ def _generate_request(req: CompletionRequest) -> GenerateRequest:
                            ordering=req.ordering, schedule=req.schedule, sampler=req.sampler, eb_gamma=req.eb_gamma,
                            eb_proxy=req.eb_proxy, temperature=max(req.temperature, MIN_TEMPERATURE),
                            contraction=req.contraction, seed=req.seed, prompt=req.prompt or None,
-                           timeout_s=req.timeout_s)
+                           joint=req.joint, timeout_s=req.timeout_s)
 
 
 class _Choice:

@@ -54,6 +54,8 @@ class CompletionRequest(BaseModel):
     eb_gamma: float = Field(0.5, ge=0, le=1e6, allow_inf_nan=False, description="EB-Sampler budget (extension).")
     eb_proxy: EBProxy = Field("entropy", description="EB-Sampler's error proxy (extension).")
     contraction: Contraction = Field("head", description="TT contraction (extension), as in POST /generate.")
+    joint: bool = Field(True, strict=True, description="`false`: independent draws from the joint's exact "
+                                                       "marginals (extension), as in POST /generate.")
     timeout_s: float | None = Field(None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False,
                                     description="Deadline in seconds (extension).")
 

@@ -74,6 +74,10 @@ class GenerateRequest(BaseModel):
         description="A template: known tokens are kept, `[MASK]` placeholders are filled; a template shorter "
                     "than the model length is followed by masks (a prefix for text). SMILES templates may use "
                     "`[PAD]` to fix the end.", examples=["C1CC[MASK][MASK]1"])
+    joint: bool = Field(True, strict=True,
+                        description="`false`: the rank-1 view of a CP / TT checkpoint: each position drawn "
+                                    "independently from the joint's exact marginal (same network, no joint "
+                                    "draw; fixed samplers only). It isolates what joint sampling buys.")
     timeout_s: float | None = Field(
         None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False,
         description="Deadline in seconds from arrival (at most the server's `--max-timeout-s`, its default). Past "
@@ -98,7 +102,7 @@ class GenerateRequest(BaseModel):
         """Keyword arguments of ``ttcore.sampling.GenerationRun`` (prompt excluded: it needs the tokenizer)."""
         return {"ordering": self.ordering, "schedule": self.schedule, "temperature": self.temperature,
                 "seed": self.seed, "eb_gamma": self.eb_gamma if self.sampler == "eb" else None,
-                "eb_proxy": self.eb_proxy, "contraction": self.contraction}
+                "eb_proxy": self.eb_proxy, "contraction": self.contraction, "joint": self.joint}
 
 
 class Sample(BaseModel):

@@ -55,7 +55,9 @@ class Serving:
         prompt = self.registry.encode_prompt(lm, request.prompt) if request.prompt else None
         settings = request.sampler_settings()
         timeout = min(request.timeout_s or self.max_timeout_s, self.max_timeout_s)
-        adaptive = settings["eb_gamma"] is not None or settings["ordering"] in ADAPTIVE
+        if not settings["joint"] and settings["eb_gamma"] is not None:
+            raise admission.TooLarge("joint", "joint: false draws from the marginals with a fixed sampler, not eb")
+        adaptive = settings["eb_gamma"] is not None or settings["ordering"] in ADAPTIVE or not settings["joint"]
         exact = lm.info.decomposition == "tt" and (settings["contraction"] == "exact" or settings["temperature"] != 1)
         try:
             plan = admission.plan(lm.model, lm.speed, num_samples=request.num_samples, steps=request.steps,

@@ -205,3 +205,21 @@ def test_joint_models_unmask_one_token_per_step_when_k_ge_l(decomposition, order
     per_step = torch.stack([s.committed.sum(1) for s in states])  # [steps, b]
     assert (per_step <= 1).all() and (per_step.sum(0) == 10).all()
     assert states[-1].model_calls == 10 and states[-1].done and (states[-1].tokens < 8).all()
+
+
+@pytest.mark.parametrize("ordering", ["random", "entropy"])
+def test_joint_false_draws_each_position_from_the_exact_marginals(ordering):
+    """The rank-1 view of a TT: one step draws from the product of its exact marginals, not the TT."""
+    cores = _tt_cores(5)
+    seqs = all_sequences(L, V).numpy()
+    p = dense_tt(cores.numpy(), seqs)
+    marginals = np.stack([np.bincount(seqs[:, i], weights=p, minlength=V) for i in range(L)])  # [l, v]
+    product = np.prod(marginals[np.arange(L), seqs], axis=1)
+    draws = _final(ExplicitTT(cores), 1, ordering=ordering, joint=False)
+    assert chi_square_pvalue(draws, product, seqs) > 1e-3
+    assert chi_square_pvalue(draws, p, seqs) < 1e-6  # and it is not the joint
+
+
+def test_joint_false_is_refused_with_eb():
+    with pytest.raises(ValueError, match="fixed sampler"):
+        GenerationRun(ExplicitTT(_tt_cores()), 2, 4, eb_gamma=0.5, joint=False)

@@ -212,3 +212,13 @@ def test_answers_carry_telemetry_and_the_metrics_count_it(server):
     text = httpx.get(server + "/metrics").text
     assert metric(text, "ttcore_request_phase_seconds_count", 'phase="forward"') >= 1
     assert metric(text, "ttcore_tokens_per_step_count") >= r["steps"]
+
+
+def test_joint_false_serves_the_rank_one_view(server):
+    body = dict(model="qm9", decomposition="tt", num_samples=8, steps=4, seed=0)
+    joint = httpx.post(server + "/generate", json=body, timeout=60).json()
+    view = httpx.post(server + "/generate", json=dict(body, joint=False), timeout=60).json()
+    assert view["checkpoint"] == joint["checkpoint"] and len(view["samples"]) == 8
+    assert [s["text"] for s in view["samples"]] != [s["text"] for s in joint["samples"]]
+    bad = httpx.post(server + "/generate", json=dict(body, joint=False, sampler="eb"))
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "joint"]

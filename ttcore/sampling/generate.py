@@ -13,7 +13,7 @@ from ttcore.decompositions import CONTRACTIONS
 from ttcore.distributions import RowStreams
 
 from .eb import EB_PROXIES, eb_score
-from .joint_step import chain_rule_step, predetermined_step
+from .joint_step import chain_rule_step, marginal_step, predetermined_step
 from .orderings import ADAPTIVE, PREDETERMINED, top_k_mask
 from .schedules import SCHEDULES, unmask_counts
 
@@ -34,7 +34,7 @@ class GenerationRun:
                  schedule: str = "loglinear", eb_gamma: float | None = None, eb_proxy: str = "entropy",
                  temperature: float = 1.0, seed: int | None = None, prompt: torch.Tensor | None = None,
                  bernoulli: bool = False, contraction: str = "head", device: str | torch.device | None = None,
-                 max_rows_per_pass: int | None = None):
+                 max_rows_per_pass: int | None = None, joint: bool = True):
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
         if num_samples < 1:
@@ -57,7 +57,9 @@ class GenerationRun:
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.steps, self.ordering, self.schedule = steps, ordering, SCHEDULES[schedule]
         self.eb_gamma, self.eb_proxy, self.temperature, self.bernoulli = eb_gamma, eb_proxy, temperature, bernoulli
-        self.contraction, self.max_rows_per_pass = contraction, max_rows_per_pass
+        if not joint and eb_gamma is not None:
+            raise ValueError("joint=False (independent draws from the marginals) needs a fixed sampler, not EB")
+        self.contraction, self.max_rows_per_pass, self.joint = contraction, max_rows_per_pass, joint
         self.mask_id = model.cfg.dit.vocab_size - 1
         length = model.cfg.dit.length
         self.generator = torch.Generator(self.device)
@@ -116,6 +118,9 @@ class GenerationRun:
 
     def _draw(self, h, tokens, masked, chosen, counts) -> torch.Tensor:
         """This step's tokens for some of the sequences (all of them unless micro-batched)."""
+        if not self.joint:
+            return marginal_step(self.model, h, tokens, masked, chosen, counts, ADAPTIVE.get(self.ordering),
+                                 self.temperature, self.generator)
         if self.eb_gamma is not None:  # EB ranks by its proxy; the last allowed step takes all
             last = counts is not None
             return chain_rule_step(self.model, h, tokens, masked, counts, eb_score(self.eb_proxy),
@@ -136,7 +141,8 @@ class GenerationRun:
         """Whether this step can share its joint draw with other runs (``step_together``): a model call
         with a predetermined ordering (the set T is fixed before the head runs), by a run that fits one pass."""
         fits = self.max_rows_per_pass is None or len(self.tokens) <= self.max_rows_per_pass
-        return bool(self._needed) and self.eb_gamma is None and self.ordering in PREDETERMINED and fits
+        return (bool(self._needed) and self.eb_gamma is None and self.ordering in PREDETERMINED and fits
+                and self.joint)
 
     def chosen(self) -> torch.Tensor:
         """This step's set T for a predetermined ordering: [b, l] bool."""
