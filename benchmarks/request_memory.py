@@ -36,7 +36,7 @@ def one_case(path: str, n: int, steps: int, ordering: str, contraction: str, bud
         list(generate(model, 1, 1, seed=0))
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     adaptive, exact = ordering in ADAPTIVE, contraction == "exact" and model.cfg.decomposition == "tt"
-    rows = cost.rows_per_pass(model.cfg, adaptive, budget_mb << 20, exact and not adaptive)
+    rows = cost.rows_per_pass(model.cfg, adaptive, budget_mb << 20, exact)
     run = GenerationRun(model, n, steps, seed=0, ordering=ordering, contraction=contraction,
                         max_rows_per_pass=rows if rows < n else None)
     with model.compute_context():

@@ -71,7 +71,7 @@ def plan(model, speed: Speed, *, num_samples: int, steps: int, adaptive: bool, e
          memory_budget: int, step_limit_s: float) -> Plan:
     """Micro-batching and compute estimate of a request, or TooLarge naming what to lower."""
     cfg = model.cfg
-    rows = cost.rows_per_pass(cfg, adaptive, memory_budget, exact and not adaptive)
+    rows = cost.rows_per_pass(cfg, adaptive, memory_budget, exact)
     if rows == 0:
         need = cost.step_row_bytes(cfg, adaptive) >> 20
         raise TooLarge("ordering", f"one sequence of this model needs about {need} MB per step with this "

@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from .admission import TooLarge
-from .engine import Overloaded
+from .engine import EngineError, Overloaded
 from .openai_api import openai_error, openai_router
 from .registry import ModelNotFound, PromptError
 from .schema import GenerateRequest, GenerateResponse, ModelList, ScoreRequest, ScoreResponse
@@ -151,7 +151,7 @@ def create_app(serving: Serving, security: SecurityConfig | None = None) -> Fast
                 if event == "done":
                     return JSONResponse(payload)
                 if event == "error":
-                    status = {"timeout": 504, "cancelled": 499}.get(payload.get("code"), 500)  # 499: client gone
+                    status = EngineError(payload["error"], payload.get("code", "failed")).status
                     return JSONResponse(status_code=status, content={"detail": payload["error"]})
         finally:
             watcher.cancel()

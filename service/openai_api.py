@@ -136,8 +136,7 @@ def openai_router(serving: Serving) -> APIRouter:
         if not req.stream:
             async for out in serving.outputs(job):
                 if isinstance(out, EngineError):
-                    status = {"timeout": 504, "cancelled": 499}.get(out.kind, 500)
-                    return openai_error(status, out.message, code=out.kind, kind="server_error")
+                    return openai_error(out.status, out.message, code=out.kind, kind="server_error")
                 if out.finished:
                     rows, t0 = out.tokens.tolist(), time.perf_counter()
                     made = []

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from ttcore import scoring
+from ttcore.decompositions import sums_cores_exactly
 from ttcore.sampling import ADAPTIVE, GenerationRun, cost
 
 from . import admission
@@ -58,7 +59,7 @@ class Serving:
         if not settings["joint"] and settings["eb_gamma"] is not None:
             raise admission.TooLarge("joint", "joint: false draws from the marginals with a fixed sampler, not eb")
         adaptive = settings["eb_gamma"] is not None or settings["ordering"] in ADAPTIVE or not settings["joint"]
-        exact = lm.info.decomposition == "tt" and (settings["contraction"] == "exact" or settings["temperature"] != 1)
+        exact = lm.info.decomposition == "tt" and sums_cores_exactly(settings["contraction"], settings["temperature"])
         try:
             plan = admission.plan(lm.model, lm.speed, num_samples=request.num_samples, steps=request.steps,
                                   adaptive=adaptive, exact=exact, timeout_s=timeout, memory_budget=self.memory_budget,

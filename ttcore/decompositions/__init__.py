@@ -15,6 +15,7 @@ from .tt import (
     TTOutputs,
     contracted_core_loss,
     exact_contracted_cores,
+    sums_cores_exactly,
     tt_masked_log_prob,
     tt_masked_marginal_log_probs,
     tt_selected_log_cores,
@@ -32,5 +33,5 @@ def get_decomposition(name: str) -> Decomposition:
 __all__ = ["CONTRACTIONS", "DECOMPOSITIONS", "CPDecomposition", "CPOutputs", "Decomposition", "Denoiser",
            "FactorizedOutputs", "HeadOutputs", "Rank1", "TTDecomposition", "TTOutputs", "contracted_core_loss",
            "cp_masked_log_prob", "cp_masked_marginal_log_probs", "exact_contracted_cores",
-           "factorized_masked_log_prob", "get_decomposition", "tt_masked_log_prob", "tt_masked_marginal_log_probs",
-           "tt_selected_log_cores"]
+           "factorized_masked_log_prob", "get_decomposition", "sums_cores_exactly", "tt_masked_log_prob",
+           "tt_masked_marginal_log_probs", "tt_selected_log_cores"]

@@ -59,6 +59,12 @@ def contracted_core_loss(contracted_logits: torch.Tensor, core_logits: torch.Ten
     return (pred - target).pow(2).sum((-2, -1)).mean()
 
 
+def sums_cores_exactly(contraction: str, temperature: float) -> bool:
+    """Whether a predetermined TT step sums the cores themselves for the masked positions outside T: asked
+    for (``contraction="exact"``), or at a temperature other than 1 (the head predicts the untempered sum)."""
+    return contraction == "exact" or temperature != 1.0
+
+
 def exact_contracted_cores(model, h: torch.Tensor, temperature: float) -> torch.Tensor:
     """sum_x G_j(x) of the tempered, row-normalized cores (Eq. 10, Eq. 16 with j outside S), from the
     head's V x r x r outputs, in float64, chunked over positions. h [n, d] -> [n, r, r]."""
@@ -131,10 +137,10 @@ class TTDecomposition:
         last = torch.where(chosen, pos, -1).amax(1)  # [b] last chosen position: the rows after it sum to 1
         rest = masked & ~chosen & (pos < last[:, None])
         if rest.any():
-            if contraction == "head" and temperature == 1.0:  # Gbar_j from the contracted-core head
-                contracted[rest] = model.contracted_cores(h[rest]).to(contracted.dtype)
-            else:  # the cores' own sum (the head knows only temperature 1)
+            if sums_cores_exactly(contraction, temperature):  # the cores' own sum
                 contracted[rest] = exact_contracted_cores(model, h[rest], temperature)
+            else:  # Gbar_j from the contracted-core head
+                contracted[rest] = model.contracted_cores(h[rest]).to(contracted.dtype)
 
         def core_rows(n, t, j):  # G_t(x, j, k) for the sampled state j of rows n: [n, v, r]
             logits = model.select_logits(h[n, t], j * r, r)  # [n, k, v]

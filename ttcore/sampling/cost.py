@@ -45,6 +45,7 @@ def step_row_bytes(cfg, adaptive: bool) -> int:
 
 
 def rows_per_pass(cfg, adaptive: bool, budget_bytes: int, exact: bool = False) -> int:
-    """How many sequences one pass of a step may hold within ``budget_bytes``; 0 when not even one fits."""
+    """How many sequences one pass of a step may hold within ``budget_bytes``; 0 when not even one fits.
+    ``exact``: a TT step that sums the cores (counted for predetermined steps only)."""
     fixed = exact_contraction_bytes(cfg) if exact and not adaptive else 0
     return max(0, (budget_bytes - fixed) // step_row_bytes(cfg, adaptive))
