@@ -81,9 +81,12 @@ def test_memory_budget_micro_batches_large_requests(checkpoints):
 def test_deadlines_answer_504_and_end_streams_with_a_timeout_event(checkpoints):
     proc, url = start_uvicorn(checkpoints, "--max-batch-samples", "256")
     try:
-        big = threading.Thread(target=lambda: httpx.post(url + "/generate", json=dict(
-            num_samples=256, steps=1000, ordering="entropy"), timeout=300))  # fills the batch: the next wait
-        big.start()
+        # four requests that each fill the batch, queued first come first served: the small ones arriving
+        # during the first wait behind all four (seconds), far past their 0.5 s deadline
+        bigs = [threading.Thread(target=lambda: httpx.post(url + "/generate", json=dict(
+            num_samples=256, steps=1000, ordering="entropy"), timeout=300)) for _ in range(4)]
+        for big in bigs:
+            big.start()
         assert _until(lambda: metric(httpx.get(url + "/metrics").text, "ttcore_tokens_generated_total") > 0)
         answers = []
         small = threading.Thread(target=lambda: answers.append(httpx.post(url + "/generate", json=dict(
@@ -101,7 +104,8 @@ def test_deadlines_answer_504_and_end_streams_with_a_timeout_event(checkpoints):
         small.join()
         assert answers[0].status_code == 504 and "deadline" in answers[0].json()["detail"]
         assert metric(httpx.get(url + "/metrics").text, "ttcore_timeouts_total") == 2
-        big.join()
+        for big in bigs:
+            big.join()
     finally:
         _stop(proc)
 
