@@ -10,7 +10,9 @@ Text: generative perplexity under the judge LM (default SmolLM2-135M from the ll
 ``text_results.csv`` / ``.json`` and ``genppl.png``.
 
 ``--contractions head exact``: TT checkpoints are sampled both ways (predetermined orderings; see
-``ttcore.sampling.joint_step``). ``--likelihood``: validation metrics of each checkpoint (joint NLL,
+``ttcore.sampling.joint_step``). ``--rank-one-view``: CP / TT checkpoints are also sampled with
+``joint=False`` (each position from the joint's exact single-position marginal; a line of its own).
+``--likelihood``: validation metrics of each checkpoint (joint NLL,
 marginal NLL, NELBO; ``ttcore.training.evaluate_loss``) and, for TT, the contracted-core head's error
 against the exact contraction (total variation per row of Gbar_j, mean and max over masked positions),
 written to ``likelihood.json``; with ``--cards`` the validation line of each model card is replaced.
@@ -92,7 +94,8 @@ def _pyplot():
 
 def _series(r: dict) -> str:
     """A checkpoint's line in tables and plots; sampling with the exact contraction is a line of its own."""
-    return r["checkpoint"] + (" exact" if r.get("contraction") == "exact" else "")
+    return (r["checkpoint"] + (" exact" if r.get("contraction") == "exact" else "")
+            + ("" if r.get("joint", True) else " rank-1 view"))
 
 
 def _lines(ax, rows: list[dict], x: str, y: str, scale: float = 1.0) -> None:
@@ -211,6 +214,8 @@ def _molecule_cells(r: dict) -> list:
     label = r["ordering"] if r["eb_gamma"] is None else f"EB-Sampler gamma={r['eb_gamma']:g}"
     if r.get("contraction") == "exact":
         label += " (exact contraction)"
+    if not r.get("joint", True):
+        label += " (rank-1 view, joint: false)"
     return [label, r["steps"], f"{r['avg_steps']:.1f}", f"{100 * r['validity']:.1f}", f"{100 * r['uniqueness']:.1f}",
             f"{100 * r['novelty']:.1f}"]
 
@@ -322,6 +327,8 @@ def main():
     ap.add_argument("--cards", action="store_true", help="write each checkpoint's rows into its model card")
     ap.add_argument("--contractions", nargs="+", default=["head"], choices=["head", "exact"],
                     help="TT, predetermined orderings: sample with each contraction")
+    ap.add_argument("--rank-one-view", action="store_true",
+                    help="joint checkpoints: also sample each position from the joint's exact marginal (joint: false)")
     ap.add_argument("--likelihood", action="store_true",
                     help="only the validation metrics and the head's contraction error (likelihood.json)")
     args = ap.parse_args()
@@ -342,24 +349,29 @@ def main():
         model, tok, config = load_for_inference(path, args.device, args.precision)
         cfg = model.cfg
         contractions = args.contractions if cfg.decomposition == "tt" else ["head"]  # only TT has a choice
-        settings = [(o, k, None, c) for o in args.orderings for k in args.steps for c in contractions
+        settings = [(o, k, None, c, True) for o in args.orderings for k in args.steps for c in contractions
                     if c == "head" or o in PREDETERMINED]
-        settings += [("eb", args.eb_max_steps, g, "head") for g in args.eb_gammas]
-        done = {}  # (ordering, gamma, contraction, unmasking counts) -> (res, m): K >= l only adds idle steps
-        for ordering, steps, gamma, contraction in settings:
+        if args.rank_one_view and cfg.decomposition != "none":  # the same network, its exact marginals only
+            settings += [(o, k, None, "head", False) for o in args.orderings for k in args.steps]
+        settings += [("eb", args.eb_max_steps, g, "head", True) for g in args.eb_gammas]
+        done = {}  # (ordering, gamma, contraction, joint, unmasking counts) -> (res, m): K >= l adds idle steps
+        for ordering, steps, gamma, contraction, joint in settings:
             kw = {"eb_gamma": gamma} if gamma is not None else {"ordering": ordering, "contraction": contraction}
-            key = (ordering, gamma, contraction, count_schedule(cfg.dit.length, steps) if gamma is None else steps)
+            kw["joint"] = joint
+            key = (ordering, gamma, contraction, joint,
+                   count_schedule(cfg.dit.length, steps) if gamma is None else steps)
             if key not in done:  # the same counts and seeds give the same run: computed once
                 res = run_setting(model, tok, args.samples, steps, args.batch, args.seed, **kw)
                 done[key] = res, molecule_metrics(res["texts"], training)
             res, m = done[key]
             row = {"checkpoint": path.name, "decomposition": cfg.decomposition, "rank": cfg.rank,
-                   "ordering": ordering, "contraction": contraction, "steps": steps, "eb_gamma": gamma,
+                   "ordering": ordering, "contraction": contraction, "joint": joint, "steps": steps,
+                   "eb_gamma": gamma,
                    "avg_steps": res["avg_steps"],
                    "validity": m["validity"], "uniqueness": m["uniqueness"], "novelty": m["novelty"],
                    "samples": m["n"], "seconds": res["seconds"]}
             rows.append(row)
-            print(f"{path.name:>16} {ordering:>13} {contraction:>5} K={steps:<4} gamma={gamma} "
+            print(f"{_series(row):>16} {ordering:>13} {contraction:>5} K={steps:<4} gamma={gamma} "
                   f"steps~{res['avg_steps']:.1f}: "
                   f"validity {100 * m['validity']:.1f}%, uniqueness {100 * m['uniqueness']:.1f}%, "
                   f"novelty {100 * m['novelty']:.1f}% ({res['seconds']:.0f} s)", flush=True)

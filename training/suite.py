@@ -6,6 +6,7 @@ command (finetune.py / pretrain.py, resumable), then bf16 exports.
     python training/suite.py cpu --steps 1500          # the session-2 budget
     python training/suite.py device --qm9-s 240 --text-s 170 --ft-s 70   # a GPU lease: all side by side
     python training/suite.py device --smoke --base B --runs R   # the test's size: seconds, tiny configs
+    python training/suite.py ablation --steps 300 --set threads=2   # the quality levers at one budget
 
 ``cpu`` writes runs/qm9-* and exports into checkpoints/ (re-run after an interruption: finished runs
 resume at their end). ``device`` first probes every run at once (so under the same contention) to
@@ -89,6 +90,37 @@ def cpu_suite(args) -> None:
                        cwd=ROOT, check=True)
 
 
+def ablation_arms(steps: int) -> dict[str, tuple[str, int, tuple[str, ...]]]:
+    """The quality levers, each a QM9 fine-tune of the same base at the same budget: name -> (decomposition,
+    rank, config overrides). The EMA's decay averages over about the last tenth of the run."""
+    decay = min(0.9999, 1 - 10 / steps)
+    return {"none-r1": ("none", 1, ()), "tt-r8": ("tt", 8, ()),
+            "tt-r8-ema": ("tt", 8, (f"ema_decay={decay:.6g}",)),
+            "tt-r8-marginal": ("tt", 8, ("marginal_weight=1.0",)),
+            "tt-r8-head-lr": ("tt", 8, ("head_lr_ratio=0.3",)),
+            "tt-r8-freeze": ("tt", 8, (f"freeze_backbone_steps={steps // 3}",))}
+
+
+def ablation_suite(args) -> None:
+    """One run per lever, one after another (resumable), then every run evaluated side by side: random order,
+    K = 1, 2, 4, 8, 16, l, TT also with the exact contraction and as its rank-1 view."""
+    runs = Path(args.runs or ROOT / "runs" / "ablation")
+    arms = ablation_arms(args.steps)
+    if args.smoke:
+        arms = {name: (dec, 2 if dec == "tt" else rank, sets) for name, (dec, rank, sets) in arms.items()}
+    warmup = f"warmup_steps={max(1, args.steps // 10)}"
+    for name, (dec, rank, sets) in arms.items():
+        say(f"ablation {name}: {args.steps} steps")
+        subprocess.run(qm9_finetune(args, dec, rank, runs / name, args.steps, warmup, *sets), cwd=ROOT, check=True)
+    out = Path(args.exports or ROOT / "results" / "ablation")
+    out.mkdir(parents=True, exist_ok=True)
+    length = json.loads((Path(args.base) / "config.json").read_text())["model"]["dit"]["length"]  # l: a token a step
+    sizes = ("--samples", 16, "--batch", 16, "--data", SAMPLE, "--precision", "fp32") if args.smoke else ()
+    subprocess.run(recipe("evaluate.py", "--checkpoints", *[runs / name for name in arms], "--out", out,
+                          "--orderings", "random", "--steps", 1, 2, 4, 8, 16, length, "--eb-gammas",
+                          "--contractions", "head", "exact", "--rank-one-view", *sizes), cwd=ROOT, check=True)
+
+
 def device_suite(args) -> None:
     r = Path(args.runs or ROOT / "runs" / "device")
     specs = SMOKE_SPECS if args.smoke else QM9_SPECS
@@ -123,10 +155,11 @@ def device_suite(args) -> None:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("suite", choices=["cpu", "device"])
+    ap.add_argument("suite", choices=["cpu", "device", "ablation"])
     ap.add_argument("--base", default=str(ROOT / "checkpoints" / "qm9-base"), help="the QM9 base checkpoint")
     ap.add_argument("--runs", help="where the runs go (default runs/ for cpu, runs/device/ for device)")
-    ap.add_argument("--exports", help="cpu: where the exports go (default checkpoints/)")
+    ap.add_argument("--exports", help="cpu: where the exports go (default checkpoints/); ablation: where the "
+                    "results go (default results/ablation/)")
     ap.add_argument("--steps", type=int, default=6362, help="cpu: steps of each fine-tune")
     ap.add_argument("--qm9-s", type=float, default=240, help="device: wall-clock budget of the QM9 fine-tunes")
     ap.add_argument("--text-s", type=float, default=170, help="device: budget of the text base")
@@ -140,7 +173,7 @@ def main():
                     help="config overrides for every run (e.g. threads=1)")
     ap.add_argument("--smoke", action="store_true", help="tiny configs and the committed QM9 sample (the test)")
     args = ap.parse_args()
-    (cpu_suite if args.suite == "cpu" else device_suite)(args)
+    {"cpu": cpu_suite, "device": device_suite, "ablation": ablation_suite}[args.suite](args)
 
 
 if __name__ == "__main__":

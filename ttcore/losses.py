@@ -34,9 +34,13 @@ def forward_mask(x0: torch.Tensor, t: torch.Tensor, mask_id: int,
 
 
 def mdlm_loss(model, x0: torch.Tensor, mask_id: int, eps: float = 1e-3,
-              generator: torch.Generator | None = None, t: torch.Tensor | None = None) -> dict:
+              generator: torch.Generator | None = None, t: torch.Tensor | None = None,
+              marginal_weight: float = 0.0) -> dict:
     """One batch of the objective (Eq. 20: L_NLL + L_C). Returns, for this batch:
-    - ``loss``: the joint NLL per masked token (below) plus L_C; what the optimizer sees;
+    - ``loss``: the joint NLL per masked token (below) plus L_C, plus ``marginal_weight`` times
+      ``marginal_nll`` (the marginal-consistency term, ours, not the paper's: it fits the joint's exact
+      single-position marginals, which are what the sampler draws from with one token per step, to the
+      targets alongside the joint; 0 by default, Eq. 20 alone); what the optimizer sees;
     - ``nll``: the joint NLL per masked token, sum_b -log p(x_{M_b} | x_t) / sum_b |M_b|: a ratio of
       batch totals, so every masked token weighs the same (not a mean of per-sequence averages);
     - ``marginal_nll``: the same with each token scored by its exact single-position marginal,
@@ -46,7 +50,7 @@ def mdlm_loss(model, x0: torch.Tensor, mask_id: int, eps: float = 1e-3,
     - ``lc``: the decomposition's extra term (TT: L_C of Eq. 19; zero otherwise).
     The per-decomposition terms are in ``ttcore.decompositions`` (rank 1: Eq. 4; CP: Eqs. 6, 14-15;
     TT: Eqs. 9, 16-17, 19).
-    ``marginal_nll`` and ``nelbo`` are metrics: computed without gradient.
+    ``marginal_nll`` and ``nelbo`` are metrics, computed without gradient unless ``marginal_weight`` > 0.
     """
     b, l = x0.shape
     if t is None:
@@ -56,8 +60,11 @@ def mdlm_loss(model, x0: torch.Tensor, mask_id: int, eps: float = 1e-3,
     nll = -out.log_prob(x0)  # [b]
     n_masked = mask.sum().clamp_min(1)
     lc = out.auxiliary_loss()
-    with torch.no_grad():
+    with torch.set_grad_enabled(torch.is_grad_enabled() and marginal_weight > 0):
         per_position = per_sequence(-out.marginal_log_probs(x0), mask)  # [b]
     per_token = nll.sum() / n_masked
-    return {"loss": per_token + lc, "nll": per_token.detach(), "lc": lc.detach(),
-            "marginal_nll": per_position.sum() / n_masked, "nelbo": (per_position / t).sum() / (b * l)}
+    marginal = per_position.sum() / n_masked
+    loss = per_token + lc + marginal_weight * marginal if marginal_weight > 0 else per_token + lc
+    per_position = per_position.detach()
+    return {"loss": loss, "nll": per_token.detach(), "lc": lc.detach(),
+            "marginal_nll": marginal.detach(), "nelbo": (per_position / t).sum() / (b * l)}

@@ -67,6 +67,11 @@ class TrainConfig:
     val_batches: int = 8
     ckpt_minutes: float = 10.0
     ema_decay: float = 0.0  # > 0: validate, checkpoint and export the EMA of the weights (MDLM / VADD: 0.9999)
+    # fine-tuning levers (issue: quality): the weight of the marginal-consistency term (``mdlm_loss``), the
+    # learning rate of everything outside the backbone relative to ``lr``, and the steps the backbone is frozen
+    marginal_weight: float = 0.0
+    head_lr_ratio: float = 1.0
+    freeze_backbone_steps: int = 0
     data: str = "qm9"  # qm9; text (the public-domain corpus); or a file with one SMILES per line
     family: str = "qm9"  # the model family the service exposes (`model` in requests)
     tokenizer: str = "bpe"  # text only: bpe (trained on the corpus) or gpt2
@@ -307,7 +312,12 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
     if cfg.compile:
         model.backbone.compile()  # in place: parameter names (and checkpoints) are unchanged
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, cfg.beta2), weight_decay=cfg.weight_decay)
+    backbone = [p for p in model.backbone.parameters() if p.requires_grad]
+    in_backbone = {id(p) for p in backbone}
+    groups = [{"params": backbone, "lr_scale": 1.0},
+              {"params": [p for p in params if id(p) not in in_backbone], "lr_scale": cfg.head_lr_ratio}]
+    opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, betas=(0.9, cfg.beta2),
+                            weight_decay=cfg.weight_decay)
     gen = torch.Generator(device).manual_seed(cfg.seed)
     order = BatchOrder(len(train_tokens), cfg.batch_size, cfg.seed)
     meta = {"step": 0, "wall_seconds": 0.0, "commands": [], "val": {}, "device": str(device)}
@@ -359,12 +369,15 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
             break
         step = meta["step"]
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg.lr, cfg.warmup_steps, cfg.total_steps, cfg.min_lr_ratio)
+            group["lr"] = group["lr_scale"] * lr_at(step, cfg.lr, cfg.warmup_steps, cfg.total_steps, cfg.min_lr_ratio)
         x0 = train_tokens[order.next()].to(device)
         with _autocast(device, cfg.precision):
-            losses = mdlm_loss(model, x0, mask_id, cfg.eps, generator=gen)
+            losses = mdlm_loss(model, x0, mask_id, cfg.eps, generator=gen, marginal_weight=cfg.marginal_weight)
         opt.zero_grad(set_to_none=True)
         losses["loss"].backward()
+        if step < cfg.freeze_backbone_steps:  # no gradient: AdamW leaves these weights and their moments alone
+            for p in backbone:
+                p.grad = None
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         opt.step()
         if ema is not None:

@@ -215,3 +215,30 @@ def test_ema_weights_are_checkpointed_and_a_resume_is_exact(tmp_path):
     assert raw and all(k in weights for k in raw)
     assert any(not torch.equal(weights[k], raw[k]) for k in raw)  # the average is not the last iterate
     assert "the EMA of the training weights" in (tmp_path / "straight" / "model_card.md").read_text()
+
+
+def test_frozen_backbone_and_head_learning_rate(tmp_path):
+    """freeze_backbone_steps: the backbone's weights do not move for those steps while the head's do; then
+    head_lr_ratio=0 holds the head still while the backbone trains (AdamW without weight decay)."""
+    dims = dict(hidden_dim=16, cond_dim=8, n_blocks=1, n_heads=2)
+
+    def joint():  # a base with random weights everywhere (a fresh DiT's zero-initialized output passes no gradient)
+        model, tok, train, val = _sample_model(**dims)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.normal_(0, 0.2)
+        return JointModel.from_base(model, "tt", 2, "1layer", 0.05, torch.Generator().manual_seed(0)), tok, train, val
+
+    model, tok, train, val = joint()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    def moved(m, prefix):
+        return {n for n, p in m.named_parameters() if n.startswith(prefix) and not torch.equal(p, before[n])}
+
+    cfg = load_config(TINY, ["threads=1", "device=cpu", "val_every=1000", "freeze_backbone_steps=5"])
+    fit(model, tok, train, val, cfg, tmp_path / "frozen", max_steps=5, quiet=True)
+    assert not moved(model, "backbone.") and moved(model, "head.")
+    model, tok, train, val = joint()
+    cfg = load_config(TINY, ["threads=1", "device=cpu", "val_every=1000", "head_lr_ratio=0"])
+    fit(model, tok, train, val, cfg, tmp_path / "still", max_steps=5, quiet=True)
+    assert moved(model, "backbone.") and not moved(model, "head.") and not moved(model, "output_layer.")

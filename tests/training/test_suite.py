@@ -1,5 +1,6 @@
 """training/suite.py at its smallest size: both suites run every recipe they name, and export."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -36,3 +37,15 @@ def test_device_suite_probes_fits_budgets_and_trains_text(checkpoints, tmp_path)
         model, tok, _ = load_checkpoint(tmp_path / "export" / name)
         assert tok.kind == ("text" if name.startswith("text") else "smiles")
     assert load_checkpoint(tmp_path / "export" / "text-tt-r4")[0].cfg.decomposition == "tt"
+
+
+def test_ablation_suite_trains_each_lever_and_evaluates_them_side_by_side(checkpoints, tmp_path):
+    _suite("ablation", "--base", checkpoints / "qm9-base", "--runs", tmp_path / "runs", "--exports", tmp_path / "res",
+           "--steps", 3)
+    rows = json.loads((tmp_path / "res" / "results.json").read_text())
+    arms = {"none-r1", "tt-r8", "tt-r8-ema", "tt-r8-marginal", "tt-r8-head-lr", "tt-r8-freeze"}
+    assert {r["checkpoint"] for r in rows} == arms
+    config = json.loads((tmp_path / "runs" / "tt-r8-marginal" / "train_state" / "state.json").read_text())["config"]
+    assert config["marginal_weight"] == 1.0 and config["total_steps"] == 3
+    assert {(r["contraction"], r["joint"]) for r in rows if r["checkpoint"] == "tt-r8"} == {
+        ("head", True), ("exact", True), ("head", False)}
