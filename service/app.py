@@ -47,7 +47,8 @@ SSE_EVENT = {"type": "object", "required": ["event", "data"], "properties": {
 GENERATE_RESPONSES = {
     200: {"description": "The samples (JSON); with `stream: true` a server-sent-event stream instead: `event: step` "
                          "per denoising step (StepEvent), then `event: done` (the JSON answer) or `event: error` "
-                         "(`{id, error, code}`, code `timeout` or `failed`)",
+                         "(`{id, error, code}`, code `timeout`, `failed`, `cancelled`, or under Ray Serve "
+                         "`replica_failed`); every event carries the request's `id`",
           "content": {"text/event-stream": {"schema": SSE_EVENT}}},
     400: {"description": "The body is not JSON"},
     401: {"description": "Missing or unknown API key (when keys are configured)"},

@@ -1,4 +1,5 @@
-"""Ray Serve: the same FastAPI app as embedded mode, one engine per replica.
+"""Ray Serve: the same FastAPI app as embedded mode, one engine per model replica (``TTCore``), behind a
+thin HTTP ingress (``HTTPIngress``, ``service.ingress``) that answers for a replica that fails.
 
     serve run deploy/serve_config.yaml          # import_path: service.deployment:build_app
 
@@ -20,6 +21,7 @@ from . import default_checkpoints
 # overload itself (503 with Retry-After) instead of Ray queueing without bound; the serve configs'
 # max_ongoing_requests is max_requests times this (a test checks both files)
 ONGOING_PER_ADMITTED = 2
+INGRESS_MAX_ONGOING = 1024  # the relay holds a request's stream and little else; admission is the replicas'
 
 
 class AppArgs(BaseModel):
@@ -64,14 +66,70 @@ def _asgi_builder(args: AppArgs):
     return build
 
 
+class ModelServer:
+    """A model replica: the whole app of embedded mode (schema, security, engine, SSE framing), answering
+    each HTTP request the ingress relays as the stream of its ASGI messages."""
+
+    def __init__(self, args: AppArgs):
+        self.app = _asgi_builder(args)()
+
+    async def http(self, scope: dict, body: bytes):
+        from .ingress import asgi_messages
+
+        async for message in asgi_messages(self.app, scope, body):
+            yield message
+
+
+class HTTPIngress:
+    """The HTTP ingress (``service.ingress``): relays every request to a ``ModelServer`` replica and frames
+    the answer when that replica fails (503, or an ``error`` event mid-stream)."""
+
+    def __init__(self, model, max_body_bytes: int):
+        self.model = model.options(stream=True)
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, request):
+        from starlette.responses import JSONResponse
+
+        from .ingress import read_body, relay, replica_scope
+
+        body = await read_body(request, self.max_body_bytes)
+        if body is None:
+            return JSONResponse({"detail": f"request body larger than {self.max_body_bytes} bytes"}, status_code=413)
+        return await relay(_replica_messages(self.model.http.remote(replica_scope(request), body)), request.url.path)
+
+
+async def _replica_messages(response):
+    """A streaming handle's items, with Ray's failures (the replica died, the queue is full) as ReplicaFailed;
+    a cancelled request (the client went away) stays cancelled."""
+    import asyncio
+
+    from ray.serve.exceptions import BackPressureError, RequestCancelledError
+
+    from .ingress import ReplicaFailed
+
+    try:
+        async for message in response:
+            yield message
+    except (asyncio.CancelledError, RequestCancelledError):
+        raise
+    except BackPressureError as e:
+        raise ReplicaFailed("BackPressureError", "overloaded: the model replicas' queue is full; retry") from e
+    except Exception as e:  # RayActorError, ActorDiedError, ActorUnavailableError, DeploymentUnavailableError
+        raise ReplicaFailed(type(e).__name__) from e
+
+
 def build_app(args: dict | AppArgs | None = None) -> Application:
-    """Typed builder for ``serve run`` / ``serve.run``; deployment options (replicas, autoscaling,
-    max_ongoing_requests) come from the serve config's ``deployments`` section."""
+    """Typed builder for ``serve run`` / ``serve.run``: ``HTTPIngress`` in front of ``TTCore`` (the model
+    replicas); deployment options (replicas, autoscaling, max_ongoing_requests) come from the serve config's
+    ``deployments`` section. A full model deployment queues at most ``max_requests`` requests at the ingress,
+    then answers 503."""
     args = AppArgs.model_validate(args or {})
     args.checkpoints = str(Path(args.checkpoints).resolve())  # replicas may run in another directory
-    ingress = serve.ingress(_asgi_builder(args))()
-    deployment = serve.deployment(name="TTCore", max_ongoing_requests=args.max_requests * ONGOING_PER_ADMITTED)(ingress)
-    return deployment.bind()
+    model = serve.deployment(ModelServer, name="TTCore", max_ongoing_requests=args.max_requests * ONGOING_PER_ADMITTED,
+                             max_queued_requests=args.max_requests)
+    ingress = serve.deployment(HTTPIngress, name="HTTPIngress", max_ongoing_requests=INGRESS_MAX_ONGOING)
+    return ingress.bind(model.bind(args), args.max_body_bytes)
 
 
 def replica_pids(deployment: str = "TTCore") -> list[int]:
@@ -83,7 +141,7 @@ def replica_pids(deployment: str = "TTCore") -> list[int]:
                 cmd = (p / "cmdline").read_bytes().decode(errors="replace")
             except OSError:
                 continue
-            if "ServeReplica" in cmd and deployment in cmd:
+            if "ServeReplica" in cmd and cmd.rstrip("\x00").split(":")[-1] == deployment:
                 pids.append(int(p.name))
     return pids
 

@@ -138,6 +138,7 @@ class GenerateResponse(BaseModel):
 
 
 class StepEvent(BaseModel):
+    id: str = Field(description="The request's id (as in the final answer and any error event).")
     step: int
     sequences: list[str] = Field(description="Partial sequences, masks shown as `[MASK]`.")
     committed: list[list[int]] = Field(description="Positions unmasked in this step, per sequence.")

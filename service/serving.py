@@ -143,7 +143,7 @@ class Serving:
         tok, t0 = job.lm.tokenizer, time.perf_counter()
         sequences = [tok.decode(row) for row in out.tokens.tolist()]
         job.decode_s += time.perf_counter() - t0
-        return StepEvent(step=out.step, sequences=sequences, committed=out.committed)
+        return StepEvent(id=job.id, step=out.step, sequences=sequences, committed=out.committed)
 
     def answer(self, job: Job, out: StepOutput) -> GenerateResponse:
         lm, t0 = job.lm, time.perf_counter()

@@ -91,7 +91,8 @@ def start_ray_serve(app_args: dict, env: dict | None = None) -> tuple[subprocess
     import json
 
     port = free_port()
-    env = dict(os.environ, OMP_NUM_THREADS="1", RAY_AUTH_MODE="disabled", **(env or {}))
+    env = dict(os.environ, OMP_NUM_THREADS="1", RAY_AUTH_MODE="disabled", RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S="60",
+               **(env or {}))
     proc = subprocess.Popen([sys.executable, "-m", "service.deployment", "--port", str(port), "--args",
                              json.dumps(app_args)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)

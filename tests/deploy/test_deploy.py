@@ -93,12 +93,14 @@ def test_dockerfile_installs_what_the_readme_command_installs():
 
 
 def test_serve_configs_route_twice_the_admitted_requests():
-    from service.deployment import ONGOING_PER_ADMITTED
+    from service.deployment import INGRESS_MAX_ONGOING, ONGOING_PER_ADMITTED
     docs = list(yaml.safe_load_all((ROOT / "deploy" / "kuberay" / "rayservice.yaml").read_text()))
     for config in (yaml.safe_load((ROOT / "deploy" / "serve_config.yaml").read_text()),
                    yaml.safe_load(next(d for d in docs if d["kind"] == "RayService")["spec"]["serveConfigV2"])):
         app = config["applications"][0]
         assert app["deployments"][0]["max_ongoing_requests"] == app["args"]["max_requests"] * ONGOING_PER_ADMITTED
+        assert app["deployments"][1]["name"] == "HTTPIngress"
+        assert app["deployments"][1]["max_ongoing_requests"] == INGRESS_MAX_ONGOING
 
 
 def test_kuberay_manifest_runs_the_same_serve_config():

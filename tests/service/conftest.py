@@ -20,6 +20,8 @@ def server(checkpoints):
 @pytest.fixture(scope="session")
 def ray_server(checkpoints):
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # a loaded 2-core machine can take longer than Serve's 5 s to start the HTTP proxy, which Serve then kills
+    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
     import ray
     from ray import serve
 

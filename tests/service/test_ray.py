@@ -1,5 +1,6 @@
 """The same app under a real local Ray Serve application, through Ray's HTTP proxy (serving bf16)."""
 
+import json
 import os
 import signal
 import time
@@ -29,26 +30,26 @@ def test_ray_serve_streams_and_validates(ray_server, checkpoints):
     assert "ttcore_requests_total" in httpx.get(ray_server + "/metrics").text
 
 
-def test_a_killed_replica_ends_its_stream_and_is_replaced(ray_server):
-    """SIGKILL the replica mid-stream: the client's stream ends (no hang, no `done`), Serve starts a new
-    replica, and a new request succeeds within 30 s."""
+def test_a_killed_replica_ends_its_stream_with_an_error_event_and_is_replaced(ray_server):
+    """SIGKILL the model replica mid-stream: the ingress ends the client's stream with `event: error`
+    (code replica_failed, the job's id) within seconds, Serve starts a new replica, and a new request
+    succeeds within 30 s."""
     (pid,) = replica_pids()
-    events, ended = [], None
+    events, data = [], []
     t0 = time.time()
-    try:
-        with httpx.stream("POST", ray_server + "/generate", json=dict(model="text", num_samples=64, steps=1000,
-                                                                      ordering="entropy", stream=True),
-                          timeout=httpx.Timeout(60, read=30)) as r:
-            for line in r.iter_lines():
-                if line.startswith("event: "):
-                    events.append(line[7:])
-                    if len(events) == 2:
-                        os.kill(pid, signal.SIGKILL)
-                        t0 = time.time()
-        ended = "closed"
-    except httpx.HTTPError as e:
-        ended = type(e).__name__
-    assert "done" not in events and time.time() - t0 < 30, (ended, events[-3:])
+    with httpx.stream("POST", ray_server + "/generate", json=dict(model="text", num_samples=64, steps=1000,
+                                                                  ordering="entropy", stream=True),
+                      timeout=httpx.Timeout(60, read=30)) as r:
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                events.append(line[7:])
+                if len(events) == 2:
+                    os.kill(pid, signal.SIGKILL)
+                    t0 = time.time()
+            elif line.startswith("data: "):
+                data.append(json.loads(line[6:]))
+    assert events[-1] == "error" and "done" not in events and time.time() - t0 < 30, events[-3:]
+    assert data[-1]["code"] == "replica_failed" and data[-1]["id"] == data[0]["id"]
     deadline = time.time() + 30
     while True:
         try:
