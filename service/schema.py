@@ -21,6 +21,8 @@ MAX_PROMPT_CHARS = 8192
 MIN_TEMPERATURE = 0.01  # below it every draw is the argmax to float precision: use a small value, not 1e-38
 MAX_TIMEOUT_S = 3600
 MAX_SEED = 2**53 - 1  # the largest integer every JSON reader holds exactly
+MAX_VALID_ROUNDS = 4  # valid_only: rounds of num_samples draws at most (a bounded cost, admitted round by round)
+ROUND_SEED_STRIDE = 1_000_003  # valid_only with a seed: round k draws with seed + k * stride
 
 
 class GenerateRequest(BaseModel):
@@ -84,6 +86,17 @@ class GenerateRequest(BaseModel):
                     "it the request ends: 504, or an `error` event with `code: timeout` when streaming. A request "
                     "whose estimated compute exceeds it is refused up front with a 422 naming the largest "
                     "`num_samples` that fits.", examples=[60])
+    unique: bool = Field(False, strict=True,
+                         description="Drop duplicate samples (SMILES: by RDKit canonical form; text: by text); the "
+                                     "answer may then hold fewer than `num_samples`.")
+    valid_only: bool = Field(False, strict=True,
+                             description=f"SMILES models only: answer with valid molecules only, drawing further "
+                                         f"rounds of `num_samples` (at most {MAX_VALID_ROUNDS} rounds in all) "
+                                         f"until `num_samples` are found; `drawn` says how many were drawn. "
+                                         f"With a seed, round k uses seed + k * {ROUND_SEED_STRIDE} (mod 2^53).")
+    step_tokens: bool = Field(False, strict=True,
+                              description="Streaming: each `step` event also lists every sequence's tokens by "
+                                          "position (`tokens`), so a client can show which ones a step committed.")
     stream: bool = Field(False, strict=True,
                          description="JSON `true` or `false` only. Stream server-sent events: one `step` event per "
                                      "denoising step, then `done` (or `error`).")
@@ -109,6 +122,9 @@ class Sample(BaseModel):
     text: str = Field(description="The generated sequence, padding stripped.", examples=["CC(=O)OC"])
     valid: bool | None = Field(None, description="SMILES only: parses and sanitizes with RDKit.")
     canonical: str | None = Field(None, description="SMILES only: RDKit canonical form when valid.")
+    qed: float | None = Field(None, description="Valid SMILES: RDKit's QED drug-likeness (0..1).")
+    logp: float | None = Field(None, description="Valid SMILES: Wildman-Crippen logP (RDKit).")
+    mol_weight: float | None = Field(None, description="Valid SMILES: average molecular weight in g/mol (RDKit).")
 
 
 class Timings(BaseModel):
@@ -130,18 +146,24 @@ class GenerateResponse(BaseModel):
     decomposition: str
     rank: int
     samples: list[Sample]
-    steps: int = Field(description="Denoising steps taken.")
-    model_calls: int = Field(description="Backbone forward passes this request took part in.")
+    steps: int = Field(description="Denoising steps taken (all rounds).")
+    model_calls: int = Field(description="Backbone forward passes this request took part in (all rounds).")
     tokens_per_step: list[int] = Field(default_factory=list, description="Tokens committed in each step (all "
-                                                                         "sequences together).")
-    timings: Timings
+                                                                         "sequences together; rounds in turn).")
+    drawn: int = Field(description="Sequences drawn (all rounds); more than `samples` when `unique` or "
+                                   "`valid_only` dropped some.")
+    rounds: int = Field(1, description="Rounds of `num_samples` draws (more than 1 only with `valid_only`).")
+    timings: Timings = Field(description="Of the last round (each round is admitted and queued on its own).")
 
 
 class StepEvent(BaseModel):
     id: str = Field(description="The request's id (as in the final answer and any error event).")
+    round: int = Field(0, description="`valid_only`: the round of draws (0 first); each round starts from masks.")
     step: int
     sequences: list[str] = Field(description="Partial sequences, masks shown as `[MASK]`.")
     committed: list[list[int]] = Field(description="Positions unmasked in this step, per sequence.")
+    tokens: list[list[str]] | None = Field(None, description="With `step_tokens`: each sequence's token text by "
+                                                             "position (`[MASK]` for masks, `\"\"` for padding).")
 
 
 MAX_SCORE_SEQUENCES = 64

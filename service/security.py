@@ -7,7 +7,8 @@ body, so an oversized body is refused without being read):
   (one per line, ``#`` comments) and ``$TTCORE_API_KEY`` (comma-separated). Each presented key is
   compared with every configured key in constant time (``hmac.compare_digest``). A missing or wrong
   key gets 401 with ``WWW-Authenticate: Bearer`` and a JSON error. No key configured: the service is
-  open. ``/health`` and ``/ready`` are always open; ``/metrics`` and the API docs (``/docs``,
+  open. ``/health``, ``/ready`` and the playground page (``/``, ``/playground/*``) are always
+  open; ``/metrics`` and the API docs (``/docs``,
   ``/redoc``, ``/openapi.json``) need a key unless ``public_metrics`` / ``public_docs`` is set.
   Keys never leave this module: callers see a key id (``key1``, ``key2``, ... in configuration order).
 - Body limit: a request whose Content-Length exceeds ``max_body_bytes`` gets 413 at once; a body sent
@@ -68,8 +69,8 @@ class SecurityConfig:
         return found
 
     def needs_key(self, path: str) -> bool:
-        if not self.api_keys or path in ALWAYS_OPEN:
-            return False
+        if not self.api_keys or path in ALWAYS_OPEN or path == "/" or path.startswith("/playground/"):
+            return False  # the page and its files are static and hold nothing secret; its calls need the key
         if path == "/metrics":
             return not self.public_metrics
         if path in DOCS:

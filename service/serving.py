@@ -13,9 +13,21 @@ from ttcore.decompositions import sums_cores_exactly
 from ttcore.sampling import ADAPTIVE, GenerationRun, cost
 
 from . import admission
-from .engine import READER_TIMEOUT_S, Engine, EngineError, Job, StepOutput
+from .engine import READER_TIMEOUT_S, Engine, EngineError, Job, Overloaded, StepOutput
 from .registry import ModelRegistry
-from .schema import GenerateRequest, GenerateResponse, Sample, Score, ScoreRequest, ScoreResponse, StepEvent, Timings
+from .schema import (
+    MAX_SEED,
+    MAX_VALID_ROUNDS,
+    ROUND_SEED_STRIDE,
+    GenerateRequest,
+    GenerateResponse,
+    Sample,
+    Score,
+    ScoreRequest,
+    ScoreResponse,
+    StepEvent,
+    Timings,
+)
 
 log = logging.getLogger("ttcore.serving")
 
@@ -30,6 +42,20 @@ def smiles_checker():
         log.warning("RDKit is not importable (%s; pip install '.[chem]'): SMILES answers carry valid=null", e)
         return None
     return canonical
+
+
+@functools.cache
+def molecule_properties():
+    """``ttcore.metrics.molecules.properties`` (RDKit is there whenever a SMILES was found valid)."""
+    from ttcore.metrics.molecules import properties
+    return properties
+
+
+@functools.lru_cache(maxsize=4096)
+def depict(smiles: str, width: int, height: int) -> str | None:
+    """An SVG drawing of a valid SMILES (RDKit; cached), else None. Raises ImportError without RDKit."""
+    from ttcore.metrics.molecules import depiction_svg
+    return depiction_svg(smiles, width, height)
 
 
 DEFAULT_MEMORY_BUDGET_MB = 2048
@@ -56,6 +82,8 @@ class Serving:
         prompt = self.registry.encode_prompt(lm, request.prompt) if request.prompt else None
         settings = request.sampler_settings()
         timeout = min(request.timeout_s or self.max_timeout_s, self.max_timeout_s)
+        if request.valid_only and lm.domain != "smiles":
+            raise admission.TooLarge("valid_only", f"valid_only needs a SMILES model; {lm.name} is {lm.domain}")
         if not settings["joint"] and settings["eb_gamma"] is not None:
             raise admission.TooLarge("joint", "joint: false draws from the marginals with a fixed sampler, not eb")
         adaptive = settings["eb_gamma"] is not None or settings["ordering"] in ADAPTIVE or not settings["joint"]
@@ -71,18 +99,53 @@ class Serving:
                             max_rows_per_pass=plan.max_rows_per_pass, **settings)
         return self.engine.submit(lm, run, plan.seconds, timeout)
 
-    async def events(self, job: Job, steps: bool = True):
+    async def events(self, job: Job, steps: bool = True, request: GenerateRequest | None = None):
         """(event, payload) pairs: a ``step`` per denoising step (decoded only when ``steps``: a non-streaming
         answer does not pay for decoding partial sequences), then ``done`` (the answer) or ``error``;
-        closing it early cancels the job."""
-        async for out in self.engine.outputs(job):
-            if isinstance(out, EngineError):
-                yield "error", {"id": job.id, "error": out.message, "code": out.kind}
+        closing it early cancels the job. With ``request`` its chemist's options apply to the answer:
+        ``unique`` drops duplicates, ``valid_only`` draws further rounds (each admitted like a new request,
+        linked from ``job.next_round`` so that ``abort`` reaches it) until enough molecules are valid."""
+        first, rounds, kept, seen = job, [], [], set()
+        while True:
+            done_before = len(rounds)
+            async for out in self.engine.outputs(job):
+                if isinstance(out, EngineError):
+                    yield "error", {"id": first.id, "error": out.message, "code": out.kind}
+                    return
+                if steps:
+                    yield "step", self.step_event(job, out, first.id, len(rounds),
+                                                  request is not None and request.step_tokens).model_dump()
+                if out.finished:
+                    rounds.append(self.answer(job, out))
+            if len(rounds) == done_before:  # the outputs ended without an answer
                 return
-            if steps:
-                yield "step", self.step_event(job, out).model_dump()
-            if out.finished:
-                yield "done", self.answer(job, out).model_dump()
+            for sample in rounds[-1].samples:
+                key = sample.canonical or sample.text
+                if (request is not None and request.valid_only and not sample.valid) or (
+                        request is not None and request.unique and key in seen):
+                    continue
+                seen.add(key)
+                kept.append(sample)
+            if request is None or not request.valid_only or len(kept) >= request.num_samples \
+                    or len(rounds) >= MAX_VALID_ROUNDS:
+                break
+            seed = None if request.seed is None else (request.seed + len(rounds) * ROUND_SEED_STRIDE) % (MAX_SEED + 1)
+            try:
+                job.next_round = job = self.submit(request.model_copy(update={"seed": seed}))
+            except (Overloaded, admission.TooLarge):  # the server is busy: answer with what the rounds found
+                break
+        last = rounds[-1]
+        yield "done", last.model_copy(update={
+            "id": first.id, "samples": kept[:request.num_samples] if request is not None else kept,
+            "steps": sum(r.steps for r in rounds), "model_calls": sum(r.model_calls for r in rounds),
+            "tokens_per_step": [n for r in rounds for n in r.tokens_per_step],
+            "drawn": sum(r.drawn for r in rounds), "rounds": len(rounds)}).model_dump()
+
+    def abort(self, job: Job) -> None:
+        """Cancel a request: its job, and the job of any further round it has started."""
+        while job is not None:
+            self.engine.abort(job.id)
+            job = job.next_round
 
     async def score(self, request: ScoreRequest) -> ScoreResponse:
         """Exact joint scores or the ELBO of ``request.sequences``, in micro-batches within the memory budget,
@@ -139,11 +202,15 @@ class Serving:
                        first_event_ms=1e3 * (job.first_output - job.arrived), total_ms=1e3 * (now - job.arrived),
                        forward_ms=1e3 * job.forward_s, sampling_ms=1e3 * job.sampling_s, decode_ms=1e3 * job.decode_s)
 
-    def step_event(self, job: Job, out: StepOutput) -> StepEvent:
+    def step_event(self, job: Job, out: StepOutput, request_id: str | None = None, round: int = 0,
+                   tokens: bool = False) -> StepEvent:
         tok, t0 = job.lm.tokenizer, time.perf_counter()
-        sequences = [tok.decode(row) for row in out.tokens.tolist()]
+        rows = out.tokens.tolist()
+        sequences = [tok.decode(row) for row in rows]
+        pieces = [tok.pieces(row) for row in rows] if tokens else None
         job.decode_s += time.perf_counter() - t0
-        return StepEvent(id=job.id, step=out.step, sequences=sequences, committed=out.committed)
+        return StepEvent(id=request_id or job.id, round=round, step=out.step, sequences=sequences,
+                         committed=out.committed, tokens=pieces)
 
     def answer(self, job: Job, out: StepOutput) -> GenerateResponse:
         lm, t0 = job.lm, time.perf_counter()
@@ -152,13 +219,15 @@ class Serving:
         for row in out.tokens.tolist():
             text = lm.tokenizer.decode(row)
             canonical = check(text) if check is not None else None
+            descriptors = molecule_properties()(text) if canonical is not None else None
             samples.append(Sample(text=text, valid=None if check is None else canonical is not None,
-                                  canonical=canonical))
+                                  canonical=canonical, **(descriptors or {})))
         job.decode_s += time.perf_counter() - t0
         telemetry = self.answer_telemetry(job, out)
         return GenerateResponse(id=job.id, model=lm.family, checkpoint=lm.name, decomposition=lm.info.decomposition,
                                 rank=lm.info.rank, samples=samples, steps=out.step, model_calls=out.model_calls,
-                                tokens_per_step=telemetry["tokens_per_step"], timings=telemetry["timings"])
+                                tokens_per_step=telemetry["tokens_per_step"], drawn=len(samples),
+                                timings=telemetry["timings"])
 
 
 class ScoreInputError(ValueError):

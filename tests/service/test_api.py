@@ -222,3 +222,55 @@ def test_joint_false_serves_the_rank_one_view(server):
     assert [s["text"] for s in view["samples"]] != [s["text"] for s in joint["samples"]]
     bad = httpx.post(server + "/generate", json=dict(body, joint=False, sampler="eb"))
     assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "joint"]
+
+
+def test_chemists_options_unique_valid_only_and_descriptors(server):
+    body = dict(model="qm9", decomposition="tt", num_samples=8, steps=6, seed=4)
+    plain = httpx.post(server + "/generate", json=body, timeout=60).json()
+    assert plain["drawn"] == 8 and plain["rounds"] == 1 and len(plain["samples"]) == 8
+    for s in plain["samples"]:  # descriptors exactly for the valid molecules, in their ranges
+        assert (s["qed"] is not None) == s["valid"] == (s["mol_weight"] is not None) == (s["logp"] is not None)
+        assert s["qed"] is None or (0 < s["qed"] < 1 and s["mol_weight"] > 0)
+    unique = httpx.post(server + "/generate", json=dict(body, unique=True), timeout=60).json()
+    keys = [s["canonical"] or s["text"] for s in unique["samples"]]
+    assert len(keys) == len(set(keys)) == len({s["canonical"] or s["text"] for s in plain["samples"]})
+    valid = httpx.post(server + "/generate", json=dict(body, valid_only=True, unique=True), timeout=120).json()
+    assert all(s["valid"] for s in valid["samples"]) and 1 <= valid["rounds"] <= 4
+    assert valid["drawn"] == 8 * valid["rounds"] and valid["steps"] == 6 * valid["rounds"]
+    assert len(valid["samples"]) == 8 or valid["rounds"] == 4
+    assert len({s["canonical"] for s in valid["samples"]}) == len(valid["samples"])
+    # round 0 is the plain request's draw (same seed): its valid molecules, duplicates dropped, come first
+    expected = list(dict.fromkeys(s["canonical"] for s in plain["samples"] if s["valid"]))
+    assert [s["canonical"] for s in valid["samples"][:len(expected)]] == expected
+    r = httpx.post(server + "/generate", json=dict(model="text", valid_only=True))
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "valid_only"]
+
+
+def test_valid_only_streams_every_round_under_one_id(server):
+    events = stream_events(server, dict(model="qm9", decomposition="tt", num_samples=8, steps=3, seed=4,
+                                        valid_only=True, step_tokens=True))
+    steps = [e[2] for e in events if e[1] == "step"]
+    done = events[-1][2]
+    assert events[-1][1] == "done" and len(steps) == 3 * done["rounds"]
+    assert {s["id"] for s in steps} == {done["id"]} and [s["round"] for s in steps] == sorted(s["round"] for s in steps)
+    for s in steps:  # each position's token; a committed position is no longer a mask
+        assert all(tok != "[MASK]" for row, pos in zip(s["tokens"], s["committed"]) for tok in (row[p] for p in pos))
+
+
+def test_depict_draws_valid_smiles_and_refuses_the_rest(server):
+    r = httpx.get(server + "/depict", params={"smiles": "c1ccccc1O", "width": 120, "height": 100})
+    assert r.status_code == 200 and r.headers["content-type"] == "image/svg+xml"
+    assert r.text.lstrip().startswith("<?xml") and "<svg" in r.text and "width='120px'" in r.text
+    for params, field in (({"smiles": "C1CC"}, "smiles"), ({"smiles": "C" * 300}, "smiles"),
+                          ({"smiles": "CCO", "width": 10}, "width"), ({}, "smiles")):
+        r = httpx.get(server + "/depict", params=params)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", field], (params, r.text)
+
+
+def test_the_playground_page_is_served_with_a_content_security_policy(server):
+    page = httpx.get(server + "/")
+    assert page.status_code == 200 and "playground.js" in page.text
+    assert "script-src 'self'" in page.headers["content-security-policy"]
+    js = httpx.get(server + "/playground/playground.js")
+    assert js.status_code == 200 and "step_tokens: true" in js.text
+    assert httpx.get(server + "/playground/nope.js").status_code == 404

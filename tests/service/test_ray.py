@@ -28,6 +28,12 @@ def test_ray_serve_streams_and_validates(ray_server, checkpoints):
     r = httpx.post(ray_server + "/generate", json=dict(model="nope"))
     assert r.status_code == 404
     assert "ttcore_requests_total" in httpx.get(ray_server + "/metrics").text
+    # the playground and its pictures through the relay
+    page = httpx.get(ray_server + "/")
+    assert page.status_code == 200 and "playground.js" in page.text and "content-security-policy" in page.headers
+    assert httpx.get(ray_server + "/playground/playground.js").status_code == 200
+    svg = httpx.get(ray_server + "/depict", params={"smiles": "CCO"})
+    assert svg.status_code == 200 and svg.headers["content-type"] == "image/svg+xml"
 
 
 def test_a_killed_replica_ends_its_stream_with_an_error_event_and_is_replaced(ray_server):

@@ -74,6 +74,10 @@ class SmilesTokenizer:
         """Ids -> string; [PAD] is dropped, [MASK] kept visible (partial sequences while streaming)."""
         return "".join(self.vocab[i] for i in ids if i != self.pad_id)
 
+    def pieces(self, ids) -> list[str]:
+        """Each position's token as text ([PAD] as "", [MASK] as "[MASK]"): what a position shows."""
+        return ["" if i == self.pad_id else self.vocab[i] for i in ids]
+
     def to_dict(self) -> dict:
         return {"type": self.kind, "symbols": self.vocab[1:-1], "length": self.length}
 

@@ -44,6 +44,7 @@ class TextTokenizer:
             raise ValueError(f"the BPE vocabulary must contain {EOT}")
         self.mask_id = bpe.get_vocab_size()
         self.pad_id = self.eot_id
+        self._pieces = None  # each id's text, built on first use
 
     @property
     def vocab_size(self) -> int:
@@ -78,6 +79,14 @@ class TextTokenizer:
         if run:
             out.append(self.bpe.decode(run))
         return "".join(out)
+
+    def pieces(self, ids) -> list[str]:
+        """Each position's token as text (end-of-text as "", [MASK] as "[MASK]"; a byte-level token that is
+        part of a character shows as U+FFFD): what a position shows."""
+        if self._pieces is None:
+            self._pieces = [self.bpe.decode([i]) for i in range(self.mask_id)] + [MASK]
+            self._pieces[self.eot_id] = ""
+        return [self._pieces[i] for i in ids]
 
     def to_dict(self) -> dict:
         return {"type": self.kind, "name": self.name, "length": self.length, "bpe": json.loads(self.bpe.to_str())}

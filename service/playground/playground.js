@@ -1,0 +1,199 @@
+// The playground: streams POST /generate (server-sent events over fetch) into one pane per checkpoint.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+let models = [];
+
+function headers() {
+  const h = { "Content-Type": "application/json" };
+  const key = $("api-key").value.trim();
+  if (key) h.Authorization = "Bearer " + key;
+  return h;
+}
+
+function setStatus(text) { $("status").textContent = text; }
+
+function fill(select, options) {
+  select.replaceChildren(...options.map(([value, label]) => new Option(label, value)));
+}
+
+async function loadModels() {
+  const r = await fetch("/models", { headers: headers() });
+  if (!r.ok) { setStatus(`GET /models: ${r.status}${r.status === 401 ? " (enter an API key)" : ""}`); return; }
+  models = (await r.json()).models;
+  fill($("model"), [...new Set(models.map((m) => m.model))].map((f) => [f, f]));
+  fillCheckpoints();
+  setStatus("");
+}
+
+function fillCheckpoints() {
+  const here = models.filter((m) => m.model === $("model").value);
+  const options = here.map((m) => [m.checkpoint, `${m.checkpoint} (${m.decomposition}, r=${m.rank})`]);
+  fill($("checkpoint-a"), options);
+  fill($("checkpoint-b"), options);
+  const tt = here.find((m) => m.decomposition === "tt");
+  const rank1 = here.find((m) => m.decomposition === "none") || here.find((m) => m !== tt);
+  if (tt) $("checkpoint-a").value = tt.checkpoint;
+  if (rank1) $("checkpoint-b").value = rank1.checkpoint;
+}
+
+function request(checkpoint) {
+  const m = models.find((x) => x.checkpoint === checkpoint);
+  const body = {
+    model: m.model, decomposition: m.decomposition, rank: m.rank, stream: true, step_tokens: true,
+    steps: Number($("steps").value), num_samples: Number($("num-samples").value), ordering: $("ordering").value,
+    sampler: $("sampler").value, eb_gamma: Number($("eb-gamma").value), temperature: Number($("temperature").value),
+    joint: $("joint").checked, unique: $("unique").checked,
+  };
+  if ($("seed").value !== "") body.seed = Number($("seed").value);
+  if ($("prompt").value) body.prompt = $("prompt").value;
+  if ($("valid-only").checked && m.domain === "smiles") body.valid_only = true;
+  return [body, m];
+}
+
+function newPane(model) {
+  const pane = $("pane").content.firstElementChild.cloneNode(true);
+  pane.querySelector(".title").textContent = `${model.checkpoint}: ${model.decomposition}, rank ${model.rank}`;
+  pane.dataset.checkpoint = model.checkpoint;
+  pane.dataset.steps = "0";
+  $("panes").append(pane);
+  return pane;
+}
+
+function showStep(pane, ev, total) {
+  pane.dataset.steps = String(Number(pane.dataset.steps) + 1);
+  const round = ev.round ? ` (round ${ev.round + 1})` : "";
+  pane.querySelector(".progress").textContent = `step ${ev.step} of at most ${total}${round}`;
+  const rows = ev.tokens.map((tokens, i) => {
+    const fresh = new Set(ev.committed[i]);
+    const div = document.createElement("div");
+    div.className = "seq";
+    tokens.forEach((t, pos) => {
+      if (t === "") return;  // padding
+      const span = document.createElement("span");
+      span.className = "tok" + (t === "[MASK]" ? " mask" : "") + (fresh.has(pos) ? " new" : "");
+      span.textContent = t === "[MASK]" ? "_" : t;
+      div.append(span);
+    });
+    return div;
+  });
+  pane.querySelector(".sequences").replaceChildren(...rows);
+}
+
+async function picture(smiles) {
+  const r = await fetch(`/depict?width=200&height=160&smiles=${encodeURIComponent(smiles)}`, { headers: headers() });
+  if (!r.ok) return null;
+  return URL.createObjectURL(await r.blob());
+}
+
+async function showAnswer(pane, answer, model) {
+  const samples = answer.samples;
+  pane.querySelector(".sequences").replaceChildren(...samples.map((s) => {
+    const div = document.createElement("div");
+    div.className = "seq";
+    div.textContent = s.text;
+    return div;
+  }));
+  const took = `${answer.steps} steps, ${answer.model_calls} model calls, ${answer.timings.total_ms.toFixed(0)} ms`;
+  if (model.domain !== "smiles") {
+    pane.querySelector(".summary").textContent = `${samples.length} samples; ${took}`;
+    pane.dataset.done = "1";
+    return;
+  }
+  const valid = samples.filter((s) => s.valid);
+  const unique = new Set(valid.map((s) => s.canonical));
+  pane.querySelector(".summary").textContent =
+    `valid ${valid.length}/${samples.length} (${(100 * valid.length / Math.max(1, samples.length)).toFixed(0)}%), ` +
+    `unique ${unique.size}, drawn ${answer.drawn}; ${took}`;
+  const cells = samples.map((s) => {
+    const cell = document.createElement("figure");
+    cell.className = "mol " + (s.valid ? "valid" : "invalid");
+    const code = document.createElement("code");
+    code.textContent = s.text || "(empty)";
+    const note = document.createElement("figcaption");
+    note.textContent = s.valid ? `QED ${s.qed.toFixed(2)} · logP ${s.logp.toFixed(1)} · ${s.mol_weight.toFixed(0)} g/mol`
+      : "invalid";
+    cell.append(code, note);
+    return [cell, s];
+  });
+  pane.querySelector(".molecules").replaceChildren(...cells.map(([c]) => c));
+  await Promise.all(cells.filter(([, s]) => s.valid).map(async ([cell, s]) => {
+    const url = await picture(s.canonical);
+    if (!url) return;
+    const img = document.createElement("img");
+    img.alt = s.canonical;
+    img.src = url;
+    cell.prepend(img);
+  }));
+  pane.dataset.done = "1";
+}
+
+function parseEvent(block) {
+  let event = "message", data = "";
+  for (const line of block.split("\n")) {
+    if (line.startsWith("event: ")) event = line.slice(7);
+    else if (line.startsWith("data: ")) data += line.slice(6);
+  }
+  return [event, data ? JSON.parse(data) : null];
+}
+
+async function run(checkpoint) {
+  const [body, model] = request(checkpoint);
+  const pane = newPane(model);
+  const r = await fetch("/generate", { method: "POST", headers: headers(), body: JSON.stringify(body) });
+  if (!r.ok) {
+    const detail = await r.json().catch(() => ({}));
+    const first = Array.isArray(detail.detail) ? detail.detail[0] : null;
+    pane.querySelector(".summary").textContent = first ? `${r.status}: ${first.loc.at(-1)}: ${first.msg}`
+      : `${r.status}: ${detail.detail || r.statusText}`;
+    pane.dataset.done = "error";
+    return;
+  }
+  const reader = r.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += decoder.decode(value, { stream: true });
+    let cut;
+    while ((cut = buffer.indexOf("\n\n")) >= 0) {
+      const [event, data] = parseEvent(buffer.slice(0, cut));
+      buffer = buffer.slice(cut + 2);
+      if (event === "step") showStep(pane, data, body.steps);
+      else if (event === "done") await showAnswer(pane, data, model);
+      else if (event === "error") {
+        pane.querySelector(".summary").textContent = `error (${data.code}): ${data.error}`;
+        pane.dataset.done = "error";
+      }
+    }
+  }
+}
+
+async function generate(e) {
+  e.preventDefault();
+  localStorage.setItem("ttcore-api-key", $("api-key").value);
+  if (!models.length) await loadModels();
+  $("panes").replaceChildren();
+  document.body.dataset.state = "running";
+  $("generate").disabled = true;
+  const checkpoints = [$("checkpoint-a").value];
+  if ($("compare").checked) checkpoints.push($("checkpoint-b").value);
+  try {
+    await Promise.all(checkpoints.map(run));  // side by side: both stream at once
+  } catch (err) {
+    setStatus(String(err));
+  } finally {
+    $("generate").disabled = false;
+    document.body.dataset.state = "done";
+  }
+}
+
+window.addEventListener("DOMContentLoaded", () => {
+  $("api-key").value = localStorage.getItem("ttcore-api-key") || "";
+  $("model").addEventListener("change", fillCheckpoints);
+  $("compare").addEventListener("change", () => { $("checkpoint-b").disabled = !$("compare").checked; });
+  $("api-key").addEventListener("change", loadModels);
+  $("form").addEventListener("submit", generate);
+  loadModels();
+});

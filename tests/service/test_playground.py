@@ -1,0 +1,74 @@
+"""The playground page in a real headless browser (Debian's chromium driven by Playwright), against a real
+uvicorn server on the bundled QM9 checkpoints (TT r=8 beside the rank-1 base): the page loads, a generation
+streams step by step, the molecule pictures appear, the side-by-side mode runs both at once. Saves
+results/playground.png (the README shows it). The /depict route and the chemist's options are tested in
+test_api.py."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+from servers import start_uvicorn
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+# Chromium on a closed network: no background fetches, no sandbox as root, a fresh profile (see the env notes)
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync"]
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
+    CHROMIUM is None, reason="no chromium on this machine (bash dev.sh test installs Debian's chromium when run "
+                             "as root with apt); the playground's browser test cannot run without a browser")]
+
+
+@pytest.fixture(scope="module")
+def qm9_server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bundled")
+    for name in ("qm9-tt-r8", "qm9-base"):
+        (root / name).symlink_to(ROOT / "checkpoints" / name)
+    proc, url = start_uvicorn(root, "--threads", "1")
+    yield url
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_playground_streams_both_checkpoints_and_draws_the_molecules(qm9_server, tmp_path):
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)  # Playwright makes a fresh profile
+        page = browser.new_page(viewport={"width": 1500, "height": 1100})
+        errors = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(qm9_server + "/")
+        page.wait_for_function("document.querySelectorAll('#checkpoint-a option').length == 2")
+        assert page.input_value("#checkpoint-a") == "qm9-tt-r8" and page.input_value("#checkpoint-b") == "qm9-base"
+        page.fill("#steps", "6")
+        page.fill("#num-samples", "12")
+        page.fill("#seed", "3")
+        page.check("#compare")
+        # count the step events each pane shows while they stream (both panes update during the run)
+        page.evaluate("""() => { window.seen = {}; new MutationObserver(() => {
+            for (const p of document.querySelectorAll('.pane')) window.seen[p.dataset.checkpoint] = p.dataset.steps;
+        }).observe(document.getElementById('panes'), {subtree: true, attributes: true, childList: true}); }""")
+        page.click("#generate")
+        page.wait_for_selector("body[data-state=done]", timeout=120_000)
+        panes = page.query_selector_all(".pane")
+        assert [p.get_attribute("data-checkpoint") for p in panes] == ["qm9-tt-r8", "qm9-base"]
+        assert all(p.get_attribute("data-done") == "1" for p in panes), [p.inner_text()[:300] for p in panes]
+        assert all(p.get_attribute("data-steps") == "6" for p in panes)  # one update per denoising step
+        assert page.evaluate("window.seen") == {"qm9-tt-r8": "6", "qm9-base": "6"}
+        for pane in panes:
+            cells = pane.query_selector_all(".mol")
+            valid = pane.query_selector_all(".mol.valid")
+            assert len(cells) == 12 and valid, pane.inner_text()[:300]
+            # every valid molecule got its picture, drawn by the server (an SVG from /depict, loaded)
+            page.wait_for_function("(pane) => [...pane.querySelectorAll('.mol.valid img')].every(i => i.complete "
+                                   "&& i.naturalWidth > 0)", arg=pane)
+            assert len(pane.query_selector_all(".mol.valid img")) == len(valid)
+            assert "valid " in pane.query_selector(".summary").inner_text()
+        assert page.query_selector_all(".tok.new") == []  # the final answer replaces the step view
+        assert not errors, errors
+        out = ROOT / "results" / "playground.png"
+        page.screenshot(path=str(out), full_page=True)
+        assert out.stat().st_size > 20_000
+        browser.close()
