@@ -12,6 +12,9 @@ Text: generative perplexity under the judge LM (default SmolLM2-135M from the ll
 ``--contractions head exact``: TT checkpoints are sampled both ways (predetermined orderings; see
 ``ttcore.sampling.joint_step``). ``--rank-one-view``: CP / TT checkpoints are also sampled with
 ``joint=False`` (each position from the joint's exact single-position marginal; a line of its own).
+``--distribution``: MOSES-style distribution metrics (FCD, SNN, Frag, Scaf, IntDiv;
+``ttcore.metrics.distribution``) of each fixed-sampler setting against QM9's held-out split (or, with a
+SMILES file as ``--data``, against that file), written into the rows and printed as a table.
 ``--likelihood``: validation metrics of each checkpoint (joint NLL,
 marginal NLL, NELBO; ``ttcore.training.evaluate_loss``) and, for TT, the contracted-core head's error
 against the exact contraction (total variation per row of Gbar_j, mean and max over masked positions),
@@ -243,6 +246,28 @@ def _update_cards(rows: list[dict], paths: list[Path], command: str, columns=MOL
         tmp.replace(card_path)
 
 
+DISTRIBUTION_COLUMNS = ("n_valid", "fcd", "snn", "frag", "scaf", "int_div")
+
+
+def _print_distribution(rows: list[dict], data_row: dict, n_reference: int) -> None:
+    """One line per checkpoint, ordering and K: ``ttcore.metrics.distribution`` against the held-out split,
+    beside validity / uniqueness / novelty; first the same metrics for training molecules (the floor that
+    sampling noise alone gives at this sample size)."""
+    print(f"\nMOSES-style metrics against {n_reference} held-out molecules (FCD lower is better; the rest higher)")
+    head = ["checkpoint", "ordering", "K", "valid %", "unique %", "novel %", "FCD", "SNN", "Frag", "Scaf", "IntDiv"]
+    print(" | ".join(f"{h:>{24 if i == 0 else 8}}" for i, h in enumerate(head)))
+
+    def line(name, ordering, k, r):
+        nums = [f"{100 * r[c]:.1f}" if c in r else "-" for c in ("validity", "uniqueness", "novelty")]
+        nums += ["-" if r.get(c) is None else f"{r[c]:.3f}" for c in ("fcd", "snn", "frag", "scaf", "int_div")]
+        print(" | ".join([f"{name:>24}", f"{ordering:>8}", f"{k:>8}"] + [f"{x:>8}" for x in nums]))
+
+    line("QM9 training molecules", "-", "-", data_row)
+    for r in rows:
+        if r["eb_gamma"] is None and r.get("fcd", 0) is not None and "fcd" in r:
+            line(_series(r), r["ordering"], r["steps"], r)
+
+
 def _print_tables(rows: list[dict], orderings: list[str], steps: list[int]) -> None:
     names = list(dict.fromkeys(map(_series, rows)))
     for ordering in orderings:
@@ -327,6 +352,8 @@ def main():
     ap.add_argument("--cards", action="store_true", help="write each checkpoint's rows into its model card")
     ap.add_argument("--contractions", nargs="+", default=["head"], choices=["head", "exact"],
                     help="TT, predetermined orderings: sample with each contraction")
+    ap.add_argument("--distribution", action="store_true",
+                    help="SMILES: also FCD, SNN, Frag, Scaf, IntDiv against the held-out split (fixed samplers)")
     ap.add_argument("--rank-one-view", action="store_true",
                     help="joint checkpoints: also sample each position from the joint's exact marginal (joint: false)")
     ap.add_argument("--likelihood", action="store_true",
@@ -344,6 +371,13 @@ def main():
         training = set(load_qm9().train)
     else:
         training = set(Path(args.data).read_text().split())
+    reference = None
+    if args.distribution:  # MOSES-style metrics against the held-out split (QM9's validation molecules)
+        from ttcore.metrics.distribution import Reference
+
+        held_out = load_qm9().val if args.data == "qm9" else Path(args.data).read_text().split()
+        reference = Reference(held_out, "cuda" if args.device.startswith("cuda") else "cpu")
+        data_row = reference.compare(sorted(training)[:: max(1, len(training) // args.samples)][: args.samples])
     rows, paths = [], checkpoint_dirs(args.checkpoints)
     for path in paths:
         model, tok, config = load_for_inference(path, args.device, args.precision)
@@ -362,7 +396,10 @@ def main():
                    count_schedule(cfg.dit.length, steps) if gamma is None else steps)
             if key not in done:  # the same counts and seeds give the same run: computed once
                 res = run_setting(model, tok, args.samples, steps, args.batch, args.seed, **kw)
-                done[key] = res, molecule_metrics(res["texts"], training)
+                m = molecule_metrics(res["texts"], training)
+                if reference is not None and gamma is None:
+                    m.update(reference.compare(res["texts"]))
+                done[key] = res, m
             res, m = done[key]
             row = {"checkpoint": path.name, "decomposition": cfg.decomposition, "rank": cfg.rank,
                    "ordering": ordering, "contraction": contraction, "joint": joint, "steps": steps,
@@ -370,6 +407,7 @@ def main():
                    "avg_steps": res["avg_steps"],
                    "validity": m["validity"], "uniqueness": m["uniqueness"], "novelty": m["novelty"],
                    "samples": m["n"], "seconds": res["seconds"]}
+            row.update({k: m[k] for k in DISTRIBUTION_COLUMNS if k in m})
             rows.append(row)
             print(f"{_series(row):>16} {ordering:>13} {contraction:>5} K={steps:<4} gamma={gamma} "
                   f"steps~{res['avg_steps']:.1f}: "
@@ -380,6 +418,8 @@ def main():
         _update_cards(rows, paths, _this_command())
     _plot(rows, args.orderings, out)
     _print_tables(rows, args.orderings, args.steps)
+    if reference is not None:
+        _print_distribution(rows, data_row, len(reference.smiles))
     print(f"\nwrote {out}/results.csv, results.json, validity.png" + (", eb.png" if args.eb_gammas else ""))
 
 

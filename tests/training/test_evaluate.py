@@ -20,7 +20,7 @@ def test_evaluate_writes_results(checkpoints, tmp_path):
            str(checkpoints / "qm9-tt-r2"), "--out", str(out), "--samples", "48", "--batch", "24", "--steps", "1", "4",
            "--orderings", "random", "top_prob", "--eb-gammas", "0.0", "5.0", "--eb-max-steps", "30",
            "--data", str(ROOT / "tests" / "data" / "qm9_sample.txt"), "--precision", "fp32",
-           "--contractions", "head", "exact", "--rank-one-view"]
+           "--contractions", "head", "exact", "--rank-one-view", "--distribution"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads((out / "results.json").read_text())
@@ -28,6 +28,11 @@ def test_evaluate_writes_results(checkpoints, tmp_path):
     assert len(rows) == 2 * (2 * 2 + 2) + 2 + 2 * 2
     assert {r["checkpoint"] for r in rows if not r["joint"]} == {"qm9-tt-r2"}
     assert "qm9-tt-r2 rank-1 view" in done.stdout
+    # MOSES-style metrics for every fixed-sampler row with two valid molecules or more, and the data floor
+    assert "MOSES-style metrics against" in done.stdout and "QM9 training molecules" in done.stdout
+    for r in rows:
+        if r["eb_gamma"] is None and r["n_valid"] >= 2:
+            assert r["fcd"] >= 0 and 0 <= r["snn"] <= 1 and 0 <= r["int_div"] <= 1, r
     assert {r["contraction"] for r in rows if r["checkpoint"] == "qm9-tt-r2" and r["ordering"] == "random"} == {
         "head", "exact"}
     assert "qm9-tt-r2 exact" in done.stdout
