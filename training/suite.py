@@ -7,6 +7,7 @@ command (finetune.py / pretrain.py, resumable), then bf16 exports.
     python training/suite.py device --qm9-s 240 --text-s 170 --ft-s 70   # a GPU lease: all side by side
     python training/suite.py device --smoke --base B --runs R   # the test's size: seconds, tiny configs
     python training/suite.py ablation --steps 300 --set threads=2   # the quality levers at one budget
+    python training/suite.py ablation --steps 1000 --arms none-r1 tt-r8-marginal --runs runs/ablation-1000
 
 ``cpu`` writes runs/qm9-* and exports into checkpoints/ (re-run after an interruption: finished runs
 resume at their end). ``device`` first probes every run at once (so under the same contention) to
@@ -106,6 +107,11 @@ def ablation_suite(args) -> None:
     K = 1, 2, 4, 8, 16, l, TT also with the exact contraction and as its rank-1 view."""
     runs = Path(args.runs or ROOT / "runs" / "ablation")
     arms = ablation_arms(args.steps)
+    if args.arms:
+        unknown = sorted(set(args.arms) - set(arms))
+        if unknown:
+            raise SystemExit(f"unknown arms {unknown}; known: {sorted(arms)}")
+        arms = {name: arms[name] for name in args.arms}
     if args.smoke:
         arms = {name: (dec, 2 if dec == "tt" else rank, sets) for name, (dec, rank, sets) in arms.items()}
     warmup = f"warmup_steps={max(1, args.steps // 10)}"
@@ -168,6 +174,7 @@ def main():
     ap.add_argument("--text-max", type=int, default=20000)
     ap.add_argument("--ft-max", type=int, default=6000)
     ap.add_argument("--probe-steps", type=int, default=100)
+    ap.add_argument("--arms", nargs="*", help="ablation: only these arms (default all)")
     ap.add_argument("--tokenizer", help="device: keep this checkpoint's text vocabulary")
     ap.add_argument("--set", dest="sets", nargs="*", default=[], metavar="KEY=VALUE",
                     help="config overrides for every run (e.g. threads=1)")
