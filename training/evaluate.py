@@ -231,19 +231,39 @@ def _text_cells(r: dict) -> list:
     return ["random", r["steps"], f"{r['genppl']:.1f}", f"{r['entropy']:.2f}", r["samples"]]
 
 
+def replace_section(card: str, title: str, body: str) -> str:
+    """``card`` with its section ``title`` (up to the next ``## `` heading) replaced by ``body``, or with
+    ``body`` appended when it has none."""
+    start = card.find("\n" + title + "\n")
+    if start < 0:
+        return card.rstrip("\n") + "\n\n" + body.rstrip("\n") + "\n"
+    end = card.find("\n## ", start + 1)
+    rest = card[end:] if end >= 0 else ""
+    return card[:start].rstrip("\n") + "\n\n" + body.rstrip("\n") + "\n" + rest
+
+
 def _update_cards(rows: list[dict], paths: list[Path], command: str, columns=MOLECULE_COLUMNS,
-                  cells=_molecule_cells) -> None:
-    """Replace each checkpoint's model-card section with its own rows (atomic: temp file, rename)."""
+                  cells=_molecule_cells, section: str = CARD_SECTION, note: str = "") -> None:
+    """Replace each checkpoint's model-card ``section`` with its own rows (atomic: temp file, rename)."""
     for path in paths:
-        lines = [CARD_SECTION, "", f"    {command}", "", "| " + " | ".join(columns) + " |",
-                 "| " + " | ".join("---" for _ in columns) + " |"]
+        lines = [section, "", f"    {command}", ""] + ([note, ""] if note else []) + [
+            "| " + " | ".join(columns) + " |", "| " + " | ".join("---" for _ in columns) + " |"]
         lines += ["| " + " | ".join(map(str, cells(r))) + " |" for r in rows if r["checkpoint"] == path.name]
         card_path = path / "model_card.md"
         card = card_path.read_text() if card_path.exists() else f"# {path.name}\n"
-        card = card.split("\n" + CARD_SECTION)[0].rstrip("\n") + "\n\n" + "\n".join(lines) + "\n"
         tmp = card_path.with_suffix(".md.tmp")
-        tmp.write_text(card)
+        tmp.write_text(replace_section(card, section, "\n".join(lines)))
         tmp.replace(card_path)
+
+
+DISTRIBUTION_SECTION = "## Distribution metrics (MOSES-style)"
+DISTRIBUTION_CARD_COLUMNS = ["ordering", "K", "validity %", "uniqueness %", "novelty %", "FCD", "SNN", "Frag",
+                             "Scaf", "IntDiv"]
+
+
+def _distribution_cells(r: dict) -> list:
+    return [_molecule_cells(r)[0], r["steps"], *[f"{100 * r[c]:.1f}" for c in ("validity", "uniqueness", "novelty")],
+            *["-" if r.get(c) is None else f"{r[c]:.3f}" for c in ("fcd", "snn", "frag", "scaf", "int_div")]]
 
 
 DISTRIBUTION_COLUMNS = ("n_valid", "fcd", "snn", "frag", "scaf", "int_div")
@@ -354,6 +374,8 @@ def main():
                     help="TT, predetermined orderings: sample with each contraction")
     ap.add_argument("--distribution", action="store_true",
                     help="SMILES: also FCD, SNN, Frag, Scaf, IntDiv against the held-out split (fixed samplers)")
+    ap.add_argument("--distribution-cards", action="store_true",
+                    help="with --distribution: write those rows into each model card's distribution section")
     ap.add_argument("--rank-one-view", action="store_true",
                     help="joint checkpoints: also sample each position from the joint's exact marginal (joint: false)")
     ap.add_argument("--likelihood", action="store_true",
@@ -416,6 +438,12 @@ def main():
     _write(rows, out / "results")
     if args.cards:
         _update_cards(rows, paths, _this_command())
+    if args.distribution_cards and reference is not None:
+        fixed = [r for r in rows if r["eb_gamma"] is None and "fcd" in r]
+        _update_cards(fixed, paths, _this_command(), DISTRIBUTION_CARD_COLUMNS, _distribution_cells,
+                      DISTRIBUTION_SECTION, f"Against {len(reference.smiles)} held-out molecules; the same metrics "
+                      f"for {args.samples} training molecules: FCD {data_row['fcd']:.3f}, SNN {data_row['snn']:.3f}, "
+                      f"Frag {data_row['frag']:.3f}, Scaf {data_row['scaf']:.3f}, IntDiv {data_row['int_div']:.3f}.")
     _plot(rows, args.orderings, out)
     _print_tables(rows, args.orderings, args.steps)
     if reference is not None:

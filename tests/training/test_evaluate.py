@@ -85,12 +85,24 @@ def test_cards_get_one_quality_section(checkpoints, tmp_path):
     cmd = [sys.executable, "training/evaluate.py", "--checkpoints", str(ckpt), "--out", str(tmp_path / "r"),
            "--samples", "8", "--batch", "8", "--steps", "1", "--orderings", "random", "--eb-gammas",
            "--data", str(ROOT / "tests" / "data" / "qm9_sample.txt"), "--precision", "fp32", "--cards"]
-    for _ in range(2):  # re-running replaces the section
-        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    for extra in ([], ["--distribution", "--distribution-cards"], []):  # re-running replaces each section
+        done = subprocess.run(cmd + extra, cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
     card = (ckpt / "model_card.md").read_text()
     assert card.startswith(before.rstrip("\n")) and card.count("## Few-step quality") == 1
     assert "| random | 1 | 1.0 |" in card and "--cards" in card
+    assert card.count("## Distribution metrics (MOSES-style)") == 1 and "| FCD | SNN |" in card
+    assert "training molecules: FCD" in card
+
+
+def test_replace_section_keeps_the_sections_around_it():
+    sys.path.insert(0, str(ROOT / "training"))
+    from evaluate import replace_section
+
+    card = "# m\n\n## A\n\na\n\n## B\n\nb\n\n## C\n\nc\n"
+    assert replace_section(card, "## B", "## B\n\nnew") == "# m\n\n## A\n\na\n\n## B\n\nnew\n\n## C\n\nc\n"
+    assert replace_section(card, "## C", "## C\n\nz") == "# m\n\n## A\n\na\n\n## B\n\nb\n\n## C\n\nz\n"
+    assert replace_section(card, "## D", "## D\n\nd").endswith("## C\n\nc\n\n## D\n\nd\n")
 
 
 def test_likelihood_metrics_and_head_error_replace_the_cards_validation_line(checkpoints, tmp_path):
