@@ -38,9 +38,10 @@ def mdlm_loss(model, x0: torch.Tensor, mask_id: int, eps: float = 1e-3,
               marginal_weight: float = 0.0) -> dict:
     """One batch of the objective (Eq. 20: L_NLL + L_C). Returns, for this batch:
     - ``loss``: the joint NLL per masked token (below) plus L_C, plus ``marginal_weight`` times
-      ``marginal_nll`` (the marginal-consistency term, ours, not the paper's: it fits the joint's exact
-      single-position marginals, which are what the sampler draws from with one token per step, to the
-      targets alongside the joint; 0 by default, Eq. 20 alone); what the optimizer sees;
+      ``marginal_nll`` (the marginal-consistency term: the paper's L_marginal of Eq. 4, which it uses only
+      to describe rank-1 training, here evaluated with the joint's exact single-position marginals, Eqs.
+      14-17, and added to Eq. 20; ours: it fits the marginals the sampler draws from with one token per
+      step; 0 by default, Eq. 20 alone); what the optimizer sees;
     - ``nll``: the joint NLL per masked token, sum_b -log p(x_{M_b} | x_t) / sum_b |M_b|: a ratio of
       batch totals, so every masked token weighs the same (not a mean of per-sequence averages);
     - ``marginal_nll``: the same with each token scored by its exact single-position marginal,
