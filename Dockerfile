@@ -25,12 +25,14 @@ COPY --from=build /opt/venv /opt/venv
 WORKDIR /app
 COPY --chown=ttcore:ttcore checkpoints checkpoints
 COPY --chown=ttcore:ttcore deploy deploy
+# Serve kills an HTTP proxy not ready within 5 s; a busy or small node can take longer to start one
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     TTCORE_MODE=ray \
     TTCORE_CHECKPOINTS=/app/checkpoints \
     PORT=8000 \
-    RAY_AUTH_MODE=token
+    RAY_AUTH_MODE=token \
+    RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S=60
 USER 1000
 EXPOSE 8000 8080
 HEALTHCHECK --interval=15s --timeout=5s --start-period=90s --retries=3 \
