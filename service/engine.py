@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ttcore.sampling import GenerationRun, batch_step
+from ttcore.sampling.generate import features
 
 from .metrics import Metrics
 from .registry import LoadedModel
@@ -179,11 +180,11 @@ class _Batcher:
             if cancelled:  # whoever still waits on its outputs stops waiting
                 job.outputs.put_nowait(EngineError("the request was cancelled", "cancelled"))
 
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _forward(self, x: torch.Tensor, latent: torch.Tensor | None = None) -> torch.Tensor:
         """The batch's one backbone call, timed (on CUDA, to the end of its kernels)."""
         m, name = self.engine.metrics, self.lm.family
         t0 = time.perf_counter()
-        h = self.lm.model.features(x)  # [sum b, l, d]
+        h = features(self.lm.model, x, latent)  # [sum b, l, d]
         if x.is_cuda:
             torch.cuda.synchronize(x.device)
         self._forward_s = time.perf_counter() - t0

@@ -88,7 +88,8 @@ class ModelRegistry:
         info = ModelInfo(model=family, checkpoint=d.name, domain=tok.kind, decomposition=cfg.decomposition,
                          rank=cfg.rank, head=cfg.head if cfg.decomposition != "none" else "base",
                          length=cfg.dit.length, vocab_size=cfg.dit.out_vocab,
-                         parameters=sum(p.numel() for p in model.parameters()), card=card)
+                         parameters=sum(p.numel() for p in model.parameters()), card=card,
+                         base="vadd" if cfg.dit.latent_dim else "mdlm", latent_dim=cfg.dit.latent_dim)
         speed = calibrate(model)
         log.info("loaded %s: %s %s r=%d; per sequence: %.3f s a step, %.3f s of chain-rule picks", d.name, family,
                  cfg.decomposition, cfg.rank, speed.predetermined_step, speed.chain_rule)

@@ -229,6 +229,10 @@ class ScoreResponse(BaseModel):
 class ModelInfo(BaseModel):
     model: str
     checkpoint: str
+    base: Literal["mdlm", "vadd"] = Field("mdlm", description="The base model: `mdlm` (masked diffusion) or `vadd` "
+                                                              "(a latent z ~ N(0, I) per sequence, fixed through "
+                                                              "the steps; paper Sec. 4.4).")
+    latent_dim: int = Field(0, description="VADD: the dimension of z (0 for mdlm).")
     domain: str
     decomposition: str
     rank: int

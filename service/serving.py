@@ -152,6 +152,9 @@ class Serving:
         on the model's worker (raises ModelNotFound, ScoreInputError)."""
         lm = self.registry.resolve(request.model, request.decomposition, request.rank)
         model, tok = lm.model, lm.tokenizer
+        if model.latent_dim:
+            raise ScoreInputError(["model"], f"{lm.name} is a VADD model: its likelihood integrates over the "
+                                             "latent z, which has no exact form; scores need an MDLM checkpoint")
         x0, mask = _encode_for_scoring(tok, request)
         rows = cost.rows_per_pass(model.cfg, True, self.memory_budget)
         if rows == 0:

@@ -69,3 +69,33 @@ def mdlm_loss(model, x0: torch.Tensor, mask_id: int, eps: float = 1e-3,
     per_position = per_position.detach()
     return {"loss": loss, "nll": per_token.detach(), "lc": lc.detach(),
             "marginal_nll": marginal.detach(), "nelbo": (per_position / t).sum() / (b * l)}
+
+
+def vadd_loss(model, x0: torch.Tensor, mask_id: int, kl_weight: float = 1.0, eps: float = 1e-3,
+              generator: torch.Generator | None = None, t: torch.Tensor | None = None) -> dict:
+    """One batch of Eq. 21 (VADD with a joint head, Sec. 4.4), a one-sample estimate in nats per token:
+    z ~ r_phi(z | x_0, x_t) by reparameterization, and
+
+        (1 / (b l)) sum_b (1 / t_b) [ -log p_theta(x_0 | x_t, z) + lambda KL(r_phi(z | x_0, x_t) || p(z)) ]
+
+    with -alpha'_t / (1 - alpha_t) = 1 / t (log-linear schedule) and E_r[log r / p] in closed form
+    (``gaussian_kl``); p_theta(x_0 | x_t, z) is the model's joint over the masked set (rank 1, CP or TT,
+    exactly as without z: known positions are carried over, SUBS). Returns ``loss`` (what the optimizer
+    sees), ``nll``: the joint NLL per masked token given z ~ r_phi (a reconstruction term, not a likelihood
+    of x_0: that would need z integrated out), ``kl``: the KL per sequence, and ``lc`` (L_C, Eq. 19).
+    ``kl_weight`` is lambda."""
+    from ttcore.models.vadd import gaussian_kl, reparameterize
+
+    b, l = x0.shape
+    if t is None:
+        t = sample_times(b, eps, x0.device, generator)
+    x_t, mask = forward_mask(x0, t, mask_id, generator)
+    mean, log_var = model.recognition(x0, x_t)
+    z = reparameterize(mean, log_var, generator)
+    out = model(x_t, mask, sigma=t, z=z)
+    nll = -out.log_prob(x0)  # [b]
+    kl = gaussian_kl(mean, log_var)  # [b]
+    lc = out.auxiliary_loss()
+    loss = ((nll + kl_weight * kl) / t).sum() / (b * l) + lc
+    return {"loss": loss, "nll": nll.sum().detach() / mask.sum().clamp_min(1), "kl": kl.mean().detach(),
+            "lc": lc.detach()}

@@ -21,7 +21,7 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from ttcore.losses import mdlm_loss
+from ttcore.losses import mdlm_loss, vadd_loss
 from ttcore.models import DiTConfig, JointModel, load_train_state, save_checkpoint
 
 SPLIT_SEED_STRIDE = 100_003  # BatchOrder: seed * stride + epoch seeds each epoch's permutation
@@ -70,6 +70,7 @@ class TrainConfig:
     # fine-tuning levers (issue: quality): the weight of the marginal-consistency term (``mdlm_loss``), the
     # learning rate of everything outside the backbone relative to ``lr``, and the steps the backbone is frozen
     marginal_weight: float = 0.0
+    kl_weight: float = 1.0  # VADD models (model.latent_dim > 0): lambda of Eq. 21
     head_lr_ratio: float = 1.0
     freeze_backbone_steps: int = 0
     data: str = "qm9"  # qm9; text (the public-domain corpus); or a file with one SMILES per line
@@ -205,7 +206,7 @@ def _autocast(device: torch.device, precision: str):
 
 @torch.no_grad()
 def evaluate_loss(model, tokens: torch.Tensor, mask_id: int, *, batch_size: int, batches: int, precision: str,
-                  eps: float, device) -> dict:
+                  eps: float, device, kl_weight: float = 1.0) -> dict:
     """Validation metrics with a fixed RNG (comparable across runs), each the mean over
     ``min(batches, len(tokens) // batch_size)`` batches of what ``mdlm_loss`` returns per batch:
     ``nll`` (joint NLL per masked token, the training objective), ``marginal_nll`` (per masked token,
@@ -213,12 +214,19 @@ def evaluate_loss(model, tokens: torch.Tensor, mask_id: int, *, batch_size: int,
     one-sample estimate, nats per token; comparable across ranks)."""
     model.eval()
     g = torch.Generator(device).manual_seed(1234)
-    totals = {"nll": 0.0, "marginal_nll": 0.0, "nelbo": 0.0}
+    vadd = bool(getattr(model, "latent_dim", 0))
+    # a VADD model: Eq. 21's terms instead (``vadd_loss``): ``nll`` given z ~ r_phi, ``kl``, and ``objective``,
+    # the Eq. 21 estimate at lambda = ``kl_weight`` (with lambda = 1 VADD's bound, nats per token)
+    totals = {"nll": 0.0, "kl": 0.0, "objective": 0.0} if vadd else {"nll": 0.0, "marginal_nll": 0.0, "nelbo": 0.0}
     n = min(batches, max(1, len(tokens) // batch_size))
     for k in range(n):
         x0 = tokens[k * batch_size:(k + 1) * batch_size].to(device)
-        with _autocast(device, precision):
-            out = mdlm_loss(model, x0, mask_id, eps, generator=g)
+        with _autocast(device, precision), torch.no_grad():
+            if vadd:
+                out = vadd_loss(model, x0, mask_id, kl_weight, eps, generator=g)
+                out["objective"] = out["loss"] - out["lc"]
+            else:
+                out = mdlm_loss(model, x0, mask_id, eps, generator=g)
         for key in totals:
             totals[key] += out[key].item() / n
     model.train()
@@ -279,6 +287,9 @@ def public_command(argv: list[str]) -> str:
 def validation_summary(val: dict) -> str:
     """One line for model cards and logs; the names are those of ``evaluate_loss``."""
     nan = float("nan")
+    if "kl" in val:
+        return (f"joint NLL given z ~ r_phi {val['nll']:.4f} nats per masked token, KL(r_phi || p(z)) "
+                f"{val['kl']:.4f} nats per sequence, Eq. 21 objective {val['objective']:.4f} nats per token (VADD)")
     return (f"joint NLL {val.get('nll', nan):.4f} nats per masked token (the training objective), "
             f"marginal NLL {val.get('marginal_nll', nan):.4f} per masked token, "
             f"NELBO {val.get('nelbo', nan):.4f} nats per token (bound from the exact marginals)")
@@ -345,7 +356,7 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
     def validate():
         with ema.applied(model) if ema is not None else contextlib.nullcontext():
             return evaluate_loss(model, val_tokens, mask_id, batch_size=cfg.batch_size, batches=cfg.val_batches,
-                                 precision=cfg.precision, eps=cfg.eps, device=device)
+                                 precision=cfg.precision, eps=cfg.eps, device=device, kl_weight=cfg.kl_weight)
 
     def checkpoint():
         meta["wall_seconds"] = start_wall + time.time() - start_time
@@ -372,7 +383,10 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
             group["lr"] = group["lr_scale"] * lr_at(step, cfg.lr, cfg.warmup_steps, cfg.total_steps, cfg.min_lr_ratio)
         x0 = train_tokens[order.next()].to(device)
         with _autocast(device, cfg.precision):
-            losses = mdlm_loss(model, x0, mask_id, cfg.eps, generator=gen, marginal_weight=cfg.marginal_weight)
+            if model.latent_dim:
+                losses = vadd_loss(model, x0, mask_id, cfg.kl_weight, cfg.eps, generator=gen)
+            else:
+                losses = mdlm_loss(model, x0, mask_id, cfg.eps, generator=gen, marginal_weight=cfg.marginal_weight)
         opt.zero_grad(set_to_none=True)
         losses["loss"].backward()
         if step < cfg.freeze_backbone_steps:  # no gradient: AdamW leaves these weights and their moments alone
@@ -393,7 +407,7 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
         if meta["step"] % cfg.val_every == 0 or meta["step"] == max_steps:
             meta["val"] = validate()
             if not quiet:
-                bar.write(f"step {meta['step']}: val nll {meta['val']['nll']:.4f} nelbo {meta['val']['nelbo']:.4f}")
+                bar.write(f"step {meta['step']}: val " + " ".join(f"{k} {v:.4f}" for k, v in meta["val"].items()))
         if time.time() - last_ckpt > 60 * cfg.ckpt_minutes:
             checkpoint()
             last_ckpt = time.time()

@@ -242,3 +242,38 @@ def test_frozen_backbone_and_head_learning_rate(tmp_path):
     cfg = load_config(TINY, ["threads=1", "device=cpu", "val_every=1000", "head_lr_ratio=0"])
     fit(model, tok, train, val, cfg, tmp_path / "still", max_steps=5, quiet=True)
     assert moved(model, "backbone.") and not moved(model, "head.") and not moved(model, "output_layer.")
+
+
+def test_a_tiny_vadd_pretrains_fine_tunes_to_tt_exports_and_serves(tmp_path):
+    """pretrain.py --latent vadd, finetune.py --decomposition tt on it (Eq. 21 with the TT joint), export,
+    then the server: /models says base vadd, /generate is seeded and reproducible, /score refuses it."""
+    import httpx
+    from servers import start_uvicorn
+
+    common = ["--config", "tiny", "--data", SAMPLE, "--quiet", "--set", "threads=1"]
+    base = _run(ROOT / "training" / "pretrain.py", "--latent", "vadd", "--latent-dim", 8, "--out", tmp_path / "base",
+                "--max-steps", 30, *common)
+    assert base.wait(timeout=300) == 0, base.stderr.read().decode()
+    state = json.loads((tmp_path / "base" / "train_state" / "state.json").read_text())
+    assert set(state["val"]) == {"nll", "kl", "objective"} and state["val"]["kl"] >= 0
+    ft = _run(ROOT / "training" / "finetune.py", "--base", tmp_path / "base", "--decomposition", "tt", "--rank", 2,
+              "--head", "1layer", "--out", tmp_path / "tt", "--max-steps", 10, *common)
+    assert ft.wait(timeout=300) == 0, ft.stderr.read().decode()
+    model, _, config = load_checkpoint(tmp_path / "tt")
+    assert model.latent_dim == 8 and model.recognition is not None and config["model"]["decomposition"] == "tt"
+    exported = tmp_path / "served" / "qm9-vadd-tt-r2"
+    done = subprocess.run([sys.executable, str(ROOT / "training" / "export.py"), "--src", str(tmp_path / "tt"),
+                           "--out", str(exported), "--family", "qm9"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    proc, url = start_uvicorn(tmp_path / "served", "--threads", "1")
+    try:
+        (info,) = httpx.get(url + "/models").json()["models"]
+        assert (info["base"], info["latent_dim"], info["decomposition"]) == ("vadd", 8, "tt")
+        body = dict(num_samples=3, steps=4, seed=5)
+        a, b = (httpx.post(url + "/generate", json=body, timeout=60).json() for _ in range(2))
+        assert [s["text"] for s in a["samples"]] == [s["text"] for s in b["samples"]]
+        r = httpx.post(url + "/score", json=dict(sequences=["CCO"]))
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "model"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

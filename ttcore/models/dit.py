@@ -30,6 +30,7 @@ class DiTConfig:
     dropout: float = 0.0
     time_conditioning: bool = False
     rotary_values: bool = True
+    latent_dim: int = 0  # > 0: a VADD latent z (Sec. 4.4) enters the conditioning (adaLN) of every block
 
     @classmethod
     def for_tokenizer(cls, tokenizer, **arch) -> "DiTConfig":
@@ -137,17 +138,31 @@ class DiT(nn.Module):
         self.cfg = cfg
         self.vocab_embed = EmbeddingLayer(cfg.hidden_dim, cfg.vocab_size)
         self.sigma_map = TimestepEmbedder(cfg.cond_dim)
+        # VADD: z's projection is added to the sigma embedding before the SiLU; zero-initialized, so a
+        # latent model starts as the MDM it would be without z
+        self.latent_map = nn.Linear(cfg.latent_dim, cfg.cond_dim) if cfg.latent_dim else None
+        if self.latent_map is not None:
+            nn.init.zeros_(self.latent_map.weight)
+            nn.init.zeros_(self.latent_map.bias)
         self.blocks = nn.ModuleList(DDiTBlock(cfg) for _ in range(cfg.n_blocks))
         cos, sin = rotary_tables(cfg.length, cfg.hidden_dim // cfg.n_heads)
         self.register_buffer("rotary_cos", cos, persistent=False)
         self.register_buffer("rotary_sin", sin, persistent=False)
 
-    def forward(self, x_t: torch.Tensor, sigma: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (features [b, l, d], conditioning c [b, cond_dim])."""
+    def forward(self, x_t: torch.Tensor, sigma: torch.Tensor | None = None,
+                z: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (features [b, l, d], conditioning c [b, cond_dim]). ``z`` [b, latent_dim]: the VADD latent
+        (required when ``latent_dim`` > 0, refused otherwise)."""
         b, l = x_t.shape
         if sigma is None or not self.cfg.time_conditioning:
             sigma = torch.zeros(b, device=x_t.device)
-        c = F.silu(self.sigma_map(sigma))
+        c = self.sigma_map(sigma)
+        if (z is None) != (self.latent_map is None):
+            raise ValueError(f"z is needed exactly when latent_dim > 0 (latent_dim={self.cfg.latent_dim}, "
+                             f"z {'missing' if z is None else 'given'})")
+        if z is not None:
+            c = c + self.latent_map(z.to(self.latent_map.weight.dtype))
+        c = F.silu(c)
         x = self.vocab_embed(x_t)  # [b, l, d]
         rotary = (self.rotary_cos[:l], self.rotary_sin[:l])
         for block in self.blocks:

@@ -10,6 +10,7 @@ from ttcore.decompositions import DECOMPOSITIONS, HeadOutputs, get_decomposition
 from .dit import DiT, DiTConfig
 from .heads import FinalLayer, JointHead
 from .precision import compute_context
+from .vadd import RecognitionNetwork
 
 
 @dataclass
@@ -45,6 +46,8 @@ class JointModel(nn.Module):
         self.head = JointHead(cfg.decomposition, cfg.rank, cfg.head, d.hidden_dim, d.out_vocab) if joint else None
         if joint and cfg.head == "2layer":
             self.output_layer.linear.requires_grad_(False)  # W stays frozen (Sec. 4.5)
+        # VADD (Sec. 4.4): r_phi(z | x_0, x_t), used in training only; sampling draws z from the prior
+        self.recognition = (RecognitionNetwork(d.vocab_size, d.length, d.latent_dim) if d.latent_dim else None)
         self.precision = "fp32"  # inference precision (``inference.prepare_for_inference`` sets it)
 
     @classmethod
@@ -64,9 +67,15 @@ class JointModel(nn.Module):
             model.head.init_from_base(base.output_layer.linear, noise, generator)
         return model
 
-    def features(self, x_t: torch.Tensor, sigma: torch.Tensor | None = None) -> torch.Tensor:
-        """x_t [b, l] -> final normalized features [b, l, d]."""
-        x, c = self.backbone(x_t, sigma)
+    @property
+    def latent_dim(self) -> int:
+        """The VADD latent's dimension (0: no latent, an MDLM-style model)."""
+        return self.cfg.dit.latent_dim
+
+    def features(self, x_t: torch.Tensor, sigma: torch.Tensor | None = None,
+                 z: torch.Tensor | None = None) -> torch.Tensor:
+        """x_t [b, l] (and z [b, latent_dim] for a VADD model) -> final normalized features [b, l, d]."""
+        x, c = self.backbone(x_t, sigma, z)
         return self.output_layer.features(x, c)
 
     def head_outputs(self, h: torch.Tensor, mask: torch.Tensor) -> HeadOutputs:
@@ -122,5 +131,6 @@ class JointModel(nn.Module):
                 module.to(dtype)
         return self
 
-    def forward(self, x_t: torch.Tensor, mask: torch.Tensor, sigma: torch.Tensor | None = None) -> HeadOutputs:
-        return self.head_outputs(self.features(x_t, sigma), mask)
+    def forward(self, x_t: torch.Tensor, mask: torch.Tensor, sigma: torch.Tensor | None = None,
+                z: torch.Tensor | None = None) -> HeadOutputs:
+        return self.head_outputs(self.features(x_t, sigma, z), mask)

@@ -11,6 +11,7 @@ import torch
 
 from ttcore.decompositions import CONTRACTIONS
 from ttcore.distributions import RowStreams
+from ttcore.models.vadd import prior_sample
 
 from .eb import EB_PROXIES, eb_score
 from .joint_step import chain_rule_step, marginal_step, predetermined_step
@@ -64,6 +65,9 @@ class GenerationRun:
         length = model.cfg.dit.length
         self.generator = torch.Generator(self.device)
         self.generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,))))
+        # a VADD model: z ~ p(z) once per sequence, first from the run's own stream, fixed through the steps
+        latent_dim = getattr(model.cfg.dit, "latent_dim", 0)
+        self.latent = prior_sample(num_samples, latent_dim, self.generator, self.device) if latent_dim else None
         if prompt is None:
             self.tokens = torch.full((num_samples, length), self.mask_id, dtype=torch.long, device=self.device)
         else:
@@ -106,7 +110,7 @@ class GenerationRun:
         values = torch.full_like(self.tokens, -1)
         if self._needed:
             if h is None:
-                h = self.model.features(self.tokens)
+                h = features(self.model, self.tokens, self.latent)
             chosen = self.chosen() if self.priority is not None else None
             step = self.max_rows_per_pass or len(self.tokens)
             for s in range(0, len(self.tokens), step):  # micro-batches of sequences bound the step's memory
@@ -204,17 +208,24 @@ def step_together(runs: list[GenerationRun], features: list[torch.Tensor | None]
 
 def batch_step(model, runs: list[GenerationRun], forward=None) -> list[StepState]:
     """One denoising step of several runs of ``model`` with ONE backbone call over the sequences of every
-    run whose step needs the model (``prepare``), then ``step_together``. ``forward`` (default
-    ``model.features``) lets a caller time or place that call. Run it under ``model.compute_context()``.
+    run whose step needs the model (``prepare``), then ``step_together``. ``forward(tokens, latents)``
+    (default ``model.features``, latents None for a model without z) lets a caller time or place that
+    call. Run it under ``model.compute_context()``.
     This is the loop body of the service's continuous batching; every run gets exactly the tokens it
     would get alone."""
-    forward = forward or model.features
     need = [run for run in runs if run.prepare()]
-    features = {}
+    computed = {}
     if need:
-        h = forward(torch.cat([run.tokens for run in need]))  # [sum b, l, d]
-        features = dict(zip(map(id, need), h.float().split([run.tokens.shape[0] for run in need])))
-    return step_together(runs, [features.get(id(run)) for run in runs])
+        x = torch.cat([run.tokens for run in need])  # [sum b, l]
+        latent = torch.cat([run.latent for run in need]) if need[0].latent is not None else None
+        h = features(model, x, latent) if forward is None else forward(x, latent)  # [sum b, l, d]
+        computed = dict(zip(map(id, need), h.float().split([run.tokens.shape[0] for run in need])))
+    return step_together(runs, [computed.get(id(run)) for run in runs])
+
+
+def features(model, tokens: torch.Tensor, latent: torch.Tensor | None) -> torch.Tensor:
+    """The backbone call of a step: ``model.features(tokens)``, with the sequences' VADD latents if any."""
+    return model.features(tokens) if latent is None else model.features(tokens, z=latent)
 
 
 def run_together(model, runs: list[GenerationRun]) -> list[StepState]:
