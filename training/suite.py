@@ -8,6 +8,7 @@ command (finetune.py / pretrain.py, resumable), then bf16 exports.
     python training/suite.py device --smoke --base B --runs R   # the test's size: seconds, tiny configs
     python training/suite.py ablation --steps 300 --set threads=2   # the quality levers at one budget
     python training/suite.py ablation --steps 1000 --arms none-r1 tt-r8-marginal --runs runs/ablation-1000
+    python training/suite.py vadd --base-steps 800 --steps 200 --set threads=2   # VADD, VADD+CP, VADD+TT
 
 ``cpu`` writes runs/qm9-* and exports into checkpoints/ (re-run after an interruption: finished runs
 resume at their end). ``device`` first probes every run at once (so under the same contention) to
@@ -127,6 +128,34 @@ def ablation_suite(args) -> None:
                           "--contractions", "head", "exact", "--rank-one-view", *sizes), cwd=ROOT, check=True)
 
 
+def vadd_suite(args) -> None:
+    """VADD (Sec. 4.4) on QM9: a VADD base pretrained from scratch (``--base-steps``), then three fine-tunes
+    of it at one budget (``--steps``): VADD itself (rank 1), VADD+CP r=64, VADD+TT r=8, each trained with
+    Eq. 21; evaluated side by side (random order, K = 1, 2, 4, 8, 16, l)."""
+    runs = Path(args.runs or ROOT / "runs" / "vadd")
+    config = ["--config", "tiny", "--data", SAMPLE] if args.smoke else ["--config", "qm9"]
+    say(f"VADD base: {args.base_steps} steps")
+    subprocess.run(recipe("pretrain.py", *config, "--latent", "vadd", "--latent-dim", 8 if args.smoke else 32,
+                          "--out", runs / "base", "--max-steps", args.base_steps, "--resume", "--quiet", "--set",
+                          f"total_steps={args.base_steps}", f"warmup_steps={max(1, args.base_steps // 10)}",
+                          *args.sets), cwd=ROOT, check=True)
+    arms = {"vadd": ("none", 1), "vadd-cp-r64": ("cp", 3 if args.smoke else 64),
+            "vadd-tt-r8": ("tt", 2 if args.smoke else 8)}
+    base, args.base = args.base, runs / "base"
+    for name, (dec, rank) in arms.items():
+        say(f"{name}: {args.steps} steps")
+        warmup = f"warmup_steps={max(1, args.steps // 10)}"
+        subprocess.run(qm9_finetune(args, dec, rank, runs / name, args.steps, warmup), cwd=ROOT, check=True)
+    args.base = base
+    out = Path(args.exports or ROOT / "results" / "vadd")
+    out.mkdir(parents=True, exist_ok=True)
+    length = json.loads((runs / "base" / "config.json").read_text())["model"]["dit"]["length"]
+    sizes = ("--samples", 16, "--batch", 16, "--data", SAMPLE, "--precision", "fp32") if args.smoke else ()
+    subprocess.run(recipe("evaluate.py", "--checkpoints", *[runs / name for name in arms], "--out", out,
+                          "--orderings", "random", "--steps", 1, 2, 4, 8, 16, length, "--eb-gammas", *sizes),
+                   cwd=ROOT, check=True)
+
+
 def device_suite(args) -> None:
     r = Path(args.runs or ROOT / "runs" / "device")
     specs = SMOKE_SPECS if args.smoke else QM9_SPECS
@@ -161,7 +190,7 @@ def device_suite(args) -> None:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("suite", choices=["cpu", "device", "ablation"])
+    ap.add_argument("suite", choices=["cpu", "device", "ablation", "vadd"])
     ap.add_argument("--base", default=str(ROOT / "checkpoints" / "qm9-base"), help="the QM9 base checkpoint")
     ap.add_argument("--runs", help="where the runs go (default runs/ for cpu, runs/device/ for device)")
     ap.add_argument("--exports", help="cpu: where the exports go (default checkpoints/); ablation: where the "
@@ -175,12 +204,13 @@ def main():
     ap.add_argument("--ft-max", type=int, default=6000)
     ap.add_argument("--probe-steps", type=int, default=100)
     ap.add_argument("--arms", nargs="*", help="ablation: only these arms (default all)")
+    ap.add_argument("--base-steps", type=int, default=1000, help="vadd: steps of the VADD base")
     ap.add_argument("--tokenizer", help="device: keep this checkpoint's text vocabulary")
     ap.add_argument("--set", dest="sets", nargs="*", default=[], metavar="KEY=VALUE",
                     help="config overrides for every run (e.g. threads=1)")
     ap.add_argument("--smoke", action="store_true", help="tiny configs and the committed QM9 sample (the test)")
     args = ap.parse_args()
-    {"cpu": cpu_suite, "device": device_suite, "ablation": ablation_suite}[args.suite](args)
+    {"cpu": cpu_suite, "device": device_suite, "ablation": ablation_suite, "vadd": vadd_suite}[args.suite](args)
 
 
 if __name__ == "__main__":

@@ -49,3 +49,12 @@ def test_ablation_suite_trains_each_lever_and_evaluates_them_side_by_side(checkp
     assert config["marginal_weight"] == 1.0 and config["total_steps"] == 3
     assert {(r["contraction"], r["joint"]) for r in rows if r["checkpoint"] == "tt-r8"} == {
         ("head", True), ("exact", True), ("head", False)}
+
+
+def test_vadd_suite_pretrains_a_vadd_base_and_compares_its_fine_tunes(tmp_path):
+    _suite("vadd", "--runs", tmp_path / "runs", "--exports", tmp_path / "res", "--base-steps", 3, "--steps", 2)
+    rows = json.loads((tmp_path / "res" / "results.json").read_text())
+    assert {r["checkpoint"] for r in rows} == {"vadd", "vadd-cp-r64", "vadd-tt-r8"}
+    for name in ("vadd", "vadd-tt-r8"):
+        model, _, _ = load_checkpoint(tmp_path / "runs" / name)
+        assert model.latent_dim == 8
