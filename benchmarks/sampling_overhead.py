@@ -3,6 +3,7 @@
     python benchmarks/sampling_overhead.py            # QM9-sized and text-sized models
     python benchmarks/sampling_overhead.py --quick    # QM9-sized only, fewer settings
     python benchmarks/sampling_overhead.py --size smoke --reps 1    # a 2-block toy: seconds (the tests run it)
+    python benchmarks/sampling_overhead.py --size qm9 --latent-dim 32 --steps 128   # VADD+CP / VADD+TT vs VADD
 
 One randomly initialized backbone per size; rank-1, CP and TT heads are built from it exactly as
 fine-tuning does (heads with noise, so the joints are not degenerate). For each setting it times the
@@ -29,10 +30,11 @@ SIZES = {
 }
 
 
-def _models(size: dict) -> dict:
+def _models(size: dict, latent_dim: int = 0) -> dict:
     torch.manual_seed(0)
     cfg = ModelConfig(DiTConfig(vocab_size=size["vocab"] + 1, out_vocab=size["vocab"], length=size["length"],
-                                hidden_dim=size["hidden"], n_blocks=size["blocks"], n_heads=size["heads"]))
+                                hidden_dim=size["hidden"], n_blocks=size["blocks"], n_heads=size["heads"],
+                                latent_dim=latent_dim))
     base = JointModel(cfg)
     with torch.no_grad():
         for p in base.parameters():
@@ -66,18 +68,25 @@ def main():
     ap.add_argument("--size", choices=sorted(SIZES), help="only this model size")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--text-adaptive", action="store_true", help="also time top_prob and EB at text size (slow)")
+    ap.add_argument("--latent-dim", type=int, default=0,
+                    help="VADD backbones with a latent of this size (Sec. 4.4): the ratios are then to VADD")
+    ap.add_argument("--steps", type=int, nargs="*", help="only these step counts")
     args = ap.parse_args()
     sizes = [args.size] if args.size else ["qm9"] if args.quick else ["qm9", "text"]
     settings = [("random", dict(ordering="random")), ("top_prob", dict(ordering="top_prob")),
                 ("eb g=0.5", dict(eb_gamma=0.5))]
     steps_list = [2, 4] if args.size == "smoke" else [8, 32] if args.quick else [8, 32, 128]
+    steps_list = args.steps or steps_list
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, bf16 autocast backbone, "
           f"best of {args.reps}; s/sample (model calls) and ratio to rank 1")
     for name in sizes:
         size = SIZES[name]
-        models = _models(size)
-        print(f"\n{name}: l = {size['length']}, v = {size['vocab']}, d = {size['hidden']} x {size['blocks']} blocks, "
-              f"batch {size['batch']}, {size['head']} heads")
+        models = _models(size, args.latent_dim)
+        if args.latent_dim:  # the same timings, named for what they are: VADD, VADD+CP, VADD+TT
+            models = {("vadd" if k == "rank1" else f"vadd+{k}"): m for k, m in models.items()}
+        kind = f" VADD (latent {args.latent_dim})" if args.latent_dim else ""
+        print(f"\n{name}{kind}: l = {size['length']}, v = {size['vocab']}, "
+              f"d = {size['hidden']} x {size['blocks']} blocks, batch {size['batch']}, {size['head']} heads")
         head = f"{'setting':>10} {'K':>4} | " + " | ".join(f"{m:>22}" for m in models)
         print(head + "\n" + "-" * len(head))
         for label, kw in settings:
@@ -85,7 +94,7 @@ def main():
                 continue
             for steps in steps_list if label != "eb g=0.5" else [steps_list[-1]]:
                 times = _seconds_per_sample(models, size["batch"], steps, args.reps, **kw)
-                base = times["rank1"][0]
+                base = times["vadd" if args.latent_dim else "rank1"][0]
                 cells = [f"{s * 1e3:8.2f} ms ({calls:3d}) x{s / base:4.2f}" for s, calls in times.values()]
                 print(f"{label:>10} {steps:>4} | " + " | ".join(f"{c:>22}" for c in cells), flush=True)
 

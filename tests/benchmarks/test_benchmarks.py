@@ -34,6 +34,11 @@ def test_sampling_overhead_smoke():
     out = _bench(ROOT / "benchmarks" / "sampling_overhead.py", "--size", "smoke", "--reps", "1")
     rows = [line for line in out.splitlines() if re.match(r"\s*(random|top_prob|eb g=0.5)\s+\d+ \|", line)]
     assert len(rows) == 5 and all(line.count(" x") == 3 for line in rows), out
+    vadd = _bench(ROOT / "benchmarks" / "sampling_overhead.py", "--size", "smoke", "--reps", "1", "--latent-dim", "4",
+                  "--steps", "2")
+    assert "smoke VADD (latent 4)" in vadd and "vadd+tt2" in vadd, vadd
+    rows = [line for line in vadd.splitlines() if re.match(r"\s*(random|top_prob|eb g=0.5)\s+\d+ \|", line)]
+    assert len(rows) == 3 and all(" x1.00" in line.split("|")[1] for line in rows), vadd  # VADD is the base
 
 
 def test_service_load_smoke():
