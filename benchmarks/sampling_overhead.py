@@ -78,7 +78,7 @@ def main():
     steps_list = [2, 4] if args.size == "smoke" else [8, 32] if args.quick else [8, 32, 128]
     steps_list = args.steps or steps_list
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, bf16 autocast backbone, "
-          f"best of {args.reps}; s/sample (model calls) and ratio to rank 1")
+          f"best of {args.reps}; s/sample (model calls) and ratio to {'VADD' if args.latent_dim else 'rank 1'}")
     for name in sizes:
         size = SIZES[name]
         models = _models(size, args.latent_dim)
