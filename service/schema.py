@@ -92,7 +92,8 @@ class GenerateRequest(BaseModel):
     valid_only: bool = Field(False, strict=True,
                              description=f"SMILES models only: answer with valid molecules only, drawing further "
                                          f"rounds of `num_samples` (at most {MAX_VALID_ROUNDS} rounds in all) "
-                                         f"until `num_samples` are found; `drawn` says how many were drawn. "
+                                         f"until `num_samples` are found, within the request's deadline; "
+                                         f"`drawn` says how many were drawn. "
                                          f"With a seed, round k uses seed + k * {ROUND_SEED_STRIDE} (mod 2^53).")
     step_tokens: bool = Field(False, strict=True,
                               description="Streaming: each `step` event also lists every sequence's tokens by "

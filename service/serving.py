@@ -130,8 +130,11 @@ class Serving:
                     or len(rounds) >= MAX_VALID_ROUNDS:
                 break
             seed = None if request.seed is None else (request.seed + len(rounds) * ROUND_SEED_STRIDE) % (MAX_SEED + 1)
+            left = first.timeout_s - (time.perf_counter() - first.arrived)  # the request's deadline holds
+            if left <= 0:
+                break
             try:
-                job.next_round = job = self.submit(request.model_copy(update={"seed": seed}))
+                job.next_round = job = self.submit(request.model_copy(update={"seed": seed, "timeout_s": left}))
             except (Overloaded, admission.TooLarge):  # the server is busy: answer with what the rounds found
                 break
         last = rounds[-1]
