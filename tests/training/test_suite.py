@@ -58,3 +58,12 @@ def test_vadd_suite_pretrains_a_vadd_base_and_compares_its_fine_tunes(tmp_path):
     for name in ("vadd", "vadd-tt-r8"):
         model, _, _ = load_checkpoint(tmp_path / "runs" / name)
         assert model.latent_dim == 8
+
+
+def test_ablation_arms_selects_and_refuses_unknown_ones(checkpoints, tmp_path):
+    _suite("ablation", "--base", checkpoints / "qm9-base", "--runs", tmp_path / "runs", "--exports", tmp_path / "res",
+           "--steps", 2, "--arms", "none-r1")
+    assert {r["checkpoint"] for r in json.loads((tmp_path / "res" / "results.json").read_text())} == {"none-r1"}
+    done = subprocess.run([sys.executable, str(ROOT / "training" / "suite.py"), "ablation", "--arms", "nope"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "unknown arms ['nope']" in done.stderr
