@@ -37,13 +37,13 @@ function fillCheckpoints() {
   if (rank1) $("checkpoint-b").value = rank1.checkpoint;
 }
 
-function request(checkpoint) {
+function request(checkpoint, rankOneView = false) {
   const m = models.find((x) => x.checkpoint === checkpoint);
   const body = {
     model: m.model, decomposition: m.decomposition, rank: m.rank, stream: true, step_tokens: true,
     steps: Number($("steps").value), num_samples: Number($("num-samples").value), ordering: $("ordering").value,
     sampler: $("sampler").value, eb_gamma: Number($("eb-gamma").value), temperature: Number($("temperature").value),
-    joint: $("joint").checked, unique: $("unique").checked,
+    joint: $("joint").checked && !rankOneView, unique: $("unique").checked,
   };
   if ($("seed").value !== "") body.seed = Number($("seed").value);
   if ($("prompt").value) body.prompt = $("prompt").value;
@@ -51,10 +51,12 @@ function request(checkpoint) {
   return [body, m];
 }
 
-function newPane(model) {
+function newPane(model, joint) {
   const pane = $("pane").content.firstElementChild.cloneNode(true);
-  pane.querySelector(".title").textContent = `${model.checkpoint}: ${model.decomposition}, rank ${model.rank}`;
+  const view = joint ? "" : " (rank-1 view: each position from the joint's marginals)";
+  pane.querySelector(".title").textContent = `${model.checkpoint}: ${model.decomposition}, rank ${model.rank}${view}`;
   pane.dataset.checkpoint = model.checkpoint;
+  pane.classList.add(model.domain);
   pane.dataset.steps = "0";
   $("panes").append(pane);
   return pane;
@@ -137,9 +139,10 @@ function parseEvent(block) {
   return [event, data ? JSON.parse(data) : null];
 }
 
-async function run(checkpoint) {
-  const [body, model] = request(checkpoint);
-  const pane = newPane(model);
+async function run(checkpoint, index) {
+  const rankOneView = index === 1 && checkpoint === $("checkpoint-a").value;  // the same checkpoint twice
+  const [body, model] = request(checkpoint, rankOneView);
+  const pane = newPane(model, body.joint);
   const r = await fetch("/generate", { method: "POST", headers: headers(), body: JSON.stringify(body) });
   if (!r.ok) {
     const detail = await r.json().catch(() => ({}));
@@ -180,7 +183,7 @@ async function generate(e) {
   const checkpoints = [$("checkpoint-a").value];
   if ($("compare").checked) checkpoints.push($("checkpoint-b").value);
   try {
-    await Promise.all(checkpoints.map(run));  // side by side: both stream at once
+    await Promise.all(checkpoints.map(run));  // side by side: both stream at once (the same one twice: joint vs rank-1 view)
   } catch (err) {
     setStatus(String(err));
   } finally {

@@ -71,4 +71,13 @@ def test_playground_streams_both_checkpoints_and_draws_the_molecules(qm9_server,
         out = ROOT / "results" / "playground.png"
         page.screenshot(path=str(out), full_page=True)
         assert out.stat().st_size > 20_000
+        # the same checkpoint on both sides: its joint draw beside its rank-1 view (joint: false)
+        page.select_option("#checkpoint-b", "qm9-tt-r8")
+        page.fill("#steps", "3")
+        page.click("#generate")
+        page.wait_for_selector("body[data-state=done]", timeout=120_000)
+        titles = [t.inner_text() for t in page.query_selector_all(".pane .title")]
+        assert len(titles) == 2 and "rank-1 view" not in titles[0] and "rank-1 view" in titles[1], titles
+        assert all(p.get_attribute("data-done") == "1" for p in page.query_selector_all(".pane"))
+        assert not errors, errors
         browser.close()
