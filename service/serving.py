@@ -34,20 +34,14 @@ log = logging.getLogger("ttcore.serving")
 
 @functools.cache
 def smiles_checker():
-    """RDKit's canonical form (None for an invalid SMILES), or None where RDKit is not installed: a
-    server without the `chem` extra still serves SMILES, with `valid` and `canonical` left null."""
+    """``ttcore.metrics.molecules.properties`` (one parse: None for an invalid SMILES, else its canonical form
+    and descriptors), or None where RDKit is not installed: a server without the `chem` extra still serves
+    SMILES, with `valid`, `canonical` and the descriptors left null."""
     try:
-        from ttcore.metrics.molecules import canonical
+        from ttcore.metrics.molecules import properties
     except ImportError as e:
         log.warning("RDKit is not importable (%s; pip install '.[chem]'): SMILES answers carry valid=null", e)
         return None
-    return canonical
-
-
-@functools.cache
-def molecule_properties():
-    """``ttcore.metrics.molecules.properties`` (RDKit is there whenever a SMILES was found valid)."""
-    from ttcore.metrics.molecules import properties
     return properties
 
 
@@ -121,11 +115,11 @@ class Serving:
                 return
             for sample in rounds[-1].samples:
                 key = sample.canonical or sample.text
-                if (request is not None and request.valid_only and not sample.valid) or (
-                        request is not None and request.unique and key in seen):
-                    continue
-                seen.add(key)
-                kept.append(sample)
+                dropped = request is not None and ((request.valid_only and not sample.valid)
+                                                   or (request.unique and key in seen))
+                if not dropped:
+                    seen.add(key)
+                    kept.append(sample)
             if request is None or not request.valid_only or len(kept) >= request.num_samples \
                     or len(rounds) >= MAX_VALID_ROUNDS:
                 break
@@ -224,10 +218,9 @@ class Serving:
         samples = []
         for row in out.tokens.tolist():
             text = lm.tokenizer.decode(row)
-            canonical = check(text) if check is not None else None
-            descriptors = molecule_properties()(text) if canonical is not None else None
-            samples.append(Sample(text=text, valid=None if check is None else canonical is not None,
-                                  canonical=canonical, **(descriptors or {})))
+            described = check(text) if check is not None else None
+            samples.append(Sample(text=text, valid=None if check is None else described is not None,
+                                  **(described or {})))
         job.decode_s += time.perf_counter() - t0
         telemetry = self.answer_telemetry(job, out)
         return GenerateResponse(id=job.id, model=lm.family, checkpoint=lm.name, decomposition=lm.info.decomposition,

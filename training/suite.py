@@ -119,13 +119,17 @@ def ablation_suite(args) -> None:
     for name, (dec, rank, sets) in arms.items():
         say(f"ablation {name}: {args.steps} steps")
         subprocess.run(qm9_finetune(args, dec, rank, runs / name, args.steps, warmup, *sets), cwd=ROOT, check=True)
-    out = Path(args.exports or ROOT / "results" / "ablation")
+    evaluate_side_by_side(args, [runs / name for name in arms], Path(args.exports or ROOT / "results" / "ablation"),
+                          "--contractions", "head", "exact", "--rank-one-view")
+
+
+def evaluate_side_by_side(args, checkpoints: list[Path], out: Path, *extra) -> None:
+    """evaluate.py on ``checkpoints`` together: random order, K = 1, 2, 4, 8, 16 and l (a token a step)."""
     out.mkdir(parents=True, exist_ok=True)
-    length = json.loads((Path(args.base) / "config.json").read_text())["model"]["dit"]["length"]  # l: a token a step
+    length = json.loads((checkpoints[0] / "config.json").read_text())["model"]["dit"]["length"]
     sizes = ("--samples", 16, "--batch", 16, "--data", SAMPLE, "--precision", "fp32") if args.smoke else ()
-    subprocess.run(recipe("evaluate.py", "--checkpoints", *[runs / name for name in arms], "--out", out,
-                          "--orderings", "random", "--steps", 1, 2, 4, 8, 16, length, "--eb-gammas",
-                          "--contractions", "head", "exact", "--rank-one-view", *sizes), cwd=ROOT, check=True)
+    subprocess.run(recipe("evaluate.py", "--checkpoints", *checkpoints, "--out", out, "--orderings", "random",
+                          "--steps", 1, 2, 4, 8, 16, length, "--eb-gammas", *extra, *sizes), cwd=ROOT, check=True)
 
 
 def vadd_suite(args) -> None:
@@ -147,13 +151,7 @@ def vadd_suite(args) -> None:
         warmup = f"warmup_steps={max(1, args.steps // 10)}"
         subprocess.run(qm9_finetune(args, dec, rank, runs / name, args.steps, warmup), cwd=ROOT, check=True)
     args.base = base
-    out = Path(args.exports or ROOT / "results" / "vadd")
-    out.mkdir(parents=True, exist_ok=True)
-    length = json.loads((runs / "base" / "config.json").read_text())["model"]["dit"]["length"]
-    sizes = ("--samples", 16, "--batch", 16, "--data", SAMPLE, "--precision", "fp32") if args.smoke else ()
-    subprocess.run(recipe("evaluate.py", "--checkpoints", *[runs / name for name in arms], "--out", out,
-                          "--orderings", "random", "--steps", 1, 2, 4, 8, 16, length, "--eb-gammas", *sizes),
-                   cwd=ROOT, check=True)
+    evaluate_side_by_side(args, [runs / name for name in arms], Path(args.exports or ROOT / "results" / "vadd"))
 
 
 def device_suite(args) -> None:

@@ -17,6 +17,7 @@ Two quantities, not to be confused:
 import torch
 
 from ttcore.decompositions.common import per_sequence
+from ttcore.models.vadd import gaussian_kl, reparameterize
 
 
 def sample_times(b: int, eps: float, device, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -84,8 +85,6 @@ def vadd_loss(model, x0: torch.Tensor, mask_id: int, kl_weight: float = 1.0, eps
     sees), ``nll``: the joint NLL per masked token given z ~ r_phi (a reconstruction term, not a likelihood
     of x_0: that would need z integrated out), ``kl``: the KL per sequence, and ``lc`` (L_C, Eq. 19).
     ``kl_weight`` is lambda."""
-    from ttcore.models.vadd import gaussian_kl, reparameterize
-
     b, l = x0.shape
     if t is None:
         t = sample_times(b, eps, x0.device, generator)

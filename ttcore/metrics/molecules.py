@@ -8,14 +8,16 @@ from rdkit.Chem.Draw import rdMolDraw2D
 RDLogger.DisableLog("rdApp.*")  # invalid samples are expected; RDKit would log every one
 
 
+def _molecule(smiles: str):
+    """The RDKit molecule of a non-empty string that parses and sanitizes, else None."""
+    mol = Chem.MolFromSmiles(smiles) if smiles else None  # parses and sanitizes
+    return mol if mol is not None and mol.GetNumAtoms() > 0 else None
+
+
 def canonical(smiles: str) -> str | None:
     """Canonical SMILES of a non-empty string that parses and sanitizes, else None."""
-    if not smiles:
-        return None
-    mol = Chem.MolFromSmiles(smiles)  # parses and sanitizes
-    if mol is None or mol.GetNumAtoms() == 0:
-        return None
-    return Chem.MolToSmiles(mol)
+    mol = _molecule(smiles)
+    return Chem.MolToSmiles(mol) if mol is not None else None
 
 
 def molecule_metrics(samples: list[str], training: set[str] | None = None) -> dict:
@@ -30,18 +32,15 @@ def molecule_metrics(samples: list[str], training: set[str] | None = None) -> di
     return out
 
 
-def _molecule(smiles: str):
-    mol = Chem.MolFromSmiles(smiles) if smiles else None
-    return mol if mol is not None and mol.GetNumAtoms() > 0 else None
-
-
 def properties(smiles: str) -> dict | None:
-    """RDKit descriptors of a valid SMILES, else None: ``qed`` (Bickerton et al. 2012's drug-likeness, 0..1),
-    ``logp`` (Wildman-Crippen octanol-water logP) and ``mol_weight`` (average molecular weight, g/mol)."""
+    """One parse of a SMILES: None if invalid, else its ``canonical`` form and RDKit descriptors: ``qed``
+    (Bickerton et al. 2012's drug-likeness, 0..1), ``logp`` (Wildman-Crippen octanol-water logP) and
+    ``mol_weight`` (average molecular weight, g/mol)."""
     mol = _molecule(smiles)
     if mol is None:
         return None
-    return {"qed": QED.qed(mol), "logp": Crippen.MolLogP(mol), "mol_weight": Descriptors.MolWt(mol)}
+    return {"canonical": Chem.MolToSmiles(mol), "qed": QED.qed(mol), "logp": Crippen.MolLogP(mol),
+            "mol_weight": Descriptors.MolWt(mol)}
 
 
 def depiction_svg(smiles: str, width: int, height: int) -> str | None:

@@ -5,8 +5,6 @@ it by the reparameterization trick. What the paper leaves to VADD and we follow 
 network is a small bidirectional encoder that reads x_0 and x_t together; at sampling z ~ p(z) is drawn
 once per sequence and held fixed through the denoising steps (VADD's consistency sampler)."""
 
-import math
-
 import torch
 from torch import nn
 
@@ -51,7 +49,3 @@ def prior_sample(n: int, latent_dim: int, generator: torch.Generator, device) ->
     """z ~ p(z) = N(0, I) for ``n`` sequences: [n, latent_dim] float32."""
     return torch.randn(n, latent_dim, device=device, generator=generator)
 
-
-def standard_normal_log_density(z: torch.Tensor) -> torch.Tensor:
-    """log N(z; 0, I) per row (for tests and diagnostics). [b, k] -> [b]."""
-    return -0.5 * (z.pow(2).sum(-1) + z.shape[-1] * math.log(2 * math.pi))
