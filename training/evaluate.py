@@ -12,6 +12,8 @@ Text: generative perplexity under the judge LM (default SmolLM2-135M from the ll
 ``--contractions head exact``: TT checkpoints are sampled both ways (predetermined orderings; see
 ``ttcore.sampling.joint_step``). ``--rank-one-view``: CP / TT checkpoints are also sampled with
 ``joint=False`` (each position from the joint's exact single-position marginal; a line of its own).
+``--schedules`` / ``--temperatures``: fixed samplers are also run with each step schedule
+(``ttcore.sampling.schedules``) and softmax temperature, each combination a line of its own.
 ``--distribution``: MOSES-style distribution metrics (FCD, SNN, Frag, Scaf, IntDiv;
 ``ttcore.metrics.distribution``) of each fixed-sampler setting against QM9's held-out split (or, with a
 SMILES file as ``--data``, against that file), written into the rows and printed as a table.
@@ -42,6 +44,7 @@ from ttcore.losses import forward_mask, sample_times
 from ttcore.metrics import molecule_metrics
 from ttcore.models import load_for_inference
 from ttcore.sampling import PREDETERMINED, generate, unmask_counts
+from ttcore.sampling.schedules import SCHEDULES
 from ttcore.scoring import elbo
 from ttcore.training import TrainConfig, evaluate_loss, validation_summary
 
@@ -54,12 +57,12 @@ def checkpoint_dirs(paths: list[str]) -> list[Path]:
     return out
 
 
-def count_schedule(length: int, steps: int) -> tuple[int, ...]:
+def count_schedule(length: int, steps: int, schedule: str = "loglinear") -> tuple[int, ...]:
     """The tokens each model-calling step unmasks from ``length`` masks (idle steps dropped)."""
     n = torch.tensor([length])
     counts = []
     for k in range(steps):
-        c = int(unmask_counts(torch.tensor([length]), n, steps, k)[0])
+        c = int(unmask_counts(torch.tensor([length]), n, steps, k, SCHEDULES[schedule])[0])
         n = n - c
         if c:
             counts.append(c)
@@ -96,9 +99,12 @@ def _pyplot():
 
 
 def _series(r: dict) -> str:
-    """A checkpoint's line in tables and plots; sampling with the exact contraction is a line of its own."""
+    """A checkpoint's line in tables and plots; sampling with the exact contraction, as the rank-1 view, with
+    another schedule or temperature is a line of its own."""
     return (r["checkpoint"] + (" exact" if r.get("contraction") == "exact" else "")
-            + ("" if r.get("joint", True) else " rank-1 view"))
+            + ("" if r.get("joint", True) else " rank-1 view")
+            + ("" if r.get("schedule", "loglinear") == "loglinear" else f" {r['schedule']}")
+            + ("" if r.get("temperature", 1.0) == 1.0 else f" T={r['temperature']:g}"))
 
 
 def _lines(ax, rows: list[dict], x: str, y: str, scale: float = 1.0) -> None:
@@ -219,6 +225,8 @@ def _molecule_cells(r: dict) -> list:
         label += " (exact contraction)"
     if not r.get("joint", True):
         label += " (rank-1 view, joint: false)"
+    if r.get("schedule", "loglinear") != "loglinear" or r.get("temperature", 1.0) != 1.0:
+        label += f" (schedule {r.get('schedule', 'loglinear')}, temperature {r.get('temperature', 1.0):g})"
     return [label, r["steps"], f"{r['avg_steps']:.1f}", f"{100 * r['validity']:.1f}", f"{100 * r['uniqueness']:.1f}",
             f"{100 * r['novelty']:.1f}"]
 
@@ -378,6 +386,10 @@ def main():
                     help="with --distribution: write those rows into each model card's distribution section")
     ap.add_argument("--rank-one-view", action="store_true",
                     help="joint checkpoints: also sample each position from the joint's exact marginal (joint: false)")
+    ap.add_argument("--schedules", nargs="+", default=["loglinear"], choices=sorted(SCHEDULES),
+                    help="fixed samplers: tokens per step (ttcore.sampling.schedules); each a line of its own")
+    ap.add_argument("--temperatures", type=float, nargs="+", default=[1.0],
+                    help="fixed samplers: softmax temperatures (below 1 trades diversity for validity)")
     ap.add_argument("--likelihood", action="store_true",
                     help="only the validation metrics and the head's contraction error (likelihood.json)")
     args = ap.parse_args()
@@ -405,17 +417,20 @@ def main():
         model, tok, config = load_for_inference(path, args.device, args.precision)
         cfg = model.cfg
         contractions = args.contractions if cfg.decomposition == "tt" else ["head"]  # only TT has a choice
-        settings = [(o, k, None, c, True) for o in args.orderings for k in args.steps for c in contractions
-                    if c == "head" or o in PREDETERMINED]
+        sweeps = [(s, t) for s in args.schedules for t in args.temperatures]
+        settings = [(o, k, None, c, True, s, t) for o in args.orderings for k in args.steps for c in contractions
+                    for s, t in sweeps if c == "head" or o in PREDETERMINED]
         if args.rank_one_view and cfg.decomposition != "none":  # the same network, its exact marginals only
-            settings += [(o, k, None, "head", False) for o in args.orderings for k in args.steps]
-        settings += [("eb", args.eb_max_steps, g, "head", True) for g in args.eb_gammas]
-        done = {}  # (ordering, gamma, contraction, joint, unmasking counts) -> (res, m): K >= l adds idle steps
-        for ordering, steps, gamma, contraction, joint in settings:
-            kw = {"eb_gamma": gamma} if gamma is not None else {"ordering": ordering, "contraction": contraction}
-            kw["joint"] = joint
-            key = (ordering, gamma, contraction, joint,
-                   count_schedule(cfg.dit.length, steps) if gamma is None else steps)
+            settings += [(o, k, None, "head", False, s, t) for o in args.orderings for k in args.steps
+                         for s, t in sweeps]
+        settings += [("eb", args.eb_max_steps, g, "head", True, "loglinear", 1.0) for g in args.eb_gammas]
+        done = {}  # (ordering, gamma, contraction, joint, temperature, unmasking counts) -> (res, m)
+        for ordering, steps, gamma, contraction, joint, schedule, temperature in settings:
+            kw = {"eb_gamma": gamma} if gamma is not None else {"ordering": ordering, "contraction": contraction,
+                                                                 "schedule": schedule}
+            kw.update(joint=joint, temperature=temperature)
+            key = (ordering, gamma, contraction, joint, temperature,  # K >= l only adds idle steps
+                   count_schedule(cfg.dit.length, steps, schedule) if gamma is None else steps)
             if key not in done:  # the same counts and seeds give the same run: computed once
                 res = run_setting(model, tok, args.samples, steps, args.batch, args.seed, **kw)
                 m = molecule_metrics(res["texts"], training)
@@ -425,7 +440,7 @@ def main():
             res, m = done[key]
             row = {"checkpoint": path.name, "decomposition": cfg.decomposition, "rank": cfg.rank,
                    "ordering": ordering, "contraction": contraction, "joint": joint, "steps": steps,
-                   "eb_gamma": gamma,
+                   "eb_gamma": gamma, "schedule": schedule, "temperature": temperature,
                    "avg_steps": res["avg_steps"],
                    "validity": m["validity"], "uniqueness": m["uniqueness"], "novelty": m["novelty"],
                    "samples": m["n"], "seconds": res["seconds"]}

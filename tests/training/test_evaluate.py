@@ -127,3 +127,28 @@ def test_likelihood_metrics_and_head_error_replace_the_cards_validation_line(che
         card = (tmp_path / "ck" / name / "model_card.md").read_text()
         line = next(x for x in card.splitlines() if x.startswith("- validation"))
         assert "re-measured by" in line and "marginal NLL" in line and "NELBO" in line, line
+
+
+def test_schedules_and_temperatures_are_lines_of_their_own(checkpoints, tmp_path):
+    """Each schedule x temperature is its own row and line; a cold softmax repeats molecules more often."""
+    out = tmp_path / "r"
+    cmd = [sys.executable, "training/evaluate.py", "--checkpoints", str(checkpoints / "qm9-base"), "--out", str(out),
+           "--samples", "64", "--batch", "32", "--steps", "4", "--orderings", "random", "--eb-gammas",
+           "--schedules", "loglinear", "cosine", "--temperatures", "1.0", "0.05",
+           "--data", str(ROOT / "tests" / "data" / "qm9_sample.txt"), "--precision", "fp32"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {(r["schedule"], r["temperature"]): r for r in json.loads((out / "results.json").read_text())}
+    assert set(rows) == {("loglinear", 1.0), ("loglinear", 0.05), ("cosine", 1.0), ("cosine", 0.05)}
+    assert "qm9-base cosine T=0.05" in done.stdout and "qm9-base T=0.05" in done.stdout
+    assert all(r["samples"] == 64 for r in rows.values())
+    sys.path.insert(0, str(ROOT / "training"))
+    from evaluate import count_schedule, run_setting
+
+    from ttcore.models import load_for_inference
+
+    assert count_schedule(22, 4, "cosine") != count_schedule(22, 4) and sum(count_schedule(22, 4, "cosine")) == 22
+    model, tok, _ = load_for_inference(checkpoints / "qm9-base", "cpu", "fp32")
+    distinct = {t: len(set(run_setting(model, tok, 64, 4, 32, 0, ordering="random", temperature=t)["texts"]))
+                for t in (1.0, 0.05)}
+    assert distinct[0.05] < distinct[1.0]  # the temperature reaches the sampler
