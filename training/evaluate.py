@@ -11,7 +11,8 @@ Text: generative perplexity under the judge LM (default SmolLM2-135M from the ll
 
 ``--contractions head exact``: TT checkpoints are sampled both ways (predetermined orderings; see
 ``ttcore.sampling.joint_step``). ``--rank-one-view``: CP / TT checkpoints are also sampled with
-``joint=False`` (each position from the joint's exact single-position marginal; a line of its own).
+``joint=False`` (each position from the joint's exact single-position marginal; a line of its own);
+text: ``--rank-one-view only`` runs just those lines, and ``--merge`` reports an earlier run's rows beside.
 ``--schedules`` / ``--temperatures``: fixed samplers are also run with each step schedule
 (``ttcore.sampling.schedules``) and softmax temperature, each combination a line of its own.
 ``--distribution``: MOSES-style distribution metrics (FCD, SNN, Frag, Scaf, IntDiv;
@@ -236,7 +237,8 @@ TEXT_COLUMNS = ["ordering", "K", "GenPPL", "unigram entropy", "samples"]
 
 
 def _text_cells(r: dict) -> list:
-    return ["random", r["steps"], f"{r['genppl']:.1f}", f"{r['entropy']:.2f}", r["samples"]]
+    view = "" if r.get("joint", True) else " (rank-1 view, joint: false)"
+    return ["random" + view, r["steps"], f"{r['genppl']:.1f}", f"{r['entropy']:.2f}", r["samples"]]
 
 
 def replace_section(card: str, title: str, body: str) -> str:
@@ -324,24 +326,30 @@ def evaluate_text(args, out: Path) -> None:
     from ttcore.metrics import generative_perplexity, load_judge, unigram_entropy
 
     judge = load_judge(args.judge)
-    rows, paths = [], checkpoint_dirs(args.checkpoints)
+    paths = checkpoint_dirs(args.checkpoints)
+    rows = [r for f in args.merge for r in json.loads(Path(f).read_text())]  # earlier runs' rows, reported beside
     for path in paths:
         model, tok, _ = load_for_inference(path, args.device, args.precision)
-        for steps in args.steps:
-            texts, ids, t0 = [], [], time.time()
-            for k in range(0, args.samples, args.batch):
-                with model.compute_context():
-                    *_, last = generate(model, min(args.batch, args.samples - k), steps, seed=args.seed + k)
-                ids += last.tokens.tolist()
-                texts += [tok.decode(row) for row in last.tokens.tolist()]
-            row = {"checkpoint": path.name, "decomposition": model.cfg.decomposition, "rank": model.cfg.rank,
-                   "steps": steps, "genppl": generative_perplexity(texts, judge), "entropy": unigram_entropy(ids),
-                   "samples": len(texts), "seconds": time.time() - t0, "example": texts[0][:200]}
-            rows.append(row)
-            print(f"{path.name:>16} K={steps:<4} GenPPL {row['genppl']:.1f} entropy {row['entropy']:.2f} "
-                  f"({row['seconds']:.0f} s)", flush=True)
+        views = [True] if args.rank_one_view != "only" or model.cfg.decomposition == "none" else []
+        views += [False] if args.rank_one_view and model.cfg.decomposition != "none" else []
+        for joint in views:
+            for steps in args.steps:
+                texts, ids, t0 = [], [], time.time()
+                for k in range(0, args.samples, args.batch):
+                    with model.compute_context():
+                        *_, last = generate(model, min(args.batch, args.samples - k), steps, seed=args.seed + k,
+                                            joint=joint)
+                    ids += last.tokens.tolist()
+                    texts += [tok.decode(row) for row in last.tokens.tolist()]
+                row = {"checkpoint": path.name, "decomposition": model.cfg.decomposition, "rank": model.cfg.rank,
+                       "joint": joint, "steps": steps, "genppl": generative_perplexity(texts, judge),
+                       "entropy": unigram_entropy(ids), "samples": len(texts), "seconds": time.time() - t0,
+                       "example": texts[0][:200]}
+                rows.append(row)
+                print(f"{_series(row):>16} K={steps:<4} GenPPL {row['genppl']:.1f} entropy {row['entropy']:.2f} "
+                      f"({row['seconds']:.0f} s)", flush=True)
     if args.cards:
-        _update_cards(rows, paths, _this_command(), TEXT_COLUMNS, _text_cells)
+        _update_cards(rows, paths, _this_command(), TEXT_COLUMNS, _text_cells)  # merged rows of these too
     report_text(rows, out, args.steps)
 
 
@@ -355,9 +363,9 @@ def report_text(rows: list[dict], out: Path, steps: list[int]) -> None:
     _save(fig, ax, out / "genppl.png", "denoising steps K", "generative perplexity")
     print("\nGenPPL (entropy), random order")
     print(f"{'checkpoint':>16} | " + " | ".join(f"{'K=' + str(k):>14}" for k in steps))
-    for name in dict.fromkeys(r["checkpoint"] for r in rows):
-        cells = [next(f"{r['genppl']:7.1f} ({r['entropy']:.2f})" for r in rows if r["checkpoint"] == name
-                      and r["steps"] == k) for k in steps]
+    for name in dict.fromkeys(map(_series, rows)):
+        cells = [next((f"{r['genppl']:7.1f} ({r['entropy']:.2f})" for r in rows if _series(r) == name
+                       and r["steps"] == k), "-") for k in steps]
         print(f"{name:>16} | " + " | ".join(f"{c:>14}" for c in cells))
     print(f"\nwrote {out}/text_results.csv, text_results.json, genppl.png")
 
@@ -384,8 +392,11 @@ def main():
                     help="SMILES: also FCD, SNN, Frag, Scaf, IntDiv against the held-out split (fixed samplers)")
     ap.add_argument("--distribution-cards", action="store_true",
                     help="with --distribution: write those rows into each model card's distribution section")
-    ap.add_argument("--rank-one-view", action="store_true",
-                    help="joint checkpoints: also sample each position from the joint's exact marginal (joint: false)")
+    ap.add_argument("--rank-one-view", nargs="?", const="also", choices=["also", "only"],
+                    help="joint checkpoints: also (or, text, only) sample each position from the joint's exact "
+                         "marginal (joint: false)")
+    ap.add_argument("--merge", nargs="*", default=[],
+                    help="text: rows of earlier text_results.json files (same settings) reported beside these")
     ap.add_argument("--schedules", nargs="+", default=["loglinear"], choices=sorted(SCHEDULES),
                     help="fixed samplers: tokens per step (ttcore.sampling.schedules); each a line of its own")
     ap.add_argument("--temperatures", type=float, nargs="+", default=[1.0],

@@ -47,23 +47,42 @@ def test_evaluate_writes_results(checkpoints, tmp_path):
 
 
 def test_evaluate_text_writes_genppl(tmp_path):
-    """A tiny text model, judged by the packaged SmolLM2: files written, GenPPL finite and > 1."""
+    """A tiny text model and its TT fine-tune, judged by the packaged SmolLM2: files written, GenPPL finite and
+    > 1; the TT checkpoint's rank-1 view (joint: false) is a line of its own."""
     small = ["--set", "data=text", "family=text", "bpe_vocab=512", "length=32", "threads=1"]
     base = subprocess.run([sys.executable, "training/pretrain.py", "--config", "tiny", "--out", str(tmp_path / "b"),
                            "--max-steps", "5", "--quiet", *small], cwd=ROOT, capture_output=True, text=True,
                           timeout=600)
     assert base.returncode == 0, base.stderr[-2000:]
+    ft = subprocess.run([sys.executable, "training/finetune.py", "--config", "tiny", "--base", str(tmp_path / "b"),
+                         "--decomposition", "tt", "--rank", "2", "--out", str(tmp_path / "tt"), "--max-steps", "3",
+                         "--quiet", *small], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert ft.returncode == 0, ft.stderr[-2000:]
     out = tmp_path / "res"
     done = subprocess.run([sys.executable, "training/evaluate.py", "--data", "text", "--checkpoints",
-                           str(tmp_path / "b"), "--out", str(out), "--samples", "4", "--batch", "4", "--steps", "2",
-                           "8", "--precision", "fp32", "--cards"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
+                           str(tmp_path / "b"), str(tmp_path / "tt"), "--out", str(out), "--samples", "4", "--batch",
+                           "4", "--steps", "2", "8", "--precision", "fp32", "--cards", "--rank-one-view"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads((out / "text_results.json").read_text())
-    assert [r["steps"] for r in rows] == [2, 8] and all(1 < r["genppl"] < 1e7 and r["entropy"] > 0 for r in rows)
-    assert (out / "genppl.png").exists() and "GenPPL (entropy)" in done.stdout
+    assert [(r["checkpoint"], r["joint"], r["steps"]) for r in rows] == [
+        ("b", True, 2), ("b", True, 8), ("tt", True, 2), ("tt", True, 8), ("tt", False, 2), ("tt", False, 8)]
+    assert all(1 < r["genppl"] < 1e7 and r["entropy"] > 0 for r in rows)
+    assert (out / "genppl.png").exists() and "GenPPL (entropy)" in done.stdout and "tt rank-1 view |" in done.stdout
     card = (tmp_path / "b" / "model_card.md").read_text()
     assert card.count("## Few-step quality") == 1 and f"| random | 8 | {rows[1]['genppl']:.1f} |" in card
+    card = (tmp_path / "tt" / "model_card.md").read_text()
+    assert f"| random (rank-1 view, joint: false) | 8 | {rows[5]['genppl']:.1f} |" in card
+    # only the rank-1 view, with the joint rows of the first run merged in: the same draws, the same numbers
+    (out / "first.json").write_text(json.dumps(rows[:4]))
+    again = subprocess.run([sys.executable, "training/evaluate.py", "--data", "text", "--checkpoints",
+                            str(tmp_path / "tt"), "--out", str(tmp_path / "res2"), "--samples", "4", "--batch", "4",
+                            "--steps", "2", "8", "--precision", "fp32", "--rank-one-view", "only", "--merge",
+                            str(out / "first.json")], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    merged = json.loads((tmp_path / "res2" / "text_results.json").read_text())
+    assert [(r["checkpoint"], r["joint"], r["genppl"]) for r in merged] == [
+        (r["checkpoint"], r["joint"], r["genppl"]) for r in rows]
 
 
 def test_count_schedule_identifies_runs_that_only_differ_by_idle_steps():
