@@ -22,7 +22,7 @@ from .openai_api import openai_error, openai_router
 from .registry import ModelNotFound, PromptError
 from .schema import GenerateRequest, GenerateResponse, ModelList, ScoreRequest, ScoreResponse
 from .security import SecurityConfig, SecurityMiddleware
-from .serving import ScoreInputError, Serving
+from .serving import ScoreInputError, Serving, Unsupported
 from .serving import depict as depict_smiles
 
 DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks that its client is still there
@@ -143,7 +143,7 @@ def create_app(serving: Serving, security: SecurityConfig | None = None) -> Fast
             return JSONResponse(status_code=404, content={"detail": str(e), "available": e.available})
         except PromptError as e:
             return _unprocessable("prompt", str(e))
-        except TooLarge as e:
+        except (TooLarge, Unsupported) as e:
             return _unprocessable(e.field, str(e))
         except Overloaded as e:
             return JSONResponse(status_code=503, content={"detail": str(e)},

@@ -26,7 +26,7 @@ from .engine import EngineError, Overloaded
 from .openai_schema import Completion, CompletionChoice, CompletionRequest, OpenAIModel, OpenAIModelList, Usage
 from .registry import LoadedModel, ModelNotFound, PromptError
 from .schema import MIN_TEMPERATURE, GenerateRequest
-from .serving import Serving
+from .serving import Serving, Unsupported
 
 MODEL_ID = re.compile(r"^(?P<family>.+)-(?P<decomposition>none|cp|tt)-r(?P<rank>\d+)$")
 MASK = "[MASK]"
@@ -115,7 +115,7 @@ def openai_router(serving: Serving) -> APIRouter:
             return openai_error(404, str(e), "model", "model_not_found")
         except PromptError as e:
             return openai_error(400, str(e), "prompt")
-        except TooLarge as e:
+        except (TooLarge, Unsupported) as e:
             return openai_error(400, str(e), {"num_samples": "n"}.get(e.field, e.field))
         except Overloaded as e:
             return openai_error(503, str(e), code="overloaded", kind="server_error",

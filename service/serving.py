@@ -70,16 +70,16 @@ class Serving:
             smiles_checker()  # says at start-up, not at the first answer, when RDKit is missing
 
     def submit(self, request: GenerateRequest) -> Job:
-        """Admit a request (raises ModelNotFound, PromptError, admission.TooLarge, Overloaded). Must run on
+        """Admit a request (raises ModelNotFound, PromptError, Unsupported, admission.TooLarge, Overloaded). Must run on
         the event loop."""
         lm = self.registry.resolve(request.model, request.decomposition, request.rank)
         prompt = self.registry.encode_prompt(lm, request.prompt) if request.prompt else None
         settings = request.sampler_settings()
         timeout = min(request.timeout_s or self.max_timeout_s, self.max_timeout_s)
         if request.valid_only and lm.domain != "smiles":
-            raise admission.TooLarge("valid_only", f"valid_only needs a SMILES model; {lm.name} is {lm.domain}")
+            raise Unsupported("valid_only", f"valid_only needs a SMILES model; {lm.name} is {lm.domain}")
         if not settings["joint"] and settings["eb_gamma"] is not None:
-            raise admission.TooLarge("joint", "joint: false draws from the marginals with a fixed sampler, not eb")
+            raise Unsupported("joint", "joint: false draws from the marginals with a fixed sampler, not eb")
         adaptive = settings["eb_gamma"] is not None or settings["ordering"] in ADAPTIVE or not settings["joint"]
         exact = lm.info.decomposition == "tt" and sums_cores_exactly(settings["contraction"], settings["temperature"])
         try:
@@ -227,6 +227,14 @@ class Serving:
                                 rank=lm.info.rank, samples=samples, steps=out.step, model_calls=out.model_calls,
                                 tokens_per_step=telemetry["tokens_per_step"], drawn=len(samples),
                                 timings=telemetry["timings"])
+
+
+class Unsupported(ValueError):
+    """The model or sampler cannot do what the request asks, at any size; ``field`` names the setting."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
 
 
 class ScoreInputError(ValueError):
