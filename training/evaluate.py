@@ -44,7 +44,7 @@ from ttcore.decompositions import exact_contracted_cores
 from ttcore.losses import forward_mask, sample_times
 from ttcore.metrics import molecule_metrics
 from ttcore.models import load_for_inference
-from ttcore.sampling import PREDETERMINED, generate, unmask_counts
+from ttcore.sampling import ADAPTIVE, PREDETERMINED, cost, generate, unmask_counts
 from ttcore.sampling.schedules import SCHEDULES
 from ttcore.scoring import elbo
 from ttcore.training import TrainConfig, evaluate_loss, validation_summary
@@ -70,13 +70,23 @@ def count_schedule(length: int, steps: int, schedule: str = "loglinear") -> tupl
     return tuple(counts)
 
 
-def run_setting(model, tok, n: int, steps: int, batch: int, seed: int, **settings) -> dict:
-    """``n`` samples in batches; ``settings`` go to ``generate``."""
+def rows_within(model, memory_mb: int, **settings) -> int:
+    """The most sequences one pass of a step may hold within ``memory_mb`` (``ttcore.sampling.cost``, as the
+    server micro-batches): adaptive orderings, EB and the rank-1 view hold full cores per sequence."""
+    adaptive = (settings.get("eb_gamma") is not None or settings.get("ordering") in ADAPTIVE
+                or not settings.get("joint", True))
+    exact = model.cfg.decomposition == "tt" and settings.get("contraction") == "exact"
+    return max(1, cost.rows_per_pass(model.cfg, adaptive, memory_mb << 20, exact))
+
+
+def run_setting(model, tok, n: int, steps: int, batch: int, seed: int, memory_mb: int = 4096, **settings) -> dict:
+    """``n`` samples in batches; ``settings`` go to ``generate``; each step's passes stay within ``memory_mb``."""
     texts, per_sample_steps, t0 = [], [], time.time()
+    rows = rows_within(model, memory_mb, **settings)
     for k in range(0, n, batch):
         b = min(batch, n - k)
         with model.compute_context():
-            states = list(generate(model, b, steps, seed=seed + k, **settings))
+            states = list(generate(model, b, steps, seed=seed + k, max_rows_per_pass=rows, **settings))
         texts += [tok.decode(row) for row in states[-1].tokens.tolist()]
         active = torch.stack([s.committed.any(1) for s in states])  # [s, b]: the sample took this step
         per_sample_steps += active.sum(0).tolist()
@@ -335,10 +345,11 @@ def evaluate_text(args, out: Path) -> None:
         for joint in views:
             for steps in args.steps:
                 texts, ids, t0 = [], [], time.time()
+                rows = rows_within(model, args.memory_mb, joint=joint)
                 for k in range(0, args.samples, args.batch):
                     with model.compute_context():
                         *_, last = generate(model, min(args.batch, args.samples - k), steps, seed=args.seed + k,
-                                            joint=joint)
+                                            joint=joint, max_rows_per_pass=rows)
                     ids += last.tokens.tolist()
                     texts += [tok.decode(row) for row in last.tokens.tolist()]
                 row = {"checkpoint": path.name, "decomposition": model.cfg.decomposition, "rank": model.cfg.rank,
@@ -381,6 +392,8 @@ def main():
     ap.add_argument("--eb-gammas", type=float, nargs="*", default=[0.01, 0.1, 0.5, 1.0, 2.0])
     ap.add_argument("--eb-max-steps", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--memory-mb", type=int, default=4096,
+                    help="the most one step's pass may hold (sequences are micro-batched to it, as the server does)")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="bf16")
     ap.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
     ap.add_argument("--data", default="qm9", help="qm9 (novelty against its training split), a SMILES file, or text")
@@ -443,7 +456,7 @@ def main():
             key = (ordering, gamma, contraction, joint, temperature,  # K >= l only adds idle steps
                    count_schedule(cfg.dit.length, steps, schedule) if gamma is None else steps)
             if key not in done:  # the same counts and seeds give the same run: computed once
-                res = run_setting(model, tok, args.samples, steps, args.batch, args.seed, **kw)
+                res = run_setting(model, tok, args.samples, steps, args.batch, args.seed, args.memory_mb, **kw)
                 m = molecule_metrics(res["texts"], training)
                 if reference is not None and gamma is None:
                     m.update(reference.compare(res["texts"]))

@@ -171,3 +171,19 @@ def test_schedules_and_temperatures_are_lines_of_their_own(checkpoints, tmp_path
     distinct = {t: len(set(run_setting(model, tok, 64, 4, 32, 0, ordering="random", temperature=t)["texts"]))
                 for t in (1.0, 0.05)}
     assert distinct[0.05] < distinct[1.0]  # the temperature reaches the sampler
+
+
+def test_settings_are_micro_batched_within_the_memory_budget(checkpoints):
+    sys.path.insert(0, str(ROOT / "training"))
+    from evaluate import rows_within, run_setting
+
+    from ttcore.models import load_for_inference
+    from ttcore.sampling import cost
+
+    model, tok, _ = load_for_inference(checkpoints / "qm9-tt-r2", "cpu", "fp32")
+    per_row = cost.step_row_bytes(model.cfg, True)  # adaptive: full cores per sequence
+    assert rows_within(model, 1, ordering="top_prob") == 1  # never zero: one sequence a pass at least
+    assert rows_within(model, 64, joint=False) == (64 << 20) // per_row == rows_within(model, 64, ordering="top_prob")
+    assert rows_within(model, 64, ordering="random") >= rows_within(model, 64, ordering="top_prob")
+    res = run_setting(model, tok, 12, 4, 12, 0, 1, ordering="top_prob")  # twelve passes of one sequence
+    assert len(res["texts"]) == 12 and res["avg_steps"] == 4
