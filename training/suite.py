@@ -29,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 QM9_SPECS = [("tt", 8), ("none", 1), ("cp", 64), ("tt", 2), ("tt", 4)]
 SMOKE_SPECS = [("tt", 2), ("none", 1), ("cp", 3)]
 SAMPLE = ROOT / "tests" / "data" / "qm9_sample.txt"
+BASE_HINT = ("restore the base of the bundled fine-tunes from git history: "
+             "git checkout eb5797a -- checkpoints/qm9-base && mv checkpoints/qm9-base runs/")
 
 
 def recipe(name: str, *args) -> list[str]:
@@ -99,6 +101,7 @@ def ablation_arms(steps: int) -> dict[str, tuple[str, int, tuple[str, ...]]]:
     return {"none-r1": ("none", 1, ()), "tt-r8": ("tt", 8, ()),
             "tt-r8-ema": ("tt", 8, (f"ema_decay={decay:.6g}",)),
             "tt-r8-marginal": ("tt", 8, ("marginal_weight=1.0",)),
+            "tt-r8-marginal3": ("tt", 8, ("marginal_weight=3.0",)),
             "tt-r8-head-lr": ("tt", 8, ("head_lr_ratio=0.3",)),
             "tt-r8-freeze": ("tt", 8, (f"freeze_backbone_steps={steps // 3}",))}
 
@@ -189,7 +192,8 @@ def device_suite(args) -> None:
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("suite", choices=["cpu", "device", "ablation", "vadd"])
-    ap.add_argument("--base", default=str(ROOT / "checkpoints" / "qm9-base"), help="the QM9 base checkpoint")
+    ap.add_argument("--base", default=str(ROOT / "runs" / "qm9-base"),
+                    help="the QM9 base checkpoint (what the README's pretrain command writes; " + BASE_HINT + ")")
     ap.add_argument("--runs", help="where the runs go (default runs/ for cpu, runs/device/ for device)")
     ap.add_argument("--exports", help="cpu: where the exports go (default checkpoints/); ablation: where the "
                     "results go (default results/ablation/)")
@@ -208,6 +212,9 @@ def main():
                     help="config overrides for every run (e.g. threads=1)")
     ap.add_argument("--smoke", action="store_true", help="tiny configs and the committed QM9 sample (the test)")
     args = ap.parse_args()
+    if args.suite != "vadd" and not (Path(args.base) / "config.json").exists():
+        ap.error(f"--base {args.base}: no checkpoint there; pretrain it (python training/pretrain.py --config qm9 "
+                 f"--out {args.base} --max-minutes 150 --resume) or {BASE_HINT}")
     {"cpu": cpu_suite, "device": device_suite, "ablation": ablation_suite, "vadd": vadd_suite}[args.suite](args)
 
 

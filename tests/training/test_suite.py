@@ -43,10 +43,12 @@ def test_ablation_suite_trains_each_lever_and_evaluates_them_side_by_side(checkp
     _suite("ablation", "--base", checkpoints / "qm9-base", "--runs", tmp_path / "runs", "--exports", tmp_path / "res",
            "--steps", 3)
     rows = json.loads((tmp_path / "res" / "results.json").read_text())
-    arms = {"none-r1", "tt-r8", "tt-r8-ema", "tt-r8-marginal", "tt-r8-head-lr", "tt-r8-freeze"}
+    arms = {"none-r1", "tt-r8", "tt-r8-ema", "tt-r8-marginal", "tt-r8-marginal3", "tt-r8-head-lr", "tt-r8-freeze"}
     assert {r["checkpoint"] for r in rows} == arms
     config = json.loads((tmp_path / "runs" / "tt-r8-marginal" / "train_state" / "state.json").read_text())["config"]
     assert config["marginal_weight"] == 1.0 and config["total_steps"] == 3
+    config = json.loads((tmp_path / "runs" / "tt-r8-marginal3" / "train_state" / "state.json").read_text())["config"]
+    assert config["marginal_weight"] == 3.0
     assert {(r["contraction"], r["joint"]) for r in rows if r["checkpoint"] == "tt-r8"} == {
         ("head", True), ("exact", True), ("head", False)}
 
@@ -64,6 +66,14 @@ def test_ablation_arms_selects_and_refuses_unknown_ones(checkpoints, tmp_path):
     _suite("ablation", "--base", checkpoints / "qm9-base", "--runs", tmp_path / "runs", "--exports", tmp_path / "res",
            "--steps", 2, "--arms", "none-r1")
     assert {r["checkpoint"] for r in json.loads((tmp_path / "res" / "results.json").read_text())} == {"none-r1"}
-    done = subprocess.run([sys.executable, str(ROOT / "training" / "suite.py"), "ablation", "--arms", "nope"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, str(ROOT / "training" / "suite.py"), "ablation", "--base",
+                           str(checkpoints / "qm9-base"), "--arms", "nope"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
     assert done.returncode != 0 and "unknown arms ['nope']" in done.stderr
+
+
+def test_a_missing_base_is_named_with_how_to_get_it(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "training" / "suite.py"), "ablation", "--base",
+                           str(tmp_path / "nothing")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "nothing: no checkpoint there" in done.stderr
+    assert "pretrain.py --config qm9" in done.stderr and "git checkout" in done.stderr
