@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CASES = [  # checkpoint, sequences, steps, ordering, contraction
     ("qm9-tt-r8", 64, 8, "top_prob", "head"), ("qm9-cp-r64", 64, 8, "top_prob", "head"),
-    ("qm9-base", 64, 8, "top_prob", "head"), ("qm9-tt-r8", 256, 1, "random", "exact"),
+    ("qm9-none-r1", 64, 8, "top_prob", "head"), ("qm9-tt-r8", 256, 1, "random", "exact"),
     ("text-tt-r4", 1, 8, "top_prob", "head"), ("text-tt-r4", 4, 2, "top_prob", "head"),
     ("text-tt-r4", 16, 1, "top_prob", "head"),  # two passes at the default 2 GB budget
     ("text-tt-r4", 8, 4, "random", "exact"), ("text-tt-r4", 256, 1, "random", "head"),

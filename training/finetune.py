@@ -1,7 +1,7 @@
 """Fine-tune a pretrained MDM into a CP / Tensor-Train joint model (Sec. 4.5), or plain MDLM
 fine-tuning (``--decomposition none``, the fair baseline at equal budget).
 
-    python training/finetune.py --config qm9_finetune --base checkpoints/qm9-base \
+    python training/finetune.py --config qm9_finetune --base runs/qm9-base \
         --decomposition tt --rank 8 --head 1layer --out checkpoints/qm9-tt-r8 --max-minutes 60 --resume
     python training/finetune.py --config text_finetune --base /path/to/mdlm-owt \
         --decomposition tt --rank 4 --head 2layer --out runs/owt-tt-r4 --set tokenizer=gpt2 length=1024

@@ -1,6 +1,6 @@
 """Pretrain a base (rank-1) masked diffusion model, MDLM-style, or VADD-style with a latent (Sec. 4.4).
 
-    python training/pretrain.py --config qm9 --out checkpoints/qm9-base --max-minutes 150 --resume
+    python training/pretrain.py --config qm9 --out runs/qm9-base --max-minutes 150 --resume
     python training/pretrain.py --config tiny --data tests/data/qm9_sample.txt --out runs/tiny --max-steps 50
     python training/pretrain.py --config text --out runs/text-base --max-minutes 120 --resume
     python training/pretrain.py --config text --tokenizer runs/text-base --out runs/text-base-2   # same vocabulary
