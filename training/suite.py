@@ -212,6 +212,9 @@ def main():
                     help="config overrides for every run (e.g. threads=1)")
     ap.add_argument("--smoke", action="store_true", help="tiny configs and the committed QM9 sample (the test)")
     args = ap.parse_args()
+    for name in ("base", "runs", "exports", "tokenizer"):  # the recipes run in the repository: paths from here
+        if getattr(args, name):
+            setattr(args, name, str(Path(getattr(args, name)).resolve()))
     if args.suite != "vadd" and not (Path(args.base) / "config.json").exists():
         ap.error(f"--base {args.base}: no checkpoint there; pretrain it (python training/pretrain.py --config qm9 "
                  f"--out {args.base} --max-minutes 150 --resume) or {BASE_HINT}")

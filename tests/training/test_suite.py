@@ -1,6 +1,7 @@
 """training/suite.py at its smallest size: both suites run every recipe they name, and export."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -63,8 +64,12 @@ def test_vadd_suite_pretrains_a_vadd_base_and_compares_its_fine_tunes(tmp_path):
 
 
 def test_ablation_arms_selects_and_refuses_unknown_ones(checkpoints, tmp_path):
-    _suite("ablation", "--base", checkpoints / "qm9-base", "--runs", tmp_path / "runs", "--exports", tmp_path / "res",
-           "--steps", 2, "--arms", "none-r1")
+    # paths relative to where the command runs (here tmp_path), not to the repository the recipes run in
+    done = subprocess.run([sys.executable, str(ROOT / "training" / "suite.py"), "ablation", "--base",
+                           os.path.relpath(checkpoints / "qm9-base", tmp_path), "--runs", "runs", "--exports", "res",
+                           "--steps", "2", "--arms", "none-r1", "--smoke", "--set", "threads=1"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert {r["checkpoint"] for r in json.loads((tmp_path / "res" / "results.json").read_text())} == {"none-r1"}
     done = subprocess.run([sys.executable, str(ROOT / "training" / "suite.py"), "ablation", "--base",
                            str(checkpoints / "qm9-base"), "--arms", "nope"], cwd=ROOT, capture_output=True, text=True,
