@@ -7,7 +7,8 @@ command (finetune.py / pretrain.py, resumable), then bf16 exports.
     python training/suite.py device --qm9-s 240 --text-s 170 --ft-s 70   # a GPU lease: all side by side
     python training/suite.py device --smoke --base B --runs R   # the test's size: seconds, tiny configs
     python training/suite.py ablation --steps 300 --set threads=2   # the quality levers at one budget
-    python training/suite.py ablation --steps 1000 --arms none-r1 tt-r8-marginal --runs runs/ablation-1000
+    python training/suite.py ablation --steps 1000 --arms none-r1 tt-r8-marginal tt-r8-marginal3 \
+        --runs runs/ablation-1000
     python training/suite.py vadd --base-steps 800 --steps 200 --set threads=2   # VADD, VADD+CP, VADD+TT
 
 ``cpu`` writes runs/qm9-* and exports into checkpoints/ (re-run after an interruption: finished runs
