@@ -345,11 +345,11 @@ def evaluate_text(args, out: Path) -> None:
         for joint in views:
             for steps in args.steps:
                 texts, ids, t0 = [], [], time.time()
-                rows = rows_within(model, args.memory_mb, joint=joint)
+                per_pass = rows_within(model, args.memory_mb, joint=joint)
                 for k in range(0, args.samples, args.batch):
                     with model.compute_context():
                         *_, last = generate(model, min(args.batch, args.samples - k), steps, seed=args.seed + k,
-                                            joint=joint, max_rows_per_pass=rows)
+                                            joint=joint, max_rows_per_pass=per_pass)
                     ids += last.tokens.tolist()
                     texts += [tok.decode(row) for row in last.tokens.tolist()]
                 row = {"checkpoint": path.name, "decomposition": model.cfg.decomposition, "rank": model.cfg.rank,
