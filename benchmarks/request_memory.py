@@ -29,13 +29,13 @@ SMOKE = [("qm9-tt-r8", 16, 4, "top_prob", "head"), ("qm9-tt-r8", 16, 2, "random"
 
 def one_case(path: str, n: int, steps: int, ordering: str, contraction: str, budget_mb: int) -> dict:
     from ttcore.models import load_for_inference
-    from ttcore.sampling import ADAPTIVE, GenerationRun, cost, generate
+    from ttcore.sampling import GenerationRun, cost, generate
 
     model, _, _ = load_for_inference(path, "cpu", "bf16")
     with model.compute_context():
         list(generate(model, 1, 1, seed=0))
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    adaptive, exact = ordering in ADAPTIVE, contraction == "exact" and model.cfg.decomposition == "tt"
+    adaptive, exact = cost.step_kind(model.cfg, ordering=ordering, contraction=contraction)
     rows = cost.rows_per_pass(model.cfg, adaptive, budget_mb << 20, exact)
     run = GenerationRun(model, n, steps, seed=0, ordering=ordering, contraction=contraction,
                         max_rows_per_pass=rows if rows < n else None)

@@ -9,8 +9,7 @@ from pathlib import Path
 import torch
 
 from ttcore import scoring
-from ttcore.decompositions import sums_cores_exactly
-from ttcore.sampling import ADAPTIVE, GenerationRun, cost
+from ttcore.sampling import GenerationRun, cost
 
 from . import admission
 from .engine import READER_TIMEOUT_S, Engine, EngineError, Job, Overloaded, StepOutput
@@ -80,8 +79,7 @@ class Serving:
             raise Unsupported("valid_only", f"valid_only needs a SMILES model; {lm.name} is {lm.domain}")
         if not settings["joint"] and settings["eb_gamma"] is not None:
             raise Unsupported("joint", "joint: false draws from the marginals with a fixed sampler, not eb")
-        adaptive = settings["eb_gamma"] is not None or settings["ordering"] in ADAPTIVE or not settings["joint"]
-        exact = lm.info.decomposition == "tt" and sums_cores_exactly(settings["contraction"], settings["temperature"])
+        adaptive, exact = cost.step_kind(lm.model.cfg, **settings)
         try:
             plan = admission.plan(lm.model, lm.speed, num_samples=request.num_samples, steps=request.steps,
                                   adaptive=adaptive, exact=exact, timeout_s=timeout, memory_budget=self.memory_budget,

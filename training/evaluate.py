@@ -44,7 +44,7 @@ from ttcore.decompositions import exact_contracted_cores
 from ttcore.losses import forward_mask, sample_times
 from ttcore.metrics import molecule_metrics
 from ttcore.models import load_for_inference
-from ttcore.sampling import ADAPTIVE, PREDETERMINED, cost, generate, unmask_counts
+from ttcore.sampling import PREDETERMINED, cost, generate, unmask_counts
 from ttcore.sampling.schedules import SCHEDULES
 from ttcore.scoring import elbo
 from ttcore.training import TrainConfig, evaluate_loss, validation_summary
@@ -72,25 +72,25 @@ def count_schedule(length: int, steps: int, schedule: str = "loglinear") -> tupl
 
 def rows_within(model, memory_mb: int, **settings) -> int:
     """The most sequences one pass of a step may hold within ``memory_mb`` (``ttcore.sampling.cost``, as the
-    server micro-batches): adaptive orderings, EB and the rank-1 view hold full cores per sequence."""
-    adaptive = (settings.get("eb_gamma") is not None or settings.get("ordering") in ADAPTIVE
-                or not settings.get("joint", True))
-    exact = model.cfg.decomposition == "tt" and settings.get("contraction") == "exact"
+    server micro-batches), at least one."""
+    adaptive, exact = cost.step_kind(model.cfg, **settings)
     return max(1, cost.rows_per_pass(model.cfg, adaptive, memory_mb << 20, exact))
 
 
 def run_setting(model, tok, n: int, steps: int, batch: int, seed: int, memory_mb: int = 4096, **settings) -> dict:
-    """``n`` samples in batches; ``settings`` go to ``generate``; each step's passes stay within ``memory_mb``."""
-    texts, per_sample_steps, t0 = [], [], time.time()
+    """``n`` samples in batches; ``settings`` go to ``generate``; each step's passes stay within ``memory_mb``.
+    -> texts, their token ids, the average steps a sample took, seconds."""
+    ids, per_sample_steps, t0 = [], [], time.time()
     rows = rows_within(model, memory_mb, **settings)
     for k in range(0, n, batch):
         b = min(batch, n - k)
         with model.compute_context():
             states = list(generate(model, b, steps, seed=seed + k, max_rows_per_pass=rows, **settings))
-        texts += [tok.decode(row) for row in states[-1].tokens.tolist()]
+        ids += states[-1].tokens.tolist()
         active = torch.stack([s.committed.any(1) for s in states])  # [s, b]: the sample took this step
         per_sample_steps += active.sum(0).tolist()
-    return {"texts": texts, "avg_steps": sum(per_sample_steps) / len(per_sample_steps), "seconds": time.time() - t0}
+    return {"texts": [tok.decode(row) for row in ids], "ids": ids,
+            "avg_steps": sum(per_sample_steps) / len(per_sample_steps), "seconds": time.time() - t0}
 
 
 def _write(rows: list[dict], stem: Path) -> None:
@@ -344,17 +344,11 @@ def evaluate_text(args, out: Path) -> None:
         views += [False] if args.rank_one_view and model.cfg.decomposition != "none" else []
         for joint in views:
             for steps in args.steps:
-                texts, ids, t0 = [], [], time.time()
-                per_pass = rows_within(model, args.memory_mb, joint=joint)
-                for k in range(0, args.samples, args.batch):
-                    with model.compute_context():
-                        *_, last = generate(model, min(args.batch, args.samples - k), steps, seed=args.seed + k,
-                                            joint=joint, max_rows_per_pass=per_pass)
-                    ids += last.tokens.tolist()
-                    texts += [tok.decode(row) for row in last.tokens.tolist()]
+                res = run_setting(model, tok, args.samples, steps, args.batch, args.seed, args.memory_mb, joint=joint)
+                texts = res["texts"]
                 row = {"checkpoint": path.name, "decomposition": model.cfg.decomposition, "rank": model.cfg.rank,
                        "joint": joint, "steps": steps, "genppl": generative_perplexity(texts, judge),
-                       "entropy": unigram_entropy(ids), "samples": len(texts), "seconds": time.time() - t0,
+                       "entropy": unigram_entropy(res["ids"]), "samples": len(texts), "seconds": res["seconds"],
                        "example": texts[0][:200]}
                 rows.append(row)
                 print(f"{_series(row):>16} K={steps:<4} GenPPL {row['genppl']:.1f} entropy {row['entropy']:.2f} "

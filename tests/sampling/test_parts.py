@@ -74,3 +74,20 @@ def test_schedules_sum_to_n_and_give_one_token_per_step_when_k_ge_n():
     early = [int(unmask_counts(n, n, 10, k, SCHEDULES["cosine"])) for k in range(3)]
     late = [int(unmask_counts(n, n, 10, k, SCHEDULES["cosine"])) for k in range(6, 9)]
     assert sum(early) < sum(late)
+
+
+def test_step_kind_says_what_each_sampler_setting_holds():
+    """Admission, evaluation and the memory benchmark size passes by one rule: which settings hold full cores
+    (adaptive) and which TT steps sum the cores themselves (exact)."""
+    from types import SimpleNamespace
+
+    from ttcore.sampling import cost
+
+    tt, cp = SimpleNamespace(decomposition="tt"), SimpleNamespace(decomposition="cp")
+    assert cost.step_kind(tt) == (False, False)  # random order, the head's contraction
+    assert cost.step_kind(tt, ordering="top_prob") == (True, False)
+    assert cost.step_kind(tt, eb_gamma=0.5) == (True, False)
+    assert cost.step_kind(tt, joint=False) == (True, False)  # the rank-1 view: every position's marginal
+    assert cost.step_kind(tt, contraction="exact") == (False, True)
+    assert cost.step_kind(tt, temperature=0.7) == (False, True)  # the head predicts the untempered sum
+    assert cost.step_kind(cp, contraction="exact", temperature=0.7, seed=3) == (False, False)  # only TT sums

@@ -3,7 +3,9 @@ micro-batches requests by it. Calibrated against peak RSS on the bundled checkpo
 (``benchmarks/request_memory.py`` prints measured beside estimated; README, Limits)."""
 
 from ttcore.decompositions import DECOMPOSITIONS
-from ttcore.decompositions.tt import EXACT_CHUNK
+from ttcore.decompositions.tt import EXACT_CHUNK, sums_cores_exactly
+
+from .orderings import ADAPTIVE
 
 CHAIN_RULE_COPIES = 4.5  # full factors / cores alive at once in a chain-rule step (measured 3.2-4.1 at text size)
 ROW_SLACK_BYTES = 2 << 20  # per sequence: features, marginals, scores (measured 1.2 MB at QM9 size)
@@ -49,3 +51,12 @@ def rows_per_pass(cfg, adaptive: bool, budget_bytes: int, exact: bool = False) -
     ``exact``: a TT step that sums the cores (counted for predetermined steps only)."""
     fixed = exact_contraction_bytes(cfg) if exact and not adaptive else 0
     return max(0, (budget_bytes - fixed) // step_row_bytes(cfg, adaptive))
+
+
+def step_kind(cfg, ordering: str = "random", eb_gamma: float | None = None, joint: bool = True,
+              contraction: str = "head", temperature: float = 1.0, **_) -> tuple[bool, bool]:
+    """``(adaptive, exact)`` of a run's steps, from its sampler settings (the rest ignored): adaptive
+    orderings, EB and the rank-1 view (``joint=False``) hold every position's full factors or cores per
+    sequence; ``exact``: a TT step that sums the cores themselves (``sums_cores_exactly``)."""
+    adaptive = eb_gamma is not None or ordering in ADAPTIVE or not joint
+    return adaptive, cfg.decomposition == "tt" and sums_cores_exactly(contraction, temperature)
