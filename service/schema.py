@@ -78,8 +78,9 @@ class GenerateRequest(BaseModel):
                     "`[PAD]` to fix the end.", examples=["C1CC[MASK][MASK]1"])
     joint: bool = Field(True, strict=True,
                         description="`false`: the rank-1 view of a CP / TT checkpoint: each position drawn "
-                                    "independently from the joint's exact marginal (same network, no joint "
-                                    "draw; fixed samplers only). It isolates what joint sampling buys.")
+                                    "independently from its exact marginal under the joint the step would "
+                                    "draw from (same network and `contraction`, no joint draw; fixed "
+                                    "samplers only). It isolates what joint sampling buys.")
     timeout_s: float | None = Field(
         None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False,
         description="Deadline in seconds from arrival (at most the server's `--max-timeout-s`, its default). Past "

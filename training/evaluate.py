@@ -11,7 +11,8 @@ Text: generative perplexity under the judge LM (default SmolLM2-135M from the ll
 
 ``--contractions head exact``: TT checkpoints are sampled both ways (predetermined orderings; see
 ``ttcore.sampling.joint_step``). ``--rank-one-view``: CP / TT checkpoints are also sampled with
-``joint=False`` (each position from the joint's exact single-position marginal; a line of its own);
+``joint=False`` (each position from the exact single-position marginal of the joint the step would draw
+from, with each contraction; a line of its own);
 text: ``--rank-one-view only`` runs just those lines, and ``--merge`` reports an earlier run's rows beside.
 ``--schedules`` / ``--temperatures``: fixed samplers are also run with each step schedule
 (``ttcore.sampling.schedules``) and softmax temperature, each combination a line of its own.
@@ -400,8 +401,8 @@ def main():
     ap.add_argument("--distribution-cards", action="store_true",
                     help="with --distribution: write those rows into each model card's distribution section")
     ap.add_argument("--rank-one-view", nargs="?", const="also", choices=["also", "only"],
-                    help="joint checkpoints: also (or, text, only) sample each position from the joint's exact "
-                         "marginal (joint: false)")
+                    help="joint checkpoints: also (or, text, only) sample each position from the exact marginal "
+                         "of the joint a step would draw from (joint: false; each contraction)")
     ap.add_argument("--merge", nargs="*", default=[],
                     help="text: rows of earlier text_results.json files (same settings) reported beside these")
     ap.add_argument("--schedules", nargs="+", default=["loglinear"], choices=sorted(SCHEDULES),
@@ -438,9 +439,9 @@ def main():
         sweeps = [(s, t) for s in args.schedules for t in args.temperatures]
         settings = [(o, k, None, c, True, s, t) for o in args.orderings for k in args.steps for c in contractions
                     for s, t in sweeps if c == "head" or o in PREDETERMINED]
-        if args.rank_one_view and cfg.decomposition != "none":  # the same network, its exact marginals only
-            settings += [(o, k, None, "head", False, s, t) for o in args.orderings for k in args.steps
-                         for s, t in sweeps]
+        if args.rank_one_view and cfg.decomposition != "none":  # the same network and joint, its marginals only
+            settings += [(o, k, None, c, False, s, t) for o in args.orderings for k in args.steps for c in contractions
+                         for s, t in sweeps if c == "head" or o in PREDETERMINED]
         settings += [("eb", args.eb_max_steps, g, "head", True, "loglinear", 1.0) for g in args.eb_gammas]
         done = {}  # (ordering, gamma, contraction, joint, temperature, unmasking counts) -> (res, m)
         for ordering, steps, gamma, contraction, joint, schedule, temperature in settings:

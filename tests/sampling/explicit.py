@@ -64,8 +64,8 @@ class ExplicitCP(_Explicit):
     def head_outputs(self, h, mask):
         return CPOutputs(mask, self.factors[self._pos(h[mask])].log(), self.weights.log().expand(h.shape[0], -1))
 
-    def select_logits(self, h, start, count):
-        return self.factors[self._pos(h), start].log().unsqueeze(1)
+    def select_logits(self, h, start, count):  # components start .. start + count - 1: [n, count, v]
+        return self.factors[self._pos(h)[:, None], start[:, None] + torch.arange(count)].log()
 
     def cp_weight_logits(self, h):
         return self.weights.log().expand(h.shape[0], -1)

@@ -1,13 +1,15 @@
 """The decomposition registry and the interfaces: every joint, head output and model conforms, and the
 registry is what the model, the sampler and the API accept."""
 
+import itertools
+
 import pytest
 import torch
 from explicit import ExplicitCP, ExplicitTT, PerfectMarginals
 from tiny import tiny_model
 
 from ttcore.decompositions import DECOMPOSITIONS, Denoiser, HeadOutputs, get_decomposition
-from ttcore.distributions import CP, Factorized, JointDistribution, TensorTrain
+from ttcore.distributions import CP, Factorized, JointDistribution, TensorTrain, tt_cores_from_logits
 from ttcore.models import DiTConfig, ModelConfig
 
 V, L, R = 4, 5, 3
@@ -62,3 +64,63 @@ def test_registries_are_what_configs_and_the_api_accept_and_document():
         get_decomposition("mps")
     with pytest.raises(ValueError, match="got 'mps'"):
         ModelConfig(DiTConfig(vocab_size=5, out_vocab=4, length=3), decomposition="mps")
+
+
+def _view_setting(name):
+    model = tiny_model(name, V, L, R, perturb=0.5, noise=0.5).double()
+    if name == "tt":
+        with torch.no_grad():  # an untrained contracted-core head predicts uniform Gbar: make it a wrong guess
+            model.head.contracted.weight.normal_(0, 2.0)
+    g = torch.Generator().manual_seed(2)
+    x = torch.where(torch.rand(4, L, generator=g) < 0.4, torch.randint(0, V, (4, L), generator=g), V)
+    x[:, 1] = V
+    masked = x == V
+    chosen = masked & (torch.rand(4, L, generator=g) < 0.5)
+    chosen[:, 1] = True
+    chosen[3] = False  # a sequence with nothing chosen
+    with torch.no_grad():
+        h = model.features(x)
+    return model, x, masked, chosen, h
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("name", list(DECOMPOSITIONS))
+def test_chosen_marginals_are_the_joints_marginals_at_those_positions(name, temperature):
+    """The rank-1 view of a predetermined step computes only the chosen positions' marginals: with the exact
+    contraction (and for CP / rank 1, with either) they equal the whole joint's exact marginals there
+    (``JointDistribution.marginals``, brute-force tested), with known positions, other masked positions
+    summed out, and positions after the last chosen one."""
+    model, x, masked, chosen, h = _view_setting(name)
+    for contraction in ["exact"] + (["head"] if name != "tt" else []):
+        with torch.no_grad():
+            got = get_decomposition(name).chosen_marginals(model, h, masked, chosen, temperature, contraction)
+            want = model.head_outputs(h, masked).joint(x, temperature).marginals(torch.where(masked, -1, x))
+        assert got.dtype == torch.float64 and got.shape == (int(chosen.sum()), V)
+        torch.testing.assert_close(got, want[chosen].double(), rtol=1e-5, atol=1e-6)  # the joint holds float32
+
+
+def test_tt_chosen_marginals_with_the_head_are_those_of_the_joint_the_head_step_draws_from():
+    """``contraction="head"``: the marginals of the TT whose masked positions outside T are the head's
+    Gbar_j (the joint ``predetermined_step`` samples with the head), by enumerating that joint: x_T over
+    all values, (1/r) 1^T M_1 .. M_l 1 with M = G_i(x^i) on T, Gbar_i on the other masked, I on known."""
+    model, x, masked, chosen, h = _view_setting("tt")
+    with torch.no_grad():
+        got = get_decomposition("tt").chosen_marginals(model, h, masked, chosen, 1.0, "head")
+        cores = tt_cores_from_logits(model.core_logits(h.flatten(0, 1)).double()).view(4, L, V, R, R)
+        gbar = model.contracted_cores(h.flatten(0, 1)).double().view(4, L, R, R)
+    want = []
+    for n in range(4):
+        t = chosen[n].nonzero()[:, 0].tolist()
+        marg = torch.zeros(len(t), V, dtype=torch.float64)
+        for xs in itertools.product(range(V), repeat=len(t)):
+            vec = torch.full((R,), 1 / R, dtype=torch.float64)
+            for i in range(L):
+                mat = (cores[n, i, xs[t.index(i)]] if i in t else gbar[n, i] if masked[n, i]
+                       else torch.eye(R, dtype=torch.float64))
+                vec = vec @ mat
+            for a, i in enumerate(t):
+                marg[a, xs[a]] += vec.sum()
+        want.append(marg / marg.sum(-1, keepdim=True) if t else marg)
+    torch.testing.assert_close(got, torch.cat(want), rtol=1e-6, atol=1e-7)  # the head returns float32 Gbar
+    exact = get_decomposition("tt").chosen_marginals(model, h, masked, chosen, 1.0, "exact")
+    assert (got - exact).abs().max() > 1e-3  # the head's guess is not the exact sum

@@ -87,7 +87,9 @@ def test_step_kind_says_what_each_sampler_setting_holds():
     assert cost.step_kind(tt) == (False, False)  # random order, the head's contraction
     assert cost.step_kind(tt, ordering="top_prob") == (True, False)
     assert cost.step_kind(tt, eb_gamma=0.5) == (True, False)
-    assert cost.step_kind(tt, joint=False) == (True, False)  # the rank-1 view: every position's marginal
+    assert cost.step_kind(tt, joint=False) == (False, True)  # the rank-1 view: exact marginals at T only
+    assert cost.step_kind(tt, joint=False, ordering="margin") == (True, False)  # ranks every marginal
+    assert cost.step_kind(cp, joint=False) == (False, False)  # r factors of the chosen positions
     assert cost.step_kind(tt, contraction="exact") == (False, True)
     assert cost.step_kind(tt, temperature=0.7) == (False, True)  # the head predicts the untempered sum
     assert cost.step_kind(cp, contraction="exact", temperature=0.7, seed=3) == (False, False)  # only TT sums

@@ -183,7 +183,9 @@ def test_settings_are_micro_batched_within_the_memory_budget(checkpoints):
     model, tok, _ = load_for_inference(checkpoints / "qm9-tt-r2", "cpu", "fp32")
     per_row = cost.step_row_bytes(model.cfg, True)  # adaptive: full cores per sequence
     assert rows_within(model, 1, ordering="top_prob") == 1  # never zero: one sequence a pass at least
-    assert rows_within(model, 64, joint=False) == (64 << 20) // per_row == rows_within(model, 64, ordering="top_prob")
+    assert rows_within(model, 64, ordering="top_prob") == (64 << 20) // per_row
+    assert rows_within(model, 64, joint=False) == rows_within(model, 64, contraction="exact")  # exact marginals at T
+    assert rows_within(model, 64, joint=False, ordering="top_prob") == (64 << 20) // per_row  # ranks every marginal
     assert rows_within(model, 64, ordering="random") >= rows_within(model, 64, ordering="top_prob")
     res = run_setting(model, tok, 12, 4, 12, 0, 1, ordering="top_prob")  # twelve passes of one sequence
     assert len(res["texts"]) == 12 and res["avg_steps"] == 4

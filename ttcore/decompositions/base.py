@@ -79,3 +79,10 @@ class Decomposition(Protocol):
         """One exact joint draw of x_T, T = ``chosen`` [b, l] (Sec. 4.3), computing only the head outputs
         the draw needs. -> [b, l], -1 off T."""
         ...
+
+    def chosen_marginals(self, model: Denoiser, h: torch.Tensor, masked: torch.Tensor, chosen: torch.Tensor,
+                         temperature: float, contraction: str) -> torch.Tensor:
+        """p(x^i | x_t) at the ``chosen`` [b, l] positions only, float64: the exact single-position marginals
+        (Eqs. 14-17, S = the known positions) of the joint ``predetermined_step`` draws x_T from with the same
+        ``contraction`` (the rank-1 view of a predetermined step). -> [m, v]."""
+        ...

@@ -79,3 +79,13 @@ class CPDecomposition:
         that component only). Needs ``model.cp_weight_logits``."""
         component = sample_categorical(softmax64(model.cp_weight_logits(h), temperature), generator)
         return draw_from_components(model, h, x, chosen, component, temperature, generator)
+
+    @staticmethod
+    def chosen_marginals(model, h, masked, chosen, temperature, contraction) -> torch.Tensor:
+        """sum_a w_a p^(a,i)(x) (Eqs. 14-15, S = the known positions: their one-hot factors equal 1), the
+        r factors of the chosen positions only."""
+        r = model.cfg.rank
+        weights = softmax64(model.cp_weight_logits(h), temperature)[chosen.nonzero()[:, 0]]  # [m, r]
+        start = torch.zeros(int(chosen.sum()), dtype=torch.long, device=h.device)
+        factors = softmax64(model.select_logits(h[chosen], start, r), temperature)  # [m, r, v]
+        return torch.einsum("ma,mav->mv", weights, factors)

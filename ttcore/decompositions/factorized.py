@@ -65,3 +65,9 @@ class Rank1:
         """MDLM: independent draws."""
         component = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
         return draw_from_components(model, h, x, chosen, component, temperature, generator)
+
+    @staticmethod
+    def chosen_marginals(model, h, masked, chosen, temperature, contraction) -> torch.Tensor:
+        """Eq. 2's factors themselves."""
+        start = torch.zeros(int(chosen.sum()), dtype=torch.long, device=h.device)
+        return softmax64(model.select_logits(h[chosen], start, 1)[:, 0], temperature)

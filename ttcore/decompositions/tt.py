@@ -73,6 +73,32 @@ def exact_contracted_cores(model, h: torch.Tensor, temperature: float) -> torch.
     return torch.cat(parts)
 
 
+def tt_chosen_marginals(model, h: torch.Tensor, masked: torch.Tensor, chosen: torch.Tensor, temperature: float,
+                        contraction: str = "exact") -> torch.Tensor:
+    """p(x^i | x_t) at the chosen positions [b, l] only (Eqs. 16-17, S = the known positions): pi_i^T G_i(x) 1
+    with pi_i the hidden-state marginal (``tt_state_marginals``), in float64. The marginals of the joint a
+    predetermined step draws from (``TTDecomposition.predetermined_step``): the other masked positions
+    enter through the contracted-core head (``contraction="head"``, temperature 1) or the cores' own sums
+    (``"exact"``: the TT of Eq. 9, as ``TensorTrain.marginals``); the chosen ones through their own sums.
+    Full V x r x r cores are computed for a chunk of positions at a time. -> [m, v], row-major over chosen."""
+    b, l = masked.shape
+    r = model.cfg.rank
+    pos = torch.arange(l, device=masked.device)
+    last = torch.where(chosen, pos, -1).amax(1)  # [b]: no pi_i needs the sums from here on
+    before = masked & (pos < last[:, None])
+    summed = before & chosen if not sums_cores_exactly(contraction, temperature) else before
+    head = before & ~summed
+    contracted = torch.eye(r, dtype=torch.float64, device=masked.device).repeat(b, l, 1, 1)  # known: I
+    if summed.any():
+        contracted[summed] = exact_contracted_cores(model, h[summed], temperature)
+    if head.any():
+        contracted[head] = model.contracted_cores(h[head]).to(contracted.dtype)
+    pi = tt_state_marginals(contracted)[chosen]  # [m, r]
+    parts = [torch.einsum("nj,nxjk->nx", p, tt_cores_from_logits(model.core_logits(chunk).double() / temperature))
+             for chunk, p in zip(h[chosen].split(EXACT_CHUNK), pi.split(EXACT_CHUNK))]
+    return torch.cat(parts)
+
+
 @dataclass
 class TTOutputs:
     """``core_logits`` [m, v, r, r] ([x, j, k]) per masked position; ``contracted_logits`` [m, r, r] from
@@ -147,3 +173,9 @@ class TTDecomposition:
             return softmax64(logits.reshape(len(n), -1), temperature).view(len(n), r, -1).transpose(1, 2)
 
         return tt_sample_path(contracted, chosen, core_rows, generator)
+
+    @staticmethod
+    def chosen_marginals(model, h, masked, chosen, temperature, contraction) -> torch.Tensor:
+        if contraction not in CONTRACTIONS:
+            raise ValueError(f"contraction must be one of {CONTRACTIONS}, got {contraction!r}")
+        return tt_chosen_marginals(model, h, masked, chosen, temperature, contraction)

@@ -56,7 +56,10 @@ def rows_per_pass(cfg, adaptive: bool, budget_bytes: int, exact: bool = False) -
 def step_kind(cfg, ordering: str = "random", eb_gamma: float | None = None, joint: bool = True,
               contraction: str = "head", temperature: float = 1.0, **_) -> tuple[bool, bool]:
     """``(adaptive, exact)`` of a run's steps, from its sampler settings (the rest ignored): adaptive
-    orderings, EB and the rank-1 view (``joint=False``) hold every position's full factors or cores per
-    sequence; ``exact``: a TT step that sums the cores themselves (``sums_cores_exactly``)."""
-    adaptive = eb_gamma is not None or ordering in ADAPTIVE or not joint
-    return adaptive, cfg.decomposition == "tt" and sums_cores_exactly(contraction, temperature)
+    orderings and EB hold every position's full factors or cores per sequence (so does the rank-1 view,
+    ``joint=False``, with an adaptive ordering: it ranks every position's marginal); ``exact``: a TT step
+    that sums the cores themselves (``sums_cores_exactly``, and the rank-1 view of a predetermined step,
+    whose marginals are exact: ``tt_chosen_marginals``)."""
+    adaptive = eb_gamma is not None or ordering in ADAPTIVE
+    exact = cfg.decomposition == "tt" and (sums_cores_exactly(contraction, temperature) or not (joint or adaptive))
+    return adaptive, exact

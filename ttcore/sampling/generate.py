@@ -124,7 +124,7 @@ class GenerationRun:
         """This step's tokens for some of the sequences (all of them unless micro-batched)."""
         if not self.joint:
             return marginal_step(self.model, h, tokens, masked, chosen, counts, ADAPTIVE.get(self.ordering),
-                                 self.temperature, self.generator)
+                                 self.temperature, self.generator, self.contraction)
         if self.eb_gamma is not None:  # EB ranks by its proxy; the last allowed step takes all
             last = counts is not None
             return chain_rule_step(self.model, h, tokens, masked, counts, eb_score(self.eb_proxy),

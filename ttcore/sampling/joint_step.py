@@ -34,22 +34,29 @@ def predetermined_step(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Te
 
 def marginal_step(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, chosen: torch.Tensor | None,
                   count: torch.Tensor | None, score_fn, temperature: float,
-                  generator: torch.Generator | None) -> torch.Tensor:
+                  generator: torch.Generator | None, contraction: str = "exact") -> torch.Tensor:
     """The "rank-1 view" of a joint model: each position of this step drawn independently from the
     joint's exact single-position marginal p(x^i | x_t) (Eqs. 14-17, S = the known positions): the same
     network and the same marginals, without the joint draw. The positions are ``chosen`` [b, l]
-    (predetermined orderings) or the ``count`` [b] best by ``score_fn`` of those marginals (adaptive).
-    -> [b, l], -1 where nothing was drawn."""
+    (predetermined orderings: the marginals at those positions only, of the joint that
+    ``predetermined_step`` would draw from with the same ``contraction``; ``Decomposition.chosen_marginals``)
+    or the ``count`` [b] best by ``score_fn`` of every masked position's marginal under the TT of Eq. 9
+    (adaptive, as ``chain_rule_step``). -> [b, l], -1 where nothing was drawn."""
     b, l = x.shape
+    values = torch.full_like(x, -1)
+    if chosen is not None:
+        if chosen.any():
+            marg = get_decomposition(model.cfg.decomposition).chosen_marginals(model, h, masked, chosen, temperature,
+                                                                               contraction)
+            values[chosen] = sample_categorical(marg, generator)
+        return values
     x_cond = torch.where(masked, torch.full_like(x, -1), x)
     marg = joint_distribution(model, h, x, masked, temperature).marginals(x_cond)  # [b, l, v]
-    if chosen is None:
-        score = torch.where(masked, score_fn(marg).double(), torch.full((b, l), -float("inf"), dtype=torch.float64,
-                                                                          device=x.device))
-        k = masked.sum(1) if count is None else torch.minimum(count, masked.sum(1))
-        rank = score.argsort(dim=-1, descending=True, stable=True).argsort(dim=-1, stable=True)
-        chosen = (rank < k[:, None]) & masked
-    values = torch.full_like(x, -1)
+    score = torch.where(masked, score_fn(marg).double(), torch.full((b, l), -float("inf"), dtype=torch.float64,
+                                                                      device=x.device))
+    k = masked.sum(1) if count is None else torch.minimum(count, masked.sum(1))
+    rank = score.argsort(dim=-1, descending=True, stable=True).argsort(dim=-1, stable=True)
+    chosen = (rank < k[:, None]) & masked
     if chosen.any():
         values[chosen] = sample_categorical(marg[chosen], generator)
     return values
