@@ -65,12 +65,19 @@ def sums_cores_exactly(contraction: str, temperature: float) -> bool:
     return contraction == "exact" or temperature != 1.0
 
 
+def core_rows64(model, h: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The tempered, row-normalized cores (Eq. 10) of positions with features h [n, d], in float64 and laid
+    out by row: [n, j, x, k], one contiguous softmax over (x, k) per row j (a reduction over the middle
+    axes of [n, x, j, k] costs about twice as much)."""
+    logits = model.core_logits(h)  # [n, v, r, r]
+    n, v, r, _ = logits.shape
+    return torch.softmax(logits.transpose(1, 2).reshape(n, r, v * r).double() / temperature, -1).view(n, r, v, r)
+
+
 def exact_contracted_cores(model, h: torch.Tensor, temperature: float) -> torch.Tensor:
     """sum_x G_j(x) of the tempered, row-normalized cores (Eq. 10, Eq. 16 with j outside S), from the
     head's V x r x r outputs, in float64, chunked over positions. h [n, d] -> [n, r, r]."""
-    parts = [tt_contracted_from_logits(model.core_logits(chunk).double() / temperature)
-             for chunk in h.split(EXACT_CHUNK)]
-    return torch.cat(parts)
+    return torch.cat([core_rows64(model, chunk, temperature).sum(2) for chunk in h.split(EXACT_CHUNK)])
 
 
 def tt_chosen_marginals(model, h: torch.Tensor, masked: torch.Tensor, chosen: torch.Tensor, temperature: float,
@@ -94,7 +101,7 @@ def tt_chosen_marginals(model, h: torch.Tensor, masked: torch.Tensor, chosen: to
     if head.any():
         contracted[head] = model.contracted_cores(h[head]).to(contracted.dtype)
     pi = tt_state_marginals(contracted)[chosen]  # [m, r]
-    parts = [torch.einsum("nj,nxjk->nx", p, tt_cores_from_logits(model.core_logits(chunk).double() / temperature))
+    parts = [torch.einsum("nj,njxk->nx", p, core_rows64(model, chunk, temperature))
              for chunk, p in zip(h[chosen].split(EXACT_CHUNK), pi.split(EXACT_CHUNK))]
     return torch.cat(parts)
 
