@@ -17,17 +17,19 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CASES = [  # checkpoint, sequences, steps, ordering, contraction
+CASES = [  # checkpoint, sequences, steps, ordering, contraction[, joint]
     ("qm9-tt-r8", 64, 8, "top_prob", "head"), ("qm9-cp-r64", 64, 8, "top_prob", "head"),
     ("qm9-none-r1", 64, 8, "top_prob", "head"), ("qm9-tt-r8", 256, 1, "random", "exact"),
     ("text-tt-r4", 1, 8, "top_prob", "head"), ("text-tt-r4", 4, 2, "top_prob", "head"),
     ("text-tt-r4", 16, 1, "top_prob", "head"),  # two passes at the default 2 GB budget
     ("text-tt-r4", 8, 4, "random", "exact"), ("text-tt-r4", 256, 1, "random", "head"),
+    ("text-tt-r4", 64, 1, "random", "head", False),  # the rank-1 view: every position chosen at once
 ]
-SMOKE = [("qm9-tt-r8", 16, 4, "top_prob", "head"), ("qm9-tt-r8", 16, 2, "random", "exact")]
+SMOKE = [("qm9-tt-r8", 16, 4, "top_prob", "head"), ("qm9-tt-r8", 16, 2, "random", "exact"),
+         ("qm9-tt-r8", 16, 2, "random", "head", False)]
 
 
-def one_case(path: str, n: int, steps: int, ordering: str, contraction: str, budget_mb: int) -> dict:
+def one_case(path: str, n: int, steps: int, ordering: str, contraction: str, joint: bool, budget_mb: int) -> dict:
     from ttcore.models import load_for_inference
     from ttcore.sampling import GenerationRun, cost, generate
 
@@ -35,9 +37,9 @@ def one_case(path: str, n: int, steps: int, ordering: str, contraction: str, bud
     with model.compute_context():
         list(generate(model, 1, 1, seed=0))
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    adaptive, exact = cost.step_kind(model.cfg, ordering=ordering, contraction=contraction)
+    adaptive, exact = cost.step_kind(model.cfg, ordering=ordering, contraction=contraction, joint=joint)
     rows = cost.rows_per_pass(model.cfg, adaptive, budget_mb << 20, exact)
-    run = GenerationRun(model, n, steps, seed=0, ordering=ordering, contraction=contraction,
+    run = GenerationRun(model, n, steps, seed=0, ordering=ordering, contraction=contraction, joint=joint,
                         max_rows_per_pass=rows if rows < n else None)
     with model.compute_context():
         while not run.done:
@@ -47,7 +49,7 @@ def one_case(path: str, n: int, steps: int, ordering: str, contraction: str, bud
     estimate = (per_pass * cost.step_row_bytes(model.cfg, adaptive)
                 + (cost.exact_contraction_bytes(model.cfg) if exact else 0)) / 2**20
     return {"checkpoint": Path(path).name, "sequences": n, "steps": steps, "ordering": ordering,
-            "contraction": contraction, "rows_per_pass": per_pass, "measured_mb": peak - base,
+            "contraction": contraction, "joint": joint, "rows_per_pass": per_pass, "measured_mb": peak - base,
             "estimated_mb": estimate}
 
 
@@ -63,17 +65,19 @@ def main():
         return
     print(f"peak RSS growth of one request (bf16, fresh process each) against admission's estimate "
           f"at --memory-budget-mb {args.budget_mb}")
-    print(f"{'checkpoint':>12} {'n':>4} {'K':>3} {'ordering':>9} {'contr.':>6} {'pass':>5} | "
+    print(f"{'checkpoint':>12} {'n':>4} {'K':>3} {'ordering':>9} {'contr.':>6} {'joint':>5} {'pass':>5} | "
           f"{'measured MB':>11} {'estimate MB':>11} {'ratio':>6}")
     worst = 0.0
-    for name, n, steps, ordering, contraction in (SMOKE if args.smoke else CASES):
-        case = json.dumps([str(Path(args.checkpoints) / name), n, steps, ordering, contraction])
+    for name, n, steps, ordering, contraction, *joint in (SMOKE if args.smoke else CASES):
+        joint = joint[0] if joint else True
+        case = json.dumps([str(Path(args.checkpoints) / name), n, steps, ordering, contraction, joint])
         out = subprocess.run([sys.executable, __file__, "--case", case, "--budget-mb", str(args.budget_mb)],
                              capture_output=True, text=True, check=True, cwd=ROOT)
         r = json.loads(out.stdout.strip().splitlines()[-1])
         ratio = r["measured_mb"] / r["estimated_mb"]
         worst = max(worst, ratio)
-        print(f"{name:>12} {n:>4} {steps:>3} {ordering:>9} {contraction:>6} {r['rows_per_pass']:>5} | "
+        print(f"{name:>12} {n:>4} {steps:>3} {ordering:>9} {contraction:>6} {str(joint).lower():>5} "
+              f"{r['rows_per_pass']:>5} | "
               f"{r['measured_mb']:>11.0f} {r['estimated_mb']:>11.0f} {ratio:>6.2f}", flush=True)
     print(f"largest measured / estimated: {worst:.2f} (below 1: the estimate bounds what was measured)")
 

@@ -101,9 +101,12 @@ def tt_chosen_marginals(model, h: torch.Tensor, masked: torch.Tensor, chosen: to
     if head.any():
         contracted[head] = model.contracted_cores(h[head]).to(contracted.dtype)
     pi = tt_state_marginals(contracted)[chosen]  # [m, r]
-    parts = [torch.einsum("nj,njxk->nx", p, core_rows64(model, chunk, temperature))
-             for chunk, p in zip(h[chosen].split(EXACT_CHUNK), pi.split(EXACT_CHUNK))]
-    return torch.cat(parts)
+    hc, marg = h[chosen], None  # marg: filled chunk by chunk, one [m, v] copy alive
+    for s in range(0, len(pi), EXACT_CHUNK):
+        cores = core_rows64(model, hc[s:s + EXACT_CHUNK], temperature)  # [n, j, x, k]
+        marg = pi.new_empty(len(pi), cores.shape[2]) if marg is None else marg
+        marg[s:s + EXACT_CHUNK] = torch.einsum("nj,njxk->nx", pi[s:s + EXACT_CHUNK], cores)
+    return marg
 
 
 @dataclass
