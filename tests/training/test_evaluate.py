@@ -24,10 +24,11 @@ def test_evaluate_writes_results(checkpoints, tmp_path):
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads((out / "results.json").read_text())
-    # TT with random order: both contractions; TT's rank-1 view: each ordering and K once more
-    assert len(rows) == 2 * (2 * 2 + 2) + 2 + 2 * 2
+    # TT with random order: both contractions; TT's rank-1 view: each ordering and K once more, random order
+    # also with the exact contraction (the view follows the joint the step would draw from)
+    assert len(rows) == 2 * (2 * 2 + 2) + 2 + 2 * 2 + 2
     assert {r["checkpoint"] for r in rows if not r["joint"]} == {"qm9-tt-r2"}
-    assert "qm9-tt-r2 rank-1 view" in done.stdout
+    assert "qm9-tt-r2 rank-1 view" in done.stdout and "qm9-tt-r2 exact rank-1 view" in done.stdout
     # MOSES-style metrics for every fixed-sampler row with two valid molecules or more, and the data floor
     assert "MOSES-style metrics against" in done.stdout and "QM9 training molecules" in done.stdout
     for r in rows:
