@@ -51,7 +51,7 @@ def test_ablation_suite_trains_each_lever_and_evaluates_them_side_by_side(checkp
     config = json.loads((tmp_path / "runs" / "tt-r8-marginal3" / "train_state" / "state.json").read_text())["config"]
     assert config["marginal_weight"] == 3.0
     assert {(r["contraction"], r["joint"]) for r in rows if r["checkpoint"] == "tt-r8"} == {
-        ("head", True), ("exact", True), ("head", False)}
+        ("head", True), ("exact", True), ("head", False), ("exact", False)}
 
 
 def test_vadd_suite_pretrains_a_vadd_base_and_compares_its_fine_tunes(tmp_path):
