@@ -34,7 +34,7 @@ def predetermined_step(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Te
 
 def marginal_step(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, chosen: torch.Tensor | None,
                   count: torch.Tensor | None, score_fn, temperature: float,
-                  generator: torch.Generator | None, contraction: str = "exact") -> torch.Tensor:
+                  generator: torch.Generator | None, contraction: str = "head") -> torch.Tensor:
     """The "rank-1 view" of a joint model: each position of this step drawn independently from the
     joint's exact single-position marginal p(x^i | x_t) (Eqs. 14-17, S = the known positions): the same
     network and the same marginals, without the joint draw. The positions are ``chosen`` [b, l]
