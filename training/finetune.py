@@ -5,6 +5,13 @@ fine-tuning (``--decomposition none``, the fair baseline at equal budget).
         --decomposition tt --rank 8 --head 1layer --out checkpoints/qm9-tt-r8 --max-minutes 60 --resume
     python training/finetune.py --config text_finetune --base /path/to/mdlm-owt \
         --decomposition tt --rank 4 --head 2layer --out runs/owt-tt-r4 --set tokenizer=gpt2 length=1024
+
+``--base`` may also be a joint checkpoint of the same decomposition, rank and head: the fine-tune then
+continues from its weights (head included) with this recipe's fresh optimizer and schedule, e.g. to add
+the marginal-consistency term to a trained model:
+
+    python training/finetune.py --config text_finetune --base checkpoints/text-tt-r4 --decomposition tt \
+        --rank 4 --head 2layer --out runs/text-tt-r4-m3 --set marginal_weight=3.0 --resume
 """
 
 from pathlib import Path
@@ -38,15 +45,30 @@ def main():
             base, tokenizer = load_mdlm(args.base, length=cfg.length)
         else:
             base, tokenizer, _ = load_checkpoint(args.base)
-        model = JointModel.from_base(base, head.decomposition, head.rank, head.head, head.head_noise,
-                                     torch.Generator().manual_seed(cfg.seed))
-        model.cfg.extra["base"] = Path(args.base).name  # a name, not a path of this machine
+        if base.cfg.decomposition == "none":
+            model = JointModel.from_base(base, head.decomposition, head.rank, head.head, head.head_noise,
+                                         torch.Generator().manual_seed(cfg.seed))
+            model.cfg.extra["base"] = Path(args.base).name  # a name, not a path of this machine
+        else:
+            model = continued(base, head)
+            model.cfg.extra["continued_from"] = Path(args.base).name
     train, val = tensors(dataset(cfg, tokenizer))
     title = f"{cfg.data} {head.decomposition} r={head.rank} fine-tune of {Path(args.base).name}"
     meta = fit(model, tokenizer, train, val, cfg, args.out, resume=resuming, max_steps=args.max_steps,
                max_minutes=args.max_minutes, title=title, quiet=args.quiet)
     print(f"wrote {args.out}: step {meta['step']}, val {meta['val']}, {meta['seconds_per_step']:.3f} s/step, "
           f"peak RSS {meta['peak_rss_mb']:.0f} MB")
+
+
+def continued(base: JointModel, head) -> JointModel:
+    """A joint checkpoint fine-tuned further: its own weights, head included, so the
+    requested decomposition, rank and head must be its own."""
+    want = (head.decomposition, head.rank, head.head)
+    have = (base.cfg.decomposition, base.cfg.rank, base.cfg.head)
+    if want != have:
+        raise SystemExit(f"--base is a {have[0]} r={have[1]} {have[2]} model: continuing it needs "
+                         f"--decomposition {have[0]} --rank {have[1]} --head {have[2]}, got {want}")
+    return base
 
 
 if __name__ == "__main__":

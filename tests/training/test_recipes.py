@@ -92,6 +92,18 @@ def test_finetune_recipe_from_base(tmp_path):
         assert ft.wait(timeout=300) == 0, ft.stderr.read().decode()
         model, _, config = load_checkpoint(tmp_path / dec)
         assert (config["model"]["decomposition"], config["model"]["rank"]) == (dec, rank)
+    # a joint checkpoint as --base continues from its own weights, head included (lr 0: unchanged)
+    more = _run(ROOT / "training" / "finetune.py", "--config", "tiny", "--data", SAMPLE, "--base", tmp_path / "tt",
+                "--decomposition", "tt", "--rank", 3, "--head", "2layer", "--out", tmp_path / "more",
+                "--max-steps", 2, "--quiet", "--set", "lr=0", "marginal_weight=1.0")
+    assert more.wait(timeout=300) == 0, more.stderr.read().decode()
+    a, b = (load_file(str(tmp_path / run / "model.safetensors")) for run in ("tt", "more"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert load_checkpoint(tmp_path / "more")[2]["model"]["extra"]["continued_from"] == "tt"
+    wrong = _run(ROOT / "training" / "finetune.py", "--config", "tiny", "--data", SAMPLE, "--base", tmp_path / "tt",
+                 "--decomposition", "tt", "--rank", 2, "--head", "2layer", "--out", tmp_path / "wrong",
+                 "--max-steps", 1)
+    assert wrong.wait(timeout=300) != 0 and b"--rank 3" in wrong.stderr.read()
 
 
 def test_text_recipes_and_prefix_generation(tmp_path):
