@@ -161,3 +161,35 @@ def test_openapi_documents_the_real_status_codes_and_content_types(server):
     assert {"200", "404", "413", "422", "503", "504"} <= set(generate)
     assert {"application/json", "text/event-stream"} <= set(generate["200"]["content"])
     assert "503" in spec["paths"]["/health"]["get"]["responses"]
+
+
+def test_rdkit_answers_are_decoded_off_the_event_loop(checkpoints, monkeypatch):
+    """A 256-molecule answer costs RDKit about 0.1 s (QED); on the event loop it would hold up every other
+    stream. The real engine and Serving, in process; the real RDKit checker, observed for its thread."""
+    import asyncio
+
+    import service.serving as serving_module
+    from service.engine import Engine
+    from service.registry import ModelRegistry
+    from service.schema import GenerateRequest
+    from service.serving import Serving
+    from ttcore.metrics.molecules import properties
+
+    threads = []
+
+    def observed(smiles):
+        threads.append(threading.get_ident())
+        return properties(smiles)
+
+    monkeypatch.setattr(serving_module, "smiles_checker", lambda: observed)
+    serving = Serving(ModelRegistry(checkpoints, "cpu", "fp32"), Engine())
+
+    async def generate():
+        job = serving.submit(GenerateRequest(model="qm9", decomposition="tt", num_samples=8, steps=2, seed=0))
+        events = [event async for event in serving.events(job, steps=False)]
+        return threading.get_ident(), events
+
+    loop_thread, events = asyncio.run(generate())
+    assert [name for name, _ in events] == ["done"] and len(events[0][1]["samples"]) == 8
+    assert len(threads) == 8 and loop_thread not in threads
+    assert any(s["valid"] is not None for s in events[0][1]["samples"])
