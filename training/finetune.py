@@ -49,8 +49,9 @@ def main():
             model = JointModel.from_base(base, head.decomposition, head.rank, head.head, head.head_noise,
                                          torch.Generator().manual_seed(cfg.seed))
             model.cfg.extra["base"] = Path(args.base).name  # a name, not a path of this machine
-        else:
-            model = continued(base, head)
+        else:  # a joint checkpoint: continued as it is, head included
+            check_same_joint(base, head)
+            model = base
             model.cfg.extra["continued_from"] = Path(args.base).name
     train, val = tensors(dataset(cfg, tokenizer))
     title = f"{cfg.data} {head.decomposition} r={head.rank} fine-tune of {Path(args.base).name}"
@@ -60,15 +61,14 @@ def main():
           f"peak RSS {meta['peak_rss_mb']:.0f} MB")
 
 
-def continued(base: JointModel, head) -> JointModel:
-    """A joint checkpoint fine-tuned further: its own weights, head included, so the
-    requested decomposition, rank and head must be its own."""
+def check_same_joint(base: JointModel, head) -> None:
+    """A joint checkpoint is fine-tuned further with its own weights, head included, so the requested
+    decomposition, rank and head must be its own."""
     want = (head.decomposition, head.rank, head.head)
     have = (base.cfg.decomposition, base.cfg.rank, base.cfg.head)
     if want != have:
         raise SystemExit(f"--base is a {have[0]} r={have[1]} {have[2]} model: continuing it needs "
                          f"--decomposition {have[0]} --rank {have[1]} --head {have[2]}, got {want}")
-    return base
 
 
 if __name__ == "__main__":

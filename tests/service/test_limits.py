@@ -1,6 +1,7 @@
 """Limits, against real uvicorn servers: admission by cost, deadlines, abandoned and unread requests,
 a stalled worker, and the reproductions of the robustness review (each a regression test)."""
 
+import asyncio
 import re
 import threading
 import time
@@ -10,6 +11,13 @@ import httpx
 import pytest
 from common import metric
 from servers import start_uvicorn
+
+import service.serving as serving_module
+from service.engine import Engine
+from service.registry import ModelRegistry
+from service.schema import GenerateRequest
+from service.serving import Serving
+from ttcore.metrics.molecules import properties
 
 pytestmark = pytest.mark.slow  # servers
 ROOT = Path(__file__).resolve().parents[2]
@@ -164,17 +172,8 @@ def test_openapi_documents_the_real_status_codes_and_content_types(server):
 
 
 def test_rdkit_answers_are_decoded_off_the_event_loop(checkpoints, monkeypatch):
-    """A 256-molecule answer costs RDKit about 0.1 s (QED); on the event loop it would hold up every other
+    """A 256-molecule answer costs RDKit about 0.14 s (QED most of it); on the event loop it would hold up every other
     stream. The real engine and Serving, in process; the real RDKit checker, observed for its thread."""
-    import asyncio
-
-    import service.serving as serving_module
-    from service.engine import Engine
-    from service.registry import ModelRegistry
-    from service.schema import GenerateRequest
-    from service.serving import Serving
-    from ttcore.metrics.molecules import properties
-
     threads = []
 
     def observed(smiles):
