@@ -6,8 +6,10 @@
 
 Starts `python -m service` (uvicorn) in a subprocess on a free port. For C in {1, 8, 32} concurrent
 clients, each sends R requests in a row (2 molecules, 8 steps, random order); the baseline sends the
-same C * R requests one at a time. Prints molecules/s, p50/p99 latency, the speed-up, and the share
-of server wall time spent in the backbone's forward pass (from the server's own metrics).
+same C * R requests one at a time. Prints molecules/s, p50/p99 latency, the speed-up, the share
+of server wall time spent in the backbone's forward pass, and the share the engine's worker was busy
+with steps at all (forward, heads, joint draws, the copy to the host), from the server's own metrics:
+the rest is HTTP, events and the event loop.
 """
 
 import argparse
@@ -52,8 +54,9 @@ async def _run(url, body, clients, per_client):
         await asyncio.gather(*[_client(http, url, body, per_client, latencies) for _ in range(clients)])
         wall = time.perf_counter() - t0
         after = (await http.get(url + "/metrics")).text
-    forward = _metric(after, "ttcore_forward_seconds_total") - _metric(before, "ttcore_forward_seconds_total")
-    return wall, latencies, forward
+    forward, engine = (_metric(after, f"ttcore_{m}_seconds_total") - _metric(before, f"ttcore_{m}_seconds_total")
+                       for m in ("forward", "engine_step"))
+    return wall, latencies, forward, engine
 
 
 def main():
@@ -87,15 +90,15 @@ def main():
         print(f"checkpoint {info['checkpoint']} ({info['decomposition']} r={info['rank']}), 2 molecules x 8 steps "
               f"per request, {args.requests_per_client} requests per client, {args.precision}")
         print(f"{'clients':>7} | {'mol/s':>7} {'p50 s':>7} {'p99 s':>7} | {'1-at-a-time mol/s':>17} | "
-              f"{'speed-up':>8} | {'forward share':>13}")
+              f"{'speed-up':>8} | {'forward share':>13} | {'engine busy':>11}")
         for clients in args.clients:
             n = clients * args.requests_per_client
-            wall, lat, fwd = asyncio.run(_run(url, body, clients, args.requests_per_client))
-            wall1, _, _ = asyncio.run(_run(url, body, 1, n))
+            wall, lat, fwd, busy = asyncio.run(_run(url, body, clients, args.requests_per_client))
+            wall1, _, _, _ = asyncio.run(_run(url, body, 1, n))
             rate, rate1 = 2 * n / wall, 2 * n / wall1
             p99 = statistics.quantiles(lat, n=100)[98] if len(lat) > 1 else lat[0]
             print(f"{clients:>7} | {rate:>7.1f} {statistics.median(lat):>7.3f} {p99:>7.3f} | {rate1:>17.1f} | "
-                  f"{rate / rate1:>7.2f}x | {fwd / wall:>12.0%}", flush=True)
+                  f"{rate / rate1:>7.2f}x | {fwd / wall:>12.0%} | {busy / wall:>10.0%}", flush=True)
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -206,19 +206,24 @@ class _Batcher:
         # the rest (heads, joint draws) by its sequences in the step
         rows = {id(job): job.run.tokens.shape[0] for job in batch}
         forward_rows = sum(rows[i] for i in self._forward_jobs) or 1
+        # one copy to the host for the whole step (on CUDA, one sync instead of two per job); the event
+        # loop then only ever touches CPU tensors
+        sizes = [state.tokens.shape[0] for state in states]
+        host_tokens = torch.cat([state.tokens for state in states]).cpu().split(sizes)
+        host_committed = torch.cat([state.committed for state in states]).cpu().split(sizes)
         outputs = []
-        for job, state in zip(batch, states):
+        for job, state, tokens, committed_mask in zip(batch, states, host_tokens, host_committed):
             if job.started is None:
                 job.started = t0
             share = rows[id(job)]
             job.forward_s += self._forward_s * share / forward_rows if id(job) in self._forward_jobs else 0.0
             job.sampling_s += (step_s - self._forward_s) * share / sum(rows.values())
             committed = [[] for _ in range(state.committed.shape[0])]
-            for i, pos in state.committed.nonzero().tolist():  # one op for all rows, not one per row
+            for i, pos in committed_mask.nonzero().tolist():  # one op for all rows, not one per row
                 committed[i].append(pos)
             job.tokens_per_step.append(sum(map(len, committed)))
             self.engine.metrics.tokens.labels(self.lm.family).inc(job.tokens_per_step[-1])
-            outputs.append(StepOutput(state.step, state.tokens, committed, state.model_calls, job.run.done))
+            outputs.append(StepOutput(state.step, tokens, committed, state.model_calls, job.run.done))
         self.engine.metrics.step_seconds.labels(self.lm.family).inc(step_s)
         return outputs
 

@@ -44,8 +44,15 @@ def test_sampling_overhead_smoke():
 def test_service_load_smoke():
     out = _bench(ROOT / "benchmarks" / "service_load.py", "--clients", "2", "--requests-per-client", "1",
                  timeout=600)  # without 1: the forward bound still times its batch-2 reference
-    assert re.search(r"^\s+2 \|.*x \|\s+\d+%$", out, re.M), out
+    assert re.search(r"^\s+2 \|.*x \|\s+\d+% \|\s+\d+%$", out, re.M), out  # forward share, engine busy
     assert "speed-up bound if only the forward counted: 2 clients" in out and "batch 2:" in out, out
+
+
+def test_step_profile_smoke():
+    out = _bench(ROOT / "benchmarks" / "step_profile.py", "--clients", "2", "--rounds", "1", "--top", "3")
+    phases = re.findall(r"^\s+(forward|heads and draws|copy to host):\s+[\d.]+ ms\s+\(\d+%\)$", out, re.M)
+    assert phases == ["forward", "heads and draws", "copy to host"], out
+    assert "Self CPU time total" in out, out
 
 
 def test_request_memory_smoke():

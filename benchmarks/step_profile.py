@@ -1,0 +1,96 @@
+"""Where one engine step's time goes, in process (no HTTP): C requests of 2 molecules x 8 steps, random
+order, stepped together as the service's continuous batching steps them (``batch_step``).
+
+    python benchmarks/step_profile.py                              # CPU, bundled qm9-tt-r8, 32 requests
+    python benchmarks/step_profile.py --device cuda --precision bf16 --clients 32
+    python benchmarks/step_profile.py --clients 2 --rounds 1       # smoke size (the tests run it)
+
+Prints, per step (device synchronized at each boundary): the backbone forward, the rest of the step
+(heads and the joint draws), and the copy of every request's tokens to the host, then torch.profiler's
+operators by self time over one round, so a GPU lease can see what to fix.
+"""
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+from ttcore.models import load_for_inference
+from ttcore.sampling import GenerationRun
+from ttcore.sampling.generate import batch_step, features
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def one_round(model, clients: int, device: torch.device, seed: int) -> dict[str, float]:
+    """Step ``clients`` runs together until done; -> seconds in each phase, summed over the steps."""
+    runs = [GenerationRun(model, 2, 8, seed=seed + i, device=device) for i in range(clients)]
+    spent = {"forward": 0.0, "heads and draws": 0.0, "copy to host": 0.0, "steps": 0}
+
+    def timed_forward(x, latent):
+        _sync(device)
+        t0 = time.perf_counter()
+        h = features(model, x, latent)
+        _sync(device)
+        spent["forward"] += time.perf_counter() - t0
+        return h
+
+    with model.compute_context():
+        while live := [run for run in runs if not run.done]:
+            _sync(device)
+            t0 = time.perf_counter()
+            states = batch_step(model, live, forward=timed_forward)
+            _sync(device)
+            t1 = time.perf_counter()
+            torch.cat([s.tokens for s in states]).cpu()
+            torch.cat([s.committed for s in states]).cpu()
+            t2 = time.perf_counter()
+            spent["steps"] += 1
+            spent["copy to host"] += t2 - t1
+            spent["heads and draws"] += (t1 - t0)
+    spent["heads and draws"] -= spent["forward"]
+    return spent
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", default=str(ROOT / "checkpoints" / "qm9-tt-r8"))
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=3, help="timed rounds after one warm-up round")
+    ap.add_argument("--top", type=int, default=15, help="operators listed from the profile")
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    model, _, _ = load_for_inference(Path(args.checkpoint), device, args.precision)
+    one_round(model, args.clients, device, seed=0)  # warm-up
+    total = {}
+    for r in range(args.rounds):
+        for k, v in one_round(model, args.clients, device, seed=100 * (r + 1)).items():
+            total[k] = total.get(k, 0.0) + v
+    steps = total.pop("steps")
+    whole = sum(total.values())
+    print(f"{Path(args.checkpoint).name}, {args.clients} requests x 2 molecules x 8 steps, {args.precision}, "
+          f"{device}; per batched step ({steps:.0f} steps):")
+    for k, v in total.items():
+        print(f"  {k:>16}: {v / steps * 1e3:7.2f} ms  ({v / whole:.0%})")
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        one_round(model, args.clients, device, seed=7)
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=args.top, max_name_column_width=48))
+    if device.type == "cuda":
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top,
+                                        max_name_column_width=48))
+
+
+if __name__ == "__main__":
+    main()
