@@ -4,18 +4,22 @@ Memory: ``ttcore.sampling.cost`` gives the bytes one step holds per sequence (fr
 a request larger than the memory budget is drawn in micro-batches of sequences (``max_rows_per_pass``),
 so its peak stays under the budget whatever ``num_samples`` is.
 
-Compute: at start-up every checkpoint is timed on this machine (``calibrate``): a predetermined step
-per sequence, a whole adaptive (chain-rule) generation per sequence, and for TT an exact-contraction
-step per sequence. A request's estimate is sequences x (steps x step time + chain-rule time); it must
-fit the request's deadline, and its longest step must fit the stall limit that ``/health`` watches.
-A request that cannot fit gets a 422 naming the largest ``num_samples`` (or ``steps``) that would.
+Compute: at start-up every checkpoint is timed on this machine (``calibrate``, best of three short
+timings): a predetermined step per sequence, for TT an exact-contraction step per sequence, and the
+chain-rule picks of a whole adaptive generation per sequence (from one pick). The engine then corrects
+each estimate from the time every finished request took (``Speed.observe``). A request's estimate is
+sequences x (steps x step time + chain-rule time); it must fit the request's deadline, and its longest
+step must fit the stall limit that ``/health`` watches. A request that cannot fit gets a 422 naming a
+setting that would (the largest ``num_samples``, or ``steps``), checked by this same rule.
 """
 
 import math
+import statistics
 import time
+from collections import deque
 from dataclasses import dataclass
 
-from ttcore.sampling import ADAPTIVE, GenerationRun, cost
+from ttcore.sampling import GenerationRun, cost
 
 
 class TooLarge(ValueError):
@@ -26,37 +30,73 @@ class TooLarge(ValueError):
         self.field = field
 
 
-@dataclass
+WINDOW = 8  # observations per kind of work that the estimate is the median of
+CALIBRATION_REPEATS = 3  # best of this many short timings at start-up
+
+
 class Speed:
-    """Seconds on this machine, per sequence: one predetermined step (forward + joint draw), one
-    exact-contraction step (TT), a whole chain-rule generation (all l picks, any step count)."""
-    predetermined_step: float
-    exact_step: float
-    chain_rule: float
+    """Seconds on this machine, per sequence, of three kinds of work: one predetermined step (forward +
+    joint draw), one exact-contraction step (TT), and a whole generation's chain-rule picks (adaptive
+    orderings and EB, any step count).
+
+    Each estimate is the median of the last ``WINDOW`` observations of its kind, and starts with one: the
+    start-up calibration (``calibrate``). Every request the engine finishes adds one observation, its
+    measured time per sequence (``observe``), so a calibration taken while the machine was busy is
+    outvoted after two ordinary requests, and a machine that turns busy raises the estimate as fast."""
+
+    KINDS = ("predetermined_step", "exact_step", "chain_rule")
+
+    def __init__(self, predetermined_step: float, exact_step: float, chain_rule: float):
+        self._seen = {k: deque([v], maxlen=WINDOW) for k, v in zip(self.KINDS, (predetermined_step, exact_step,
+                                                                                 chain_rule))}
+
+    def __getattr__(self, kind: str) -> float:
+        if kind in Speed.KINDS:
+            return statistics.median(self.__dict__["_seen"][kind])
+        raise AttributeError(kind)
+
+    def observations(self, kind: str) -> int:
+        return len(self._seen[kind])
+
+    def observe(self, *, adaptive: bool, exact: bool, rows: int, steps: int, seconds: float) -> None:
+        """A finished request: ``rows`` sequences, ``steps`` engine steps, ``seconds`` of compute charged to
+        it (its shares of the batched steps it was part of)."""
+        if rows <= 0 or steps <= 0 or not math.isfinite(seconds) or seconds <= 0:
+            return
+        per_row = seconds / rows
+        if adaptive:  # the steps' own cost as now estimated; the rest is the chain rule's
+            per_step = self.predetermined_step  # as ``plan`` charges an adaptive step
+            self._seen["chain_rule"].append(max(per_row - steps * per_step, 0.0))
+        else:
+            self._seen["exact_step" if exact else "predetermined_step"].append(per_row / steps)
 
 
-def _timed(model, n: int, steps: int, **settings) -> float:
-    run = GenerationRun(model, n, steps, seed=0, **settings)
-    t0 = time.perf_counter()
-    with model.compute_context():
-        run.step()
-    first = time.perf_counter() - t0
-    if settings.get("ordering") in ADAPTIVE:  # the rest of the picks too
+def _best(model, n: int, steps: int, repeats: int = CALIBRATION_REPEATS, **settings) -> float:
+    """The shortest of ``repeats`` timings of one step of a fresh run, per sequence (the shortest: a busy
+    machine only ever slows a timing down)."""
+    times = []
+    for _ in range(repeats):
+        run = GenerationRun(model, n, steps, seed=0, **settings)
         t0 = time.perf_counter()
         with model.compute_context():
-            while not run.done:
-                run.step()
-        first += time.perf_counter() - t0
-    return first / n
+            run.step()
+        times.append((time.perf_counter() - t0) / n)
+    return min(times)
 
 
 def calibrate(model) -> Speed:
-    """Time the three kinds of work on 2 sequences (after a warm-up)."""
-    _timed(model, 1, 4)  # warm-up: allocator, kernels
-    pred = _timed(model, 2, 4)
-    exact = _timed(model, 2, 4, contraction="exact") if model.cfg.decomposition == "tt" else pred
-    chain = _timed(model, 2, 4, ordering="top_prob")
-    return Speed(pred, exact, chain)
+    """Start-up estimates from one step of each kind (after a warm-up; the cheap predetermined step best of
+    three, the exact step and the first chain-rule pick, on one sequence, best of two): about a second for
+    the bundled text model, milliseconds for QM9. The chain rule is not run to the end (a text model's
+    picks take many seconds): one pick is timed and the whole is taken as l picks at half that cost each
+    (the picks shrink as positions are conditioned; measured at text size the whole was 0.29 of l first
+    picks, at QM9 size 0.6). This is approximate by construction: finished requests replace it (``Speed.observe``)."""
+    _best(model, 1, 4)  # warm-up: allocator, kernels
+    pred = _best(model, 2, 4)
+    exact = _best(model, 1, 4, 2, contraction="exact") if model.cfg.decomposition == "tt" else pred
+    l = model.cfg.dit.length
+    first_pick = max(_best(model, 1, l, 2, ordering="top_prob") - pred, 0.0)
+    return Speed(pred, exact, l * first_pick / 2)
 
 
 @dataclass
@@ -79,18 +119,34 @@ def plan(model, speed: Speed, *, num_samples: int, steps: int, adaptive: bool, e
                                    "use a predetermined ordering (random, left_to_right, halton)")
     l = cfg.dit.length
     per_step = speed.exact_step if exact and not adaptive else speed.predetermined_step
-    per_row = min(steps, l) * per_step + (speed.chain_rule if adaptive else 0.0)  # idle steps cost nothing
-    picks_per_step = math.ceil(l / min(steps, l)) / l  # the largest share of the picks one step makes
-    per_row_step = per_step + (speed.chain_rule * picks_per_step if adaptive else 0.0)
-    seconds, step_seconds = num_samples * per_row, num_samples * per_row_step
-    if seconds > timeout_s or step_seconds > step_limit_s:
-        fit = int(min(timeout_s / per_row, step_limit_s / per_row_step))
-        if fit >= 1:
-            raise TooLarge("num_samples", f"this setting needs about {seconds:.0f} s of compute here (one step "
-                                          f"about {step_seconds:.0f} s); within timeout_s {timeout_s:g} and "
-                                          f"the {step_limit_s:g} s step limit, num_samples can be at most {fit}")
-        max_steps = int(timeout_s / max(per_step, 1e-9))
-        raise TooLarge("steps", f"one sequence needs about {per_row:.0f} s here, more than timeout_s {timeout_s:g}; "
-                                f"use fewer steps (at most about {max_steps}) or a predetermined ordering")
-    return Plan(rows if rows < num_samples else None, seconds, step_seconds)
 
+    def per_row(k: int) -> tuple[float, float]:
+        """(the whole run, its longest step) per sequence at ``k`` steps; idle steps cost nothing."""
+        k = min(k, l)
+        chain = speed.chain_rule if adaptive else 0.0
+        return k * per_step + chain, per_step + chain * math.ceil(l / k) / l  # a step makes <= ceil(l/k) picks
+
+    def fits(n: int, k: int) -> bool:
+        whole, step = per_row(k)
+        return n * whole <= timeout_s and n * step <= step_limit_s
+
+    whole, step = per_row(steps)
+    seconds, step_seconds = num_samples * whole, num_samples * step
+    if not fits(num_samples, steps):
+        fit = int(min(timeout_s / whole, step_limit_s / step))
+        if fit >= 1:
+            raise TooLarge("num_samples", f"this setting needs about {seconds:.3g} s of compute here (one step "
+                                          f"about {step_seconds:.3g} s); within timeout_s {timeout_s:g} and "
+                                          f"the {step_limit_s:g} s step limit, num_samples can be at most {fit}")
+        for n in (num_samples, 1):  # a step count that fits, the largest below the one asked
+            k = next((k for k in range(min(steps, l), 0, -1) if fits(n, k)), None)
+            if k is not None:
+                with_n = "" if n == num_samples else " with num_samples 1"
+                raise TooLarge("steps", f"one sequence needs about {whole:.3g} s here, more than fits timeout_s "
+                                        f"{timeout_s:g} and the {step_limit_s:g} s step limit; use at most {k} "
+                                        f"steps{with_n}")
+        raise TooLarge("timeout_s", f"no num_samples or steps fits timeout_s {timeout_s:g} here: one sequence at "
+                                    f"one step needs about {per_row(1)[0]:.3g} s"
+                                    + ("; use a predetermined ordering (random, left_to_right, halton)"
+                                       if adaptive else ""))
+    return Plan(rows if rows < num_samples else None, seconds, step_seconds)

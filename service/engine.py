@@ -74,6 +74,7 @@ class Job:
     run: GenerationRun
     cost_s: float = 0.0  # estimated compute of the whole request (admission)
     timeout_s: float = float("inf")
+    kind: tuple[bool, bool] | None = None  # (adaptive, exact) of its steps: what its measured time corrects
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     outputs: asyncio.Queue = field(default_factory=asyncio.Queue)
     arrived: float = field(default_factory=time.perf_counter)
@@ -171,6 +172,9 @@ class _Batcher:
                     self.engine.metrics.first_event.labels(self.lm.family).observe(now - job.arrived)
                 job.outputs.put_nowait(out)
                 if out.finished:
+                    if job.kind is not None:  # admission's estimates follow what requests really take
+                        self.lm.speed.observe(adaptive=job.kind[0], exact=job.kind[1], rows=job.run.tokens.shape[0],
+                                              steps=len(job.tokens_per_step), seconds=job.forward_s + job.sampling_s)
                     self._finish(job)
 
     def _finish(self, job: Job, cancelled: bool = False) -> None:
@@ -252,14 +256,15 @@ class Engine:
         return True, "ok"
 
     def submit(self, lm: LoadedModel, run: GenerationRun, cost_s: float = 0.0,
-               timeout_s: float = float("inf")) -> Job:
-        """Admit a run of ``lm`` (raises Overloaded). Must run on the event loop."""
+               timeout_s: float = float("inf"), kind: tuple[bool, bool] | None = None) -> Job:
+        """Admit a run of ``lm`` (raises Overloaded). Must run on the event loop. ``kind``: (adaptive, exact)
+        of its steps; when given, its measured time corrects ``lm.speed`` once it finishes."""
         if len(self._jobs) >= self.max_requests:
             self.metrics.rejected.inc()
             first_free = min(job.remaining_s for job in self._jobs.values())  # when a slot frees up
             retry = max(1, min(3600, math.ceil(first_free)))
             raise Overloaded(f"{len(self._jobs)} requests in flight (the limit is {self.max_requests})", retry)
-        job = Job(lm, run, cost_s, timeout_s)
+        job = Job(lm, run, cost_s, timeout_s, kind)
         self._jobs[job.id] = job
         self.metrics.queue_depth.set(len(self._jobs))
         batcher = self._batchers.get(lm.name)

@@ -91,7 +91,8 @@ class ModelRegistry:
                          parameters=sum(p.numel() for p in model.parameters()), card=card,
                          base="vadd" if cfg.dit.latent_dim else "mdlm", latent_dim=cfg.dit.latent_dim)
         speed = calibrate(model)
-        log.info("loaded %s: %s %s r=%d; per sequence: %.3f s a step, %.3f s of chain-rule picks", d.name, family,
+        log.info("loaded %s: %s %s r=%d; per sequence: %.3f s a step, about %.3f s of chain-rule picks (start-up "
+                 "estimates: finished requests correct them)", d.name, family,
                  cfg.decomposition, cfg.rank, speed.predetermined_step, speed.chain_rule)
         return LoadedModel(d.name, family, tok.kind, model, tok, info, speed)
 
@@ -100,7 +101,8 @@ class ModelRegistry:
         return bool(self.models)
 
     def model_infos(self) -> list[ModelInfo]:
-        return [lm.info for lm in self.models]
+        return [lm.info.model_copy(update={"estimated_seconds": {k: getattr(lm.speed, k) for k in Speed.KINDS}})
+                for lm in self.models]
 
     def resolve(self, family: str | None, decomposition: str | None, rank: int | None) -> LoadedModel:
         """The checkpoint for (family, decomposition, rank); defaults pick the best available."""

@@ -243,6 +243,11 @@ class ModelInfo(BaseModel):
     vocab_size: int
     parameters: int
     card: str | None = None
+    estimated_seconds: dict[str, float] = Field(
+        default_factory=dict, description="Admission's current compute estimates on this server, per sequence "
+        "(approximate: a start-up calibration corrected by the time each finished request took): "
+        "`predetermined_step`, `exact_step` (a TT step with the exact contraction), `chain_rule` (the picks of "
+        "a whole adaptive or EB generation).")
 
 
 class ModelList(BaseModel):

@@ -90,7 +90,7 @@ class Serving:
             raise
         run = GenerationRun(lm.model, request.num_samples, request.steps, prompt=prompt, device=self.registry.device,
                             max_rows_per_pass=plan.max_rows_per_pass, **settings)
-        return self.engine.submit(lm, run, plan.seconds, timeout)
+        return self.engine.submit(lm, run, plan.seconds, timeout, kind=(adaptive, exact))
 
     async def events(self, job: Job, steps: bool = True, request: GenerateRequest | None = None):
         """(event, payload) pairs: a ``step`` per denoising step (decoded only when ``steps``: a non-streaming

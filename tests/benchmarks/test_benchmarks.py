@@ -48,6 +48,13 @@ def test_service_load_smoke():
     assert "speed-up bound if only the forward counted: 2 clients" in out and "batch 2:" in out, out
 
 
+def test_cold_start_smoke():
+    out = _bench(ROOT / "benchmarks" / "cold_start.py", "--starts", "1")
+    assert re.search(r"1 starts, 0 busy processes: ready after [\d.]+ s", out), out
+    rows = [line for line in out.splitlines() if re.match(r"\s+(qm9|text)-\S+ \|\s+[\d.]+\.\.", line)]
+    assert len(rows) == 4, out  # every bundled checkpoint's calibration was read from the log
+
+
 def test_step_profile_smoke():
     out = _bench(ROOT / "benchmarks" / "step_profile.py", "--clients", "2", "--rounds", "1", "--top", "3")
     phases = re.findall(r"^\s+(forward|heads and draws|copy to host):\s+[\d.]+ ms\s+\(\d+%\)$", out, re.M)

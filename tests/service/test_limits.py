@@ -192,3 +192,45 @@ def test_rdkit_answers_are_decoded_off_the_event_loop(checkpoints, monkeypatch):
     assert [name for name, _ in events] == ["done"] and len(events[0][1]["samples"]) == 8
     assert len(threads) == 8 and loop_thread not in threads
     assert any(s["valid"] is not None for s in events[0][1]["samples"])
+
+
+def _burn():
+    while True:
+        pass
+
+
+def test_a_calibration_taken_on_a_busy_machine_is_corrected_by_the_requests_that_follow(checkpoints):
+    """Started while two processes burn the CPU, then quiet: the estimates follow the measured request
+    times within a few requests, and a request that the start-up estimate refuses is then admitted."""
+    import multiprocessing
+
+    burners = [multiprocessing.Process(target=_burn, daemon=True) for _ in range(2)]
+    for b in burners:
+        b.start()
+    try:
+        proc, url = start_uvicorn(checkpoints)
+    finally:
+        for b in burners:
+            b.terminate()
+            b.join()
+
+    def estimate() -> float:
+        infos = httpx.get(url + "/models").json()["models"]
+        return next(m for m in infos if m["model"] == "qm9" and m["decomposition"] == "tt")["estimated_seconds"][
+            "predetermined_step"]
+    try:
+        at_start = estimate()
+        body = dict(model="qm9", decomposition="tt", num_samples=8, steps=8)
+        measured = []
+        for seed in range(4):
+            t = httpx.post(url + "/generate", json=dict(body, seed=seed), timeout=60).json()["timings"]
+            measured.append((t["forward_ms"] + t["sampling_ms"]) / 1e3 / (8 * 8))
+        after = estimate()
+        assert min(measured) <= after <= max(measured)  # the median of what was measured, the start outvoted
+        if at_start > 2 * after:  # the busy start made a refusal that the measured times contradict: gone now
+            n, k = 64, 16
+            timeout = n * k * (at_start * after) ** 0.5  # between what the two estimates say it needs
+            r = httpx.post(url + "/generate", json=dict(body, num_samples=n, steps=k, timeout_s=timeout), timeout=60)
+            assert r.status_code == 200, r.text
+    finally:
+        _stop(proc)

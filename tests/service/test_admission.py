@@ -1,0 +1,76 @@
+"""Admission's compute rule (``service.admission``): estimates that follow measured times, and hints
+that are themselves settings the rule admits."""
+
+import itertools
+import re
+
+import pytest
+import torch
+
+from service.admission import Speed, TooLarge, calibrate, plan
+from ttcore.models import DiTConfig, JointModel, ModelConfig
+
+
+def _model(decomposition="tt"):
+    torch.manual_seed(0)
+    base = JointModel(ModelConfig(DiTConfig(vocab_size=9, out_vocab=8, length=12, hidden_dim=16, cond_dim=8,
+                                            n_blocks=1, n_heads=2)))
+    return base if decomposition == "none" else JointModel.from_base(base, decomposition, 2, noise=0.1)
+
+
+def test_the_estimate_is_the_median_of_recent_observations_so_a_slow_calibration_is_outvoted():
+    speed = Speed(predetermined_step=1.0, exact_step=2.0, chain_rule=10.0)
+    speed.observe(adaptive=False, exact=False, rows=4, steps=8, seconds=4 * 8 * 0.01)
+    assert speed.predetermined_step == pytest.approx((1.0 + 0.01) / 2)  # one each: their mean
+    speed.observe(adaptive=False, exact=False, rows=2, steps=5, seconds=2 * 5 * 0.02)
+    assert speed.predetermined_step == pytest.approx(0.02)  # two of three now say ~0.01-0.02 s
+    assert speed.exact_step == 2.0 and speed.chain_rule == 10.0  # other kinds untouched
+    speed.observe(adaptive=True, exact=False, rows=1, steps=4, seconds=4 * 0.02 + 0.5)
+    speed.observe(adaptive=True, exact=False, rows=1, steps=4, seconds=4 * 0.02 + 0.7)
+    assert speed.chain_rule == pytest.approx(0.7, abs=1e-9)  # median of 10, 0.5, 0.7
+    for _ in range(20):  # a machine that turns busy raises it as fast
+        speed.observe(adaptive=False, exact=False, rows=1, steps=1, seconds=3.0)
+    assert speed.predetermined_step == 3.0
+
+
+def test_calibration_is_a_few_short_timings():
+    speed = calibrate(_model())
+    assert 0 < speed.predetermined_step < 1 and 0 < speed.exact_step < 1 and 0 <= speed.chain_rule < 5
+
+
+def _admitted(model, speed, **kw):
+    try:
+        plan(model, speed, memory_budget=1 << 30, **kw)
+        return True
+    except TooLarge:
+        return False
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_every_hint_is_a_setting_that_is_admitted(adaptive):
+    """The review: ``timeout_s: 1.5`` with top_prob said "at most about 35 steps" for 35, 12, 8, 4, 2 and 1
+    steps (the chain rule's cost was left out), and ``timeout_s: 0.001`` said "at most about 0"."""
+    model = _model()
+    speed = Speed(predetermined_step=0.01, exact_step=0.02, chain_rule=0.5 if adaptive else 0.0)
+    checked = 0
+    for n, k, timeout, limit in itertools.product((1, 8, 64), (1, 2, 8, 35, 1000), (0.001, 0.05, 1.5, 30.0),
+                                                  (0.05, 60.0)):
+        kw = dict(num_samples=n, steps=k, adaptive=adaptive, exact=False, timeout_s=timeout, step_limit_s=limit)
+        try:
+            plan(model, speed, memory_budget=1 << 30, **kw)
+            continue
+        except TooLarge as e:
+            field, message = e.field, str(e)
+        checked += 1
+        if field == "num_samples":
+            fit = int(re.search(r"num_samples can be at most (\d+)", message).group(1))
+            assert 1 <= fit < n and _admitted(model, speed, **dict(kw, num_samples=fit)), message
+            assert not _admitted(model, speed, **dict(kw, num_samples=fit + 1)), message  # the largest
+        elif field == "steps":
+            k_fit = int(re.search(r"use at most (\d+) steps", message).group(1))
+            n_fit = 1 if "with num_samples 1" in message else n
+            assert 1 <= k_fit and _admitted(model, speed, **dict(kw, steps=k_fit, num_samples=n_fit)), message
+        else:  # nothing fits: say so, and it is true
+            assert field == "timeout_s" and "no num_samples or steps fits" in message, message
+            assert not any(_admitted(model, speed, **dict(kw, num_samples=1, steps=s)) for s in range(1, 13))
+    assert checked > 20
