@@ -174,7 +174,8 @@ class _Batcher:
                 if out.finished:
                     if job.kind is not None:  # admission's estimates follow what requests really take
                         self.lm.speed.observe(adaptive=job.kind[0], exact=job.kind[1], rows=job.run.tokens.shape[0],
-                                              steps=len(job.tokens_per_step), seconds=job.forward_s + job.sampling_s)
+                                              steps=sum(1 for n in job.tokens_per_step if n),  # idle: free
+                                              seconds=job.forward_s + job.sampling_s)
                     self._finish(job)
 
     def _finish(self, job: Job, cancelled: bool = False) -> None:

@@ -155,6 +155,12 @@ class GenerateResponse(BaseModel):
     drawn: int = Field(description="Sequences drawn (all rounds); more than `samples` when `unique` or "
                                    "`valid_only` dropped some.")
     rounds: int = Field(1, description="Rounds of `num_samples` draws (more than 1 only with `valid_only`).")
+    stopped_early: Literal["deadline", "busy"] | None = Field(
+        None, description="`valid_only`: why the rounds stopped before enough valid molecules were found "
+        "(`deadline`: the request's deadline passed, or what was left of it could not fit another round; `busy`: "
+        "the server could not admit another round); `samples` then holds what the finished rounds found, fewer "
+        f"than `num_samples`. `null` when the rounds ended normally (enough found, or {MAX_VALID_ROUNDS} rounds). "
+        "A request whose first round does not finish gets 504.")
     timings: Timings = Field(description="Of the last round (each round is admitted and queued on its own).")
 
 

@@ -97,12 +97,19 @@ class Serving:
         answer does not pay for decoding partial sequences), then ``done`` (the answer) or ``error``;
         closing it early cancels the job. With ``request`` its chemist's options apply to the answer:
         ``unique`` drops duplicates, ``valid_only`` draws further rounds (each admitted like a new request,
-        linked from ``job.next_round`` so that ``abort`` reaches it) until enough molecules are valid."""
+        linked from ``job.next_round`` so that ``abort`` reaches it) until enough molecules are valid; when
+        the deadline passes in a further round (or what is left of it cannot fit one, or the server is too
+        busy to admit one), the answer holds what the finished rounds found (``stopped_early`` says why),
+        and only a request with no finished round gets the timeout error."""
         first, rounds, kept, seen = job, [], [], set()
+        stopped_early = None
         while True:
             done_before = len(rounds)
             async for out in self.engine.outputs(job):
                 if isinstance(out, EngineError):
+                    if out.kind == "timeout" and rounds:
+                        stopped_early = "deadline"
+                        break
                     yield "error", {"id": first.id, "error": out.message, "code": out.kind}
                     return
                 if steps:
@@ -111,6 +118,8 @@ class Serving:
                 if out.finished:  # RDKit costs about 0.5 ms a molecule: off the event loop, so that a
                     # 256-molecule answer does not hold up every other stream
                     rounds.append(await asyncio.to_thread(self.answer, job, out))
+            if stopped_early:
+                break
             if len(rounds) == done_before:  # the outputs ended without an answer
                 return
             for sample in rounds[-1].samples:
@@ -126,17 +135,23 @@ class Serving:
             seed = None if request.seed is None else (request.seed + len(rounds) * ROUND_SEED_STRIDE) % (MAX_SEED + 1)
             left = first.timeout_s - (time.perf_counter() - first.arrived)  # the request's deadline holds
             if left <= 0:
+                stopped_early = "deadline"
                 break
             try:
                 job.next_round = job = self.submit(request.model_copy(update={"seed": seed, "timeout_s": left}))
-            except (Overloaded, admission.TooLarge):  # the server is busy: answer with what the rounds found
+            except admission.TooLarge:  # what is left of the deadline cannot fit a round
+                stopped_early = "deadline"
+                break
+            except Overloaded:  # the server is busy: answer with what the rounds found
+                stopped_early = "busy"
                 break
         last = rounds[-1]
         yield "done", last.model_copy(update={
             "id": first.id, "samples": kept[:request.num_samples] if request is not None else kept,
             "steps": sum(r.steps for r in rounds), "model_calls": sum(r.model_calls for r in rounds),
             "tokens_per_step": [n for r in rounds for n in r.tokens_per_step],
-            "drawn": sum(r.drawn for r in rounds), "rounds": len(rounds)}).model_dump()
+            "drawn": sum(r.drawn for r in rounds), "rounds": len(rounds),
+            "stopped_early": stopped_early}).model_dump()
 
     def abort(self, job: Job) -> None:
         """Cancel a request: its job, and the job of any further round it has started."""

@@ -15,6 +15,7 @@ from ttcore.distributions import CP, TensorTrain
 from ttcore.sampling import GenerationRun
 
 V, L = 8, 10
+TIE_TOL = 1e-5  # relative: float32 ranking against a float64 replay
 
 
 def _model(decomposition: str):
@@ -65,7 +66,11 @@ def _expected_picks(model, before: torch.Tensor, after: torch.Tensor, gamma: flo
     while (masked & (x_cond < 0)).any():
         marg = marginals(x_cond)
         free = np.flatnonzero(masked & (x_cond < 0))
-        pos = free[np.argmin([_proxy(marg[i], proxy) for i in free])]
+        scores = np.array([_proxy(marg[i], proxy) for i in free])
+        # near-ties (the sampler ranks in float32, this replay in float64, and another CPU's kernels round
+        # differently): any of the tied positions is the rule's pick; take the one the sampler took, if any
+        tied = free[scores <= scores.min() + TIE_TOL * max(1.0, abs(scores.min()))]
+        pos = next((i for i in tied if after[i] < V), tied[0])
         h = entropies + [_entropy(marg[pos])]
         if picks and sum(h) - max(h) > gamma:
             break

@@ -274,3 +274,26 @@ def test_the_playground_page_is_served_with_a_content_security_policy(server):
     js = httpx.get(server + "/playground/playground.js")
     assert js.status_code == 200 and "step_tokens: true" in js.text
     assert httpx.get(server + "/playground/nope.js").status_code == 404
+
+
+def test_valid_only_answers_what_it_found_when_the_deadline_passes_in_a_later_round(server):
+    """The review's fuzz case ran valid_only's rounds into the deadline and answered 504, discarding the
+    molecules already found: now 200 with them, and `stopped_early` says why there are fewer."""
+    body = dict(model="qm9", decomposition="tt", num_samples=64, steps=64, seed=9)
+    one_round = 0.0
+    for _ in range(2):
+        t0 = time.perf_counter()
+        assert httpx.post(server + "/generate", json=body, timeout=120).status_code == 200
+        one_round = max(one_round, time.perf_counter() - t0)
+    info = next(m for m in httpx.get(server + "/models").json()["models"] if m["checkpoint"] == "qm9-tt-r2")
+    admitted_at = 64 * min(64, info["length"]) * info["estimated_seconds"]["predetermined_step"]  # admission's rule
+    timeout = max(1.8 * one_round, 1.05 * admitted_at)  # the first round is admitted; all four rarely fit
+    r = httpx.post(server + "/generate", json=dict(body, valid_only=True, timeout_s=timeout), timeout=120)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert answer["rounds"] >= 1 and answer["drawn"] == 64 * answer["rounds"]
+    assert all(s["valid"] for s in answer["samples"])
+    if answer["stopped_early"]:
+        assert answer["stopped_early"] == "deadline" and len(answer["samples"]) < 64 and answer["rounds"] < 4
+    else:  # every round it needed fit the deadline
+        assert len(answer["samples"]) == 64 or answer["rounds"] == 4
