@@ -25,7 +25,6 @@ from .security import SecurityConfig, SecurityMiddleware
 from .serving import ScoreInputError, Serving, Unsupported
 from .serving import depict as depict_smiles
 
-DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks that its client is still there
 MAX_DEPICT_CHARS = 256
 MIN_DEPICT_PX, MAX_DEPICT_PX = 64, 1024
 PLAYGROUND = Path(__file__).resolve().parent / "playground"  # the page at / (static files, no build step)
@@ -73,13 +72,6 @@ GENERATE_RESPONSES = {
 }
 
 
-async def _cancel_on_disconnect(request: Request, serving: Serving, job) -> None:
-    """A non-streaming client that goes away cancels its work at the next step."""
-    while not await request.is_disconnected():
-        await asyncio.sleep(DISCONNECT_POLL_S)
-    serving.abort(job)
-
-
 class RequestMetrics:
     """ASGI middleware: requests by route and status, and latency (streams: see the /generate route).
     Pure ASGI, not BaseHTTPMiddleware, which hides client disconnects from the routes."""
@@ -101,10 +93,13 @@ class RequestMetrics:
 
         try:
             await self.app(scope, receive, send_and_note)
+        except Exception:
+            seen.setdefault("status", 500)  # the server failed (Starlette answers 500), not the client
+            raise
         finally:
             route = scope.get("route")
             path = route.path if route is not None else "unmatched"
-            self.metrics.requests.labels(path, str(seen.get("status", 499))).inc()
+            self.metrics.requests.labels(path, str(seen.get("status", 499))).inc()  # 499: no answer was started
             if not seen.get("stream"):
                 self.metrics.latency.labels(path).observe(time.perf_counter() - start)
 
@@ -157,7 +152,7 @@ def create_app(serving: Serving, security: SecurityConfig | None = None) -> Fast
                         metrics.latency.labels("/generate").observe(time.perf_counter() - start)
             return StreamingResponse(stream(), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        watcher = asyncio.create_task(_cancel_on_disconnect(request, serving, job))
+        watcher = asyncio.create_task(serving.cancel_when(request.is_disconnected, job))
         try:
             async for event, payload in serving.events(job, steps=False, request=req):
                 if event == "done":

@@ -13,11 +13,12 @@ chunk has its ``finish_reason``; with ``stream_options.include_usage`` a final c
 ``choices`` carries ``usage``; then ``data: [DONE]``.
 """
 
+import asyncio
 import json
 import re
 import time
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
@@ -105,9 +106,17 @@ def openai_router(serving: Serving) -> APIRouter:
         404: {"description": "Unknown model"}, 413: {"description": "Body too large"},
         422: {"description": "Invalid request (OpenAI error object)"},
         503: {"description": "Overloaded (Retry-After)"}, 504: {"description": "Deadline passed"}})
-    async def completions(req: CompletionRequest):
+    async def completions(req: CompletionRequest, request: Request):
         try:
-            job = serving.submit(_generate_request(req))
+            gen = _generate_request(req)
+            # everything that can refuse the request happens before it is admitted: a failure after
+            # admission would hold a slot (and run the job) with no reader
+            lm = registry.resolve(gen.model, gen.decomposition, gen.rank)
+            tok = lm.tokenizer
+            template = MASK in req.prompt
+            ids = registry.encode_prompt(lm, req.prompt).tolist() if req.prompt else []
+            start = 0 if template or not req.prompt else len(tok.tokenize(req.prompt, allow_mask=True))
+            job = serving.submit(gen)
         except ValidationError as e:
             err = e.errors()[0]
             return openai_error(400, f"{'.'.join(map(str, err['loc']))}: {err['msg']}", str(err["loc"][-1]))
@@ -120,10 +129,29 @@ def openai_router(serving: Serving) -> APIRouter:
         except Overloaded as e:
             return openai_error(503, str(e), code="overloaded", kind="server_error",
                                 headers={"Retry-After": str(e.retry_after_s)})
-        lm, tok = job.lm, job.lm.tokenizer
-        template = MASK in req.prompt
-        ids = registry.encode_prompt(lm, req.prompt).tolist() if req.prompt else []
-        start = 0 if template else len(tok.tokenize(req.prompt)) if req.prompt else 0
+        try:
+            return await _answer(req, request, job, tok, template, ids, start)
+        except BaseException:  # a bug here must not leave the admitted job running without a reader
+            serving.abort(job)
+            raise
+
+    async def _complete(job, tok, choices, prefix, cid, name, usage):
+        async for out in serving.outputs(job):
+            if isinstance(out, EngineError):
+                return openai_error(out.status, out.message, code=out.kind, kind="server_error")
+            if out.finished:
+                rows, t0 = out.tokens.tolist(), time.perf_counter()
+                made = []
+                for i, (c, row) in enumerate(zip(choices, rows)):
+                    ids_i, reason = c.completion(row, True)
+                    made.append(CompletionChoice(text=prefix + tok.decode(ids_i), index=i, finish_reason=reason))
+                job.decode_s += time.perf_counter() - t0
+                answer = serving.answer_telemetry(job, out)
+                return Completion(id=cid, model=name, choices=made, usage=usage(rows), ttcore=answer)
+
+    async def _answer(req: CompletionRequest, request: Request, job, tok, template: bool, ids: list[int],
+                      start: int):
+        lm = job.lm
         prompt_tokens = sum(t not in (tok.mask_id, tok.pad_id) for t in ids[:tok.length])
         choices = [_Choice(tok, start, req.max_tokens) for _ in range(req.n)]
         prefix = req.prompt if req.echo and not template else ""
@@ -134,18 +162,11 @@ def openai_router(serving: Serving) -> APIRouter:
             return Usage(prompt_tokens=prompt_tokens, completion_tokens=done, total_tokens=prompt_tokens + done)
 
         if not req.stream:
-            async for out in serving.outputs(job):
-                if isinstance(out, EngineError):
-                    return openai_error(out.status, out.message, code=out.kind, kind="server_error")
-                if out.finished:
-                    rows, t0 = out.tokens.tolist(), time.perf_counter()
-                    made = []
-                    for i, (c, row) in enumerate(zip(choices, rows)):
-                        ids_i, reason = c.completion(row, True)
-                        made.append(CompletionChoice(text=prefix + tok.decode(ids_i), index=i, finish_reason=reason))
-                    job.decode_s += time.perf_counter() - t0
-                    answer = serving.answer_telemetry(job, out)
-                    return Completion(id=cid, model=name, choices=made, usage=usage(rows), ttcore=answer)
+            watcher = asyncio.create_task(serving.cancel_when(request.is_disconnected, job))
+            try:
+                return await _complete(job, tok, choices, prefix, cid, name, usage)
+            finally:
+                watcher.cancel()
 
         include_usage = bool((req.stream_options or {}).get("include_usage"))
 

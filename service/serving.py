@@ -52,6 +52,7 @@ def depict(smiles: str, width: int, height: int) -> str | None:
     return depiction_svg(smiles, width, height)
 
 
+DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks that its client is still there
 DEFAULT_MEMORY_BUDGET_MB = 2048
 DEFAULT_MAX_TIMEOUT_S = 600.0
 
@@ -152,6 +153,13 @@ class Serving:
             "tokens_per_step": [n for r in rounds for n in r.tokens_per_step],
             "drawn": sum(r.drawn for r in rounds), "rounds": len(rounds),
             "stopped_early": stopped_early}).model_dump()
+
+    async def cancel_when(self, gone, job: Job, poll_s: float = DISCONNECT_POLL_S) -> None:
+        """Cancel ``job`` (and its further rounds) as soon as ``await gone()`` says its client went away;
+        run as a task beside a non-streaming answer, cancelled when the answer is sent."""
+        while not await gone():
+            await asyncio.sleep(poll_s)
+        self.abort(job)
 
     def abort(self, job: Job) -> None:
         """Cancel a request: its job, and the job of any further round it has started."""
