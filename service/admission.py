@@ -150,3 +150,21 @@ def plan(model, speed: Speed, *, num_samples: int, steps: int, adaptive: bool, e
                                     + ("; use a predetermined ordering (random, left_to_right, halton)"
                                        if adaptive else ""))
     return Plan(rows if rows < num_samples else None, seconds, step_seconds)
+
+
+def check_passes(sequences: int, draws: int, per_pass: float, timeout_s: float, step_limit_s: float,
+                 mode: str) -> float:
+    """Scoring's admission: ``sequences`` x ``draws`` model passes at ``per_pass`` seconds each must fit
+    the deadline; one pass of every sequence (the largest piece) the step limit. -> estimated seconds, or
+    TooLarge naming the largest ``num_mc`` or number of ``sequences`` that fits."""
+    seconds = sequences * draws * per_pass
+    if seconds <= timeout_s and sequences * per_pass <= step_limit_s:
+        return seconds
+    fit_draws = int(timeout_s / (sequences * per_pass)) if sequences * per_pass <= step_limit_s else 0
+    if mode == "elbo" and fit_draws >= 1:
+        raise TooLarge("num_mc", f"{sequences} sequences x {draws} draws need about {seconds:.3g} s of compute here, "
+                                 f"more than timeout_s {timeout_s:g}; num_mc can be at most {fit_draws}")
+    fit = int(min(timeout_s / (draws * per_pass), step_limit_s / per_pass))
+    raise TooLarge("sequences", f"{sequences} sequences x {draws} passes need about {seconds:.3g} s of compute "
+                                f"here, more than timeout_s {timeout_s:g}; at most {max(fit, 0)} sequences fit"
+                                + ("" if fit >= 1 else ": use a longer timeout_s"))

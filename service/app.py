@@ -22,7 +22,7 @@ from .openai_api import openai_error, openai_router
 from .registry import ModelNotFound, PromptError
 from .schema import GenerateRequest, GenerateResponse, ModelList, ScoreRequest, ScoreResponse
 from .security import SecurityConfig, SecurityMiddleware
-from .serving import ScoreInputError, Serving, Unsupported
+from .serving import ScoreCancelled, ScoreInputError, ScoreTimeout, Serving, Unsupported
 from .serving import depict as depict_smiles
 
 MAX_DEPICT_CHARS = 256
@@ -166,15 +166,24 @@ def create_app(serving: Serving, security: SecurityConfig | None = None) -> Fast
     @app.post("/score", response_model=ScoreResponse, responses={
         400: {"description": "The body is not JSON"}, 401: {"description": "Missing or unknown API key"},
         404: {"description": "No loaded checkpoint matches"}, 413: {"description": "Body too large"},
-        422: {"description": "Invalid input; a sequence that cannot be scored is named by its index"}})
-    async def score(req: ScoreRequest):
+        422: {"description": "Invalid input (a sequence that cannot be scored is named by its index), or more "
+                             "compute than the deadline allows (the largest `num_mc` or number of `sequences` "
+                             "that fits)"},
+        504: {"description": "The request's deadline (`timeout_s`, or the server's maximum) passed"}})
+    async def score(req: ScoreRequest, request: Request):
         try:
-            return await serving.score(req)
+            return await serving.score(req, gone=request.is_disconnected)
         except ModelNotFound as e:
             return JSONResponse(status_code=404, content={"detail": str(e), "available": e.available})
         except ScoreInputError as e:
             return JSONResponse(status_code=422, content={"detail": [{"loc": ["body", *e.loc], "msg": str(e),
                                                                       "type": "value_error"}]})
+        except TooLarge as e:
+            return _unprocessable(e.field, str(e))
+        except ScoreTimeout as e:
+            return JSONResponse(status_code=504, content={"detail": str(e)})
+        except ScoreCancelled as e:
+            return JSONResponse(status_code=499, content={"detail": str(e)})  # nobody reads it
 
     @app.get("/depict", response_class=Response, responses={
         200: {"description": "The molecule drawn by RDKit", "content": {"image/svg+xml": {}}},

@@ -192,14 +192,22 @@ class ScoreRequest(BaseModel):
                                  description=f"1..{MAX_SCORE_SEQUENCES} sequences (SMILES or text), each encoded "
                                              "to the model's length (padded).")
     template: str | None = Field(None, max_length=MAX_PROMPT_CHARS,
-                                 description="Which positions are masked (scored): `[MASK]` where masked, the "
-                                             "sequence's own tokens elsewhere; positions after it are masked. "
-                                             "Default: every position masked. Joint mode only.")
+                                 description="Which positions are masked (scored): `[MASK]` where masked; every "
+                                             "other position, including those after the template's end, keeps "
+                                             "the sequence's own token (the template's tokens must match it). "
+                                             "Default: every position masked. Joint mode only (a 422 in `elbo` "
+                                             "mode, which draws its own masks).")
     mode: Literal["joint", "elbo"] = Field("joint", description="`joint`: the exact log p(x_M | x_t) and the "
                                                                 "per-position log-marginals; `elbo`: the MDLM "
                                                                 "bound on -log p(x), nats per token.")
     num_mc: int = Field(16, ge=1, le=MAX_MC, description=f"`elbo`: Monte Carlo draws of (t, mask), 1..{MAX_MC}.")
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="`elbo`: RNG seed of the draws.")
+    timeout_s: float | None = Field(
+        None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False,
+        description="Deadline in seconds from arrival (at most the server's `--max-timeout-s`). Scoring runs in "
+                    "pieces between generation steps; past the deadline it stops with 504, and a client that "
+                    "leaves cancels it. A request whose estimated compute exceeds it is refused up front with a "
+                    "422 naming the largest `num_mc` (or number of `sequences`) that fits.", examples=[30])
 
     @field_validator("sequences", "template")
     @classmethod
@@ -221,8 +229,16 @@ class Score(BaseModel):
     token_log_probs: list[float | None] | None = Field(
         None, description="joint: log p(x^i | x_t) per position under the joint's exact marginal; null where "
                           "not masked.")
-    nll_per_token: float | None = Field(None, description="elbo: the bound on -log p(x) per token (nats).")
-    stderr: float | None = Field(None, description="elbo: standard error of nll_per_token over the draws.")
+    nll_per_token: float | None = Field(None, description="elbo: the MDLM bound's terms of the sequence's real "
+                                                          "tokens, per real token (nats; padding is masked and "
+                                                          "scored by the model but not counted). exp of it is the "
+                                                          "ELBO perplexity. A bound for sampling from the exact "
+                                                          "marginals; the TT head contraction samples another "
+                                                          "distribution.")
+    stderr: float | None = Field(None, description="elbo: the sample standard error of nll_per_token over the "
+                                                   "draws; the draws are heavy-tailed (1/t weights), so at a few "
+                                                   "draws it understates the spread: a rough figure.")
+    real_tokens: int | None = Field(None, description="Tokens of the sequence before padding.")
 
 
 class ScoreResponse(BaseModel):

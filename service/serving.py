@@ -167,39 +167,66 @@ class Serving:
             self.engine.abort(job.id)
             job = job.next_round
 
-    async def score(self, request: ScoreRequest) -> ScoreResponse:
-        """Exact joint scores or the ELBO of ``request.sequences``, in micro-batches within the memory budget,
-        on the model's worker (raises ModelNotFound, ScoreInputError)."""
+    async def score(self, request: ScoreRequest, gone=None) -> ScoreResponse:
+        """Exact joint scores or the ELBO of ``request.sequences`` (raises ModelNotFound, ScoreInputError,
+        admission.TooLarge, ScoreTimeout, ScoreCancelled). Admitted by its estimated compute against its
+        deadline, then run on the model's worker one piece at a time (a micro-batch, or one ELBO draw of
+        one), so generation steps interleave with it and no piece holds the worker long; between pieces
+        the deadline is checked and ``await gone()`` (the client left) cancels it."""
+        arrived = time.perf_counter()
         lm = self.registry.resolve(request.model, request.decomposition, request.rank)
         model, tok = lm.model, lm.tokenizer
         if model.latent_dim:
             raise ScoreInputError(["model"], f"{lm.name} is a VADD model: its likelihood integrates over the "
                                              "latent z, which has no exact form; scores need an MDLM checkpoint")
-        x0, mask = _encode_for_scoring(tok, request)
+        if request.mode == "elbo" and request.template is not None:
+            raise ScoreInputError(["template"], "template applies to joint mode only: elbo draws its own masks")
+        x0, mask, lengths = _encode_for_scoring(tok, request)
         rows = cost.rows_per_pass(model.cfg, True, self.memory_budget)
         if rows == 0:
             raise ScoreInputError(["model"], "one sequence of this model does not fit the server's memory budget")
+        timeout = min(request.timeout_s or self.max_timeout_s, self.max_timeout_s)
+        draws = request.num_mc if request.mode == "elbo" else 1
+        per_pass = lm.speed.exact_step if lm.info.decomposition == "tt" else lm.speed.predetermined_step
+        try:
+            admission.check_passes(len(x0), draws, per_pass, timeout, self.max_step_s, request.mode)
+        except admission.TooLarge as e:
+            self.metrics.too_large.labels(lm.family, e.field).inc()
+            raise
         generator = torch.Generator().manual_seed(request.seed if request.seed is not None else
                                                   int(torch.randint(0, 2**62, (1,))))
+        device = self.registry.device
+        counted = torch.arange(tok.length)[None] < torch.tensor(lengths)[:, None]  # real tokens, not padding
+        times = scoring.sample_times(draws, 1e-3, torch.device("cpu"), generator) if request.mode == "elbo" else None
 
-        def work() -> list[Score]:
-            out = []
+        def piece(s: int, t):
+            x, m = x0[s:s + rows].to(device), mask[s:s + rows].to(device)
             with model.compute_context():
-                for s in range(0, len(x0), rows):
-                    x, m = x0[s:s + rows].to(self.registry.device), mask[s:s + rows].to(self.registry.device)
-                    if request.mode == "joint":
-                        log_prob, token = scoring.score(model, x, m)
-                        out += [Score(tokens=tok.length, log_prob=lp, token_log_probs=[
-                            None if v != v else v for v in tl]) for lp, tl in zip(log_prob.tolist(), token.tolist())]
-                    else:
-                        mean, stderr = scoring.elbo(model, x, request.num_mc, generator)
-                        out += [Score(tokens=tok.length, nll_per_token=mu, stderr=None if se != se else se)
-                                for mu, se in zip(mean.tolist(), stderr.tolist())]
-            return out
+                if t is None:
+                    return scoring.score(model, x, m)
+                return scoring.elbo_draw(model, x, t.to(device), counted[s:s + rows].to(device), generator).cpu()
 
-        scores = await self.engine.run_on_worker(lm, work)
+        out = []
+        for s in range(0, len(x0), rows):
+            values = []
+            for t in ([None] if times is None else times):
+                if time.perf_counter() - arrived > timeout:
+                    raise ScoreTimeout(f"the request's deadline of {timeout:g} s passed")
+                if gone is not None and await gone():
+                    raise ScoreCancelled("the client went away")
+                values.append(await self.engine.run_on_worker(lm, functools.partial(piece, s, t)))
+            n = len(x0[s:s + rows])
+            if times is None:
+                log_prob, token = values[0]
+                out += [Score(tokens=tok.length, real_tokens=k, log_prob=lp,
+                              token_log_probs=[None if v != v else v for v in tl])
+                        for lp, tl, k in zip(log_prob.tolist(), token.tolist(), lengths[s:s + n])]
+            else:
+                mean, stderr = scoring.elbo_summary(torch.stack(values))
+                out += [Score(tokens=tok.length, real_tokens=k, nll_per_token=mu, stderr=None if se != se else se)
+                        for mu, se, k in zip(mean.tolist(), stderr.tolist(), lengths[s:s + n])]
         return ScoreResponse(model=lm.family, checkpoint=lm.name, decomposition=lm.info.decomposition,
-                             rank=lm.info.rank, mode=request.mode, scores=scores)
+                             rank=lm.info.rank, mode=request.mode, scores=out)
 
     def outputs(self, job: Job):
         """The engine's typed outputs of ``job`` (for front ends that format their own answers)."""
@@ -260,6 +287,14 @@ class Unsupported(ValueError):
         self.field = field
 
 
+class ScoreTimeout(TimeoutError):
+    """A /score request's deadline passed between its pieces."""
+
+
+class ScoreCancelled(Exception):
+    """A /score request's client went away."""
+
+
 class ScoreInputError(ValueError):
     """A sequence or the template cannot be scored; ``loc`` names it (e.g. ``["sequences", 3]``)."""
 
@@ -268,9 +303,11 @@ class ScoreInputError(ValueError):
         self.loc = loc
 
 
-def _encode_for_scoring(tok, request: ScoreRequest) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (tokens [b, l], mask [b, l]); raises ScoreInputError naming the sequence."""
-    rows = []
+def _encode_for_scoring(tok, request: ScoreRequest) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """-> (tokens [b, l], mask [b, l], real tokens per sequence); raises ScoreInputError naming the
+    sequence. With a template, its [MASK] positions are masked and every other position (after its end
+    too) keeps the sequence's token."""
+    rows, lengths = [], []
     for i, text in enumerate(request.sequences):
         try:
             ids = tok.tokenize(text)
@@ -279,6 +316,7 @@ def _encode_for_scoring(tok, request: ScoreRequest) -> tuple[torch.Tensor, torch
         if len(ids) > tok.length:
             raise ScoreInputError(["sequences", i], f"{len(ids)} tokens, more than the model length {tok.length}")
         rows.append(ids + [tok.pad_id] * (tok.length - len(ids)))
+        lengths.append(len(ids))
     x0 = torch.tensor(rows, dtype=torch.long)
     mask = torch.ones_like(x0, dtype=torch.bool)
     if request.template:
@@ -288,14 +326,15 @@ def _encode_for_scoring(tok, request: ScoreRequest) -> tuple[torch.Tensor, torch
             raise ScoreInputError(["template"], str(e)) from None
         if len(ids) > tok.length:
             raise ScoreInputError(["template"], f"{len(ids)} tokens, more than the model length {tok.length}")
-        known = torch.tensor([t != tok.mask_id for t in ids] + [False] * (tok.length - len(ids)))
+        given = torch.tensor([t != tok.mask_id for t in ids] + [False] * (tok.length - len(ids)))
         fixed = torch.tensor(ids + [tok.mask_id] * (tok.length - len(ids)))
         for i in range(len(rows)):
-            bad = (known & (x0[i] != fixed)).nonzero()
+            bad = (given & (x0[i] != fixed)).nonzero()
             if len(bad):
                 raise ScoreInputError(["sequences", i], f"does not match the template at position {int(bad[0])}")
-        mask = ~known.expand_as(x0).clone()
-    return x0, mask
+        masked = torch.tensor([t == tok.mask_id for t in ids] + [False] * (tok.length - len(ids)))
+        mask = masked.expand_as(x0).clone()
+    return x0, mask, lengths
 
 
 def build_serving(checkpoints: str | Path, *, device: str = "cpu", precision: str = "auto",

@@ -43,7 +43,10 @@ def test_score_is_the_enumerated_joint_and_its_marginals(decomposition):
                 assert math.isnan(token[b, i].item())
 
 
-def test_elbo_estimate_matches_its_exact_value_within_its_standard_error():
+@pytest.mark.parametrize("counted", [None, [True, True, False, False]])
+def test_elbo_estimate_matches_its_exact_value_within_its_standard_error(counted):
+    """``counted``: the real tokens of a padded sequence (the last two are padding: masked and scored by
+    the model like any position, but their terms not counted, and the division by the real tokens)."""
     model = tiny_model("tt", V, L, R, perturb=0.5, noise=0.5).double()
     x0 = torch.tensor([[0, 2, 1, 1]])
     masks = torch.tensor(list(itertools.product([False, True], repeat=L)))[1:]  # every nonempty mask
@@ -52,7 +55,8 @@ def test_elbo_estimate_matches_its_exact_value_within_its_standard_error():
         out = model(x_t, masks)
         per_position = torch.zeros(len(masks), L, dtype=torch.float64)
         per_position[masks] = -out.marginal_log_probs(x0.expand(len(masks), -1)).double()
-    loss = per_position.sum(1).numpy()  # sum over the masked set of -log p(x^i | x_t)
+    keep = torch.ones(L, dtype=torch.bool) if counted is None else torch.tensor(counted)
+    loss = per_position[:, keep].sum(1).numpy()  # sum over the masked (counted) set of -log p(x^i | x_t)
     k = masks.sum(1).numpy()
     nodes, weights = np.polynomial.legendre.leggauss(200)
     eps = 1e-3
@@ -60,7 +64,8 @@ def test_elbo_estimate_matches_its_exact_value_within_its_standard_error():
     w = weights / 2 * (1 - eps)
     # E_M[loss] at time t (an empty mask scores 0), times 1/t, integrated over [eps, 1], per token
     expect = sum(loss[j] * t ** k[j] * (1 - t) ** (L - k[j]) for j in range(len(masks)))
-    exact = float((w * expect / t).sum()) / L
-    mean, stderr = elbo(model, x0, num_mc=4000, generator=torch.Generator().manual_seed(0), eps=eps)
+    exact = float((w * expect / t).sum()) / int(keep.sum())
+    mean, stderr = elbo(model, x0, num_mc=4000, generator=torch.Generator().manual_seed(0), eps=eps,
+                        counted=None if counted is None else keep[None])
     assert abs(mean.item() - exact) < 4 * stderr.item(), (mean.item(), exact, stderr.item())
     assert stderr.item() < 0.05 * exact

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ttcore.models import load_for_inference
-from ttcore.scoring import score
+from ttcore.scoring import elbo, score
 
 pytestmark = pytest.mark.slow  # a server
 
@@ -28,8 +28,13 @@ def test_joint_scores_match_the_library_and_templates_choose_the_positions(serve
         assert s["log_prob"] <= max(s["token_log_probs"])  # a joint is no likelier than any of its marginals
     t = httpx.post(server + "/score", json={"model": "qm9", "sequences": ["CC(=O)O"], "template": "CC[MASK]"},
                    timeout=60).json()["scores"][0]
-    assert t["token_log_probs"][:2] == [None, None] and all(v is not None for v in t["token_log_probs"][2:])
+    # the template's [MASK] alone is scored; every other position, after its end too, keeps the sequence's
+    assert [i for i, v in enumerate(t["token_log_probs"]) if v is not None] == [2]
+    assert t["log_prob"] == pytest.approx(t["token_log_probs"][2])  # one position: its marginal
     assert math.exp(t["log_prob"]) > math.exp(answer["scores"][0]["log_prob"])  # fewer positions to predict
+    one = httpx.post(server + "/score", json={"model": "qm9", "sequences": ["CC(CO)O"], "template": "CC([MASK]O)O"},
+                     timeout=60).json()["scores"][0]  # the review's example scored 16 positions, not 1
+    assert sum(v is not None for v in one["token_log_probs"]) == 1 and one["real_tokens"] == 7
 
 
 def test_elbo_mode_and_bad_sequences(server):
@@ -43,3 +48,23 @@ def test_elbo_mode_and_bad_sequences(server):
     assert long.status_code == 422 and long.json()["detail"][0]["loc"] == ["body", "sequences", 0]
     mismatch = httpx.post(server + "/score", json={"model": "qm9", "sequences": ["CCO"], "template": "N[MASK]"})
     assert mismatch.status_code == 422 and "template" in mismatch.json()["detail"][0]["msg"]
+    ignored = httpx.post(server + "/score", json=dict(body, template="CC[MASK]"))  # was silently ignored
+    assert ignored.status_code == 422 and ignored.json()["detail"][0]["loc"] == ["body", "template"]
+
+
+def test_elbo_counts_real_tokens_not_padding(server, checkpoints):
+    """The review: the README's text example averaged over 125 padding positions (97% of its 7.05 nats)."""
+    body = {"model": "qm9", "decomposition": "none", "sequences": ["CC(=O)O"], "mode": "elbo", "num_mc": 64,
+            "seed": 0}
+    got = httpx.post(server + "/score", json=body, timeout=60).json()["scores"][0]
+    model, tok, _ = load_for_inference(checkpoints / "qm9-base", "cpu", "fp32")
+    x0 = torch.tensor([tok.encode("CC(=O)O")])
+    real = torch.arange(tok.length)[None] < 7
+    with model.compute_context():
+        counted, _ = elbo(model, x0, 64, torch.Generator().manual_seed(1), counted=real)
+        everything, _ = elbo(model, x0, 64, torch.Generator().manual_seed(1))
+    assert got["real_tokens"] == 7 and got["tokens"] == tok.length
+    # the service's figure is the real tokens' share: near the library's counted estimate (other draws),
+    # and not the all-positions average, which padding dilutes
+    assert abs(got["nll_per_token"] - counted.item()) < 0.35 * counted.item()
+    assert abs(got["nll_per_token"] - everything.item()) > abs(got["nll_per_token"] - counted.item())
