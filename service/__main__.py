@@ -15,7 +15,8 @@ from ttcore.models import PRECISIONS
 from . import default_checkpoints
 from .app import create_app
 from .engine import READER_TIMEOUT_S
-from .security import DEFAULT_MAX_BODY_BYTES, SecurityConfig, load_api_keys
+from .http_guard import DEFAULT_READ_TIMEOUT_S, access_log_config, guarded_h11
+from .security import DEFAULT_MAX_BODY_BYTES, LOOPBACK_HOSTS, ApiKeyError, SecurityConfig, load_api_keys
 from .serving import DEFAULT_MAX_TIMEOUT_S, DEFAULT_MEMORY_BUDGET_MB, build_serving
 
 log = logging.getLogger("ttcore.service")
@@ -60,13 +61,26 @@ def main():
     ap.add_argument("--max-step-s", type=float, default=None,
                     help="admission refuses a request whose longest step is estimated above this (default: half of "
                          "--stall-s, so a healthy worker never trips /health)")
+    ap.add_argument("--read-timeout-s", type=float, default=DEFAULT_READ_TIMEOUT_S,
+                    help="a request's headers and body must arrive within this (slow clients are disconnected)")
+    ap.add_argument("--allowed-hosts", nargs="*", default=None,
+                    help="Host names the server answers (* for any); default: with no API key on a loopback "
+                         "address, loopback names only (DNS-rebinding protection); otherwise any")
     ap.add_argument("--reader-timeout-s", type=float, default=READER_TIMEOUT_S,
                     help="a request whose client stops reading (its unread backlog full) is cancelled after this")
     args = ap.parse_args()
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    keys = load_api_keys(args.api_key_file, os.environ.get("TTCORE_API_KEY"))
+    try:
+        keys = load_api_keys(args.api_key_file, os.environ.get("TTCORE_API_KEY"))
+    except (ApiKeyError, OSError) as e:
+        raise SystemExit(f"ttcore: {e}") from None  # one line naming the rule, not a traceback
+    if args.allowed_hosts is not None:
+        hosts = tuple(h.lower() for h in args.allowed_hosts)
+    else:
+        hosts = LOOPBACK_HOSTS if not keys and _loopback(args.host) else None
     security = SecurityConfig(keys, args.max_body_bytes, args.public_metrics, args.public_docs,
-                              tuple(args.cors_origins), args.key_max_concurrency, args.key_rate_per_minute)
+                              tuple(args.cors_origins), args.key_max_concurrency, args.key_rate_per_minute,
+                              allowed_hosts=hosts)
     if keys:
         log.info("API keys: %d configured", len(keys))
     elif not _loopback(args.host):
@@ -77,7 +91,8 @@ def main():
                             max_requests=args.max_requests, memory_budget_mb=args.memory_budget_mb,
                             max_timeout_s=args.max_timeout_s, stall_s=args.stall_s, max_step_s=args.max_step_s,
                             reader_timeout_s=args.reader_timeout_s)
-    uvicorn.run(create_app(serving, security), host=args.host, port=args.port, log_level=args.log_level)
+    uvicorn.run(create_app(serving, security), host=args.host, port=args.port, log_level=args.log_level,
+                http=guarded_h11(args.read_timeout_s), log_config=access_log_config())
 
 
 if __name__ == "__main__":

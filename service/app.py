@@ -8,6 +8,7 @@
 
 import asyncio
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -21,33 +22,38 @@ from .engine import EngineError, Overloaded
 from .openai_api import openai_error, openai_router
 from .registry import ModelNotFound, PromptError
 from .schema import GenerateRequest, GenerateResponse, ModelList, ScoreRequest, ScoreResponse
-from .security import SecurityConfig, SecurityMiddleware
+from .security import SecurityConfig, SecurityHeaders, SecurityMiddleware, error_body
 from .serving import ScoreCancelled, ScoreInputError, ScoreTimeout, Serving, Unsupported
 from .serving import depict as depict_smiles
 
 MAX_DEPICT_CHARS = 256
 MIN_DEPICT_PX, MAX_DEPICT_PX = 64, 1024
 PLAYGROUND = Path(__file__).resolve().parent / "playground"  # the page at / (static files, no build step)
-# the page loads only its own files; pictures are fetched (with the API key) and shown from blob: URLs
-PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' blob: data:; style-src 'self'; "
-                                           "script-src 'self'; connect-src 'self'; frame-ancestors 'none'",
-                "X-Content-Type-Options": "nosniff"}
+log = logging.getLogger("ttcore.app")
+MAX_ECHO_CHARS = 200  # an error names the field and the rule; a client's own (possibly huge) input is cut
 
 
 def _sse(event: str, payload: dict) -> bytes:
     return f"event: {event}\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
 
 
+def clip(text: str, limit: int = MAX_ECHO_CHARS) -> str:
+    """``text`` cut to ``limit`` characters (an error message may quote a client's token or field name)."""
+    text = str(text)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text) - limit} more characters)"
+
+
 def _unprocessable(field: str, message: str) -> JSONResponse:
     """Same shape as FastAPI's own validation errors: the field (loc) and the rule (msg)."""
-    return JSONResponse(status_code=422, content={"detail": [{"loc": ["body", field], "msg": message,
+    return JSONResponse(status_code=422, content={"detail": [{"loc": ["body", clip(field, 64)], "msg": clip(message),
                                                               "type": "value_error"}]})
 
 
 def public_errors(errors) -> list[dict]:
     """Validation errors as the field (loc), the rule (msg) and its type: never the input itself, which
-    may be huge, or not encodable (infinities, lone surrogates), and is the client's own anyway."""
-    return [{"loc": [str(part) for part in e.get("loc", ())], "msg": str(e.get("msg", "invalid")),
+    may be huge, or not encodable (infinities, lone surrogates), and is the client's own anyway; a field
+    name the client made up (an unknown field) is cut to 64 characters."""
+    return [{"loc": [clip(part, 64) for part in e.get("loc", ())], "msg": clip(e.get("msg", "invalid")),
              "type": str(e.get("type", "value_error"))} for e in errors]
 
 
@@ -112,6 +118,7 @@ def create_app(serving: Serving, security: SecurityConfig | None = None) -> Fast
                               "keys configured, every route but /health and /ready needs `Authorization: Bearer "
                               "<key>` (/metrics and the docs unless the server makes them public).")
     app.add_middleware(SecurityMiddleware, config=security, metrics=serving.metrics)
+    app.add_middleware(SecurityHeaders)
     if security.cors_origins:  # added last: outermost, so preflight requests are answered before the key check
         from fastapi.middleware.cors import CORSMiddleware
         app.add_middleware(CORSMiddleware, allow_origins=list(security.cors_origins), allow_methods=["GET", "POST"],
@@ -122,11 +129,21 @@ def create_app(serving: Serving, security: SecurityConfig | None = None) -> Fast
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
         errors = public_errors(exc.errors())
+        not_json = any(e["type"] == "json_invalid" for e in errors)
         if request.url.path.startswith("/v1/"):  # OpenAI clients expect their error object
             first = errors[0]
             field = ".".join(p for p in first["loc"] if p != "body")
             return openai_error(400, f"{field}: {first['msg']}" if field else first["msg"], field or None)
+        if not_json:  # as the OpenAPI document says: 400 for a body that is not JSON
+            return JSONResponse(status_code=400, content={"detail": "the body is not valid JSON: " + errors[0]["msg"]})
         return JSONResponse(status_code=422, content={"detail": errors})
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, exc: Exception):
+        """A bug: 500 without the exception's text (it may hold paths), in the route's error shape."""
+        log.exception("unhandled error on %s", request.url.path)
+        return Response(error_body(request.url.path, 500, "internal server error"), status_code=500,
+                        media_type="application/json")
 
     app.include_router(openai_router(serving))
 
@@ -207,7 +224,7 @@ def create_app(serving: Serving, security: SecurityConfig | None = None) -> Fast
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def playground():
-        return HTMLResponse((PLAYGROUND / "index.html").read_text(), headers=PAGE_HEADERS)
+        return HTMLResponse((PLAYGROUND / "index.html").read_text())  # headers: SecurityHeaders
 
     app.mount("/playground", StaticFiles(directory=PLAYGROUND), name="playground")
 

@@ -39,7 +39,9 @@ def model_id(lm: LoadedModel) -> str:
 
 def openai_error(status: int, message: str, param: str | None = None, code: str | None = None,
                  kind: str = "invalid_request_error", headers: dict | None = None) -> JSONResponse:
-    """OpenAI's error object."""
+    """OpenAI's error object (a message quoting the client's input is cut to 200 characters, a param to 64)."""
+    message = message if len(message) <= 200 else message[:200] + f"... ({len(message) - 200} more characters)"
+    param = param if param is None or len(param) <= 64 else param[:64] + "..."
     return JSONResponse(status_code=status, headers=headers,
                         content={"error": {"message": message, "type": kind, "param": param, "code": code}})
 

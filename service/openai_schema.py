@@ -21,7 +21,7 @@ from .schema import (
 
 
 class CompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [
         {"model": "qm9-tt-r8", "prompt": "C1CC", "n": 4, "steps": 8, "seed": 0},
         {"model": "text", "prompt": "The Congress", "max_tokens": 32, "stream": True, "steps": 16},
     ]})

@@ -26,7 +26,7 @@ ROUND_SEED_STRIDE = 1_000_003  # valid_only with a seed: round k draws with seed
 
 
 class GenerateRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [
         {"model": "qm9", "decomposition": "tt", "num_samples": 4, "steps": 8, "ordering": "random", "seed": 0},
         {"model": "qm9", "num_samples": 2, "steps": 32, "sampler": "eb", "eb_gamma": 0.5, "stream": True},
         {"model": "qm9", "num_samples": 2, "steps": 8, "prompt": "c1ccccc1[MASK][MASK]", "ordering": "top_prob"},
@@ -179,7 +179,7 @@ MAX_MC = 64
 
 
 class ScoreRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [
         {"model": "qm9", "decomposition": "tt", "sequences": ["CC(=O)O", "c1ccccc1"]},
         {"model": "qm9", "sequences": ["CC(=O)O"], "template": "CC[MASK][MASK][MASK][MASK][MASK]"},
         {"model": "text", "sequences": ["The Congress shall"], "mode": "elbo", "num_mc": 16, "seed": 0},

@@ -13,6 +13,13 @@ body, so an oversized body is refused without being read):
   Keys never leave this module: callers see a key id (``key1``, ``key2``, ... in configuration order).
 - Body limit: a request whose Content-Length exceeds ``max_body_bytes`` gets 413 at once; a body sent
   without a length (chunked) is counted as it arrives and refused with 413 when it passes the limit.
+- Host names: a server with no key that listens on loopback answers only requests whose ``Host`` is a
+  loopback name (``localhost``, ``127.0.0.1``, ``[::1]``), so a web page cannot drive it through DNS
+  rebinding (as Jupyter does); ``allowed_hosts`` widens or sets the list (``*``: any).
+- One ``Authorization`` header: a request with two is refused (400), never resolved by picking one.
+- Every answer carries ``X-Content-Type-Options: nosniff``; the playground's files (``/`` and
+  ``/playground/*``) carry its Content-Security-Policy too (``SecurityHeaders``).
+- Errors on ``/v1/*`` are OpenAI error objects (``{"error": {...}}``), elsewhere ``{"detail": ...}``.
 - Per-key limits (with keys configured), on the routes that compute (``COMPUTE_ROUTES``): at most
   ``key_max_concurrency`` requests in flight per key (a stream counts until it ends) and
   ``key_rate_per_minute`` requests per minute (a token bucket: that many at once, refilled evenly);
@@ -32,6 +39,14 @@ ALWAYS_OPEN = ("/health", "/ready")
 DOCS = ("/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect")
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: the largest valid request (an 8192-character prompt) is far below
 COMPUTE_ROUTES = {("POST", "/generate"), ("POST", "/v1/completions"), ("POST", "/score")}
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+# the playground loads only its own files; pictures are fetched (with the API key) and shown from blob: URLs
+PAGE_CSP = ("default-src 'self'; img-src 'self' blob: data:; style-src 'self'; script-src 'self'; "
+            "connect-src 'self'; frame-ancestors 'none'")
+
+
+class ApiKeyError(ValueError):
+    """A configured API key breaks a rule (the message names which key, never its value)."""
 
 
 def load_api_keys(path: str | os.PathLike | None = None, env: str | None = None) -> tuple[str, ...]:
@@ -46,7 +61,7 @@ def load_api_keys(path: str | os.PathLike | None = None, env: str | None = None)
     keys += [k.strip() for k in (env or "").split(",") if k.strip()]
     short = [i + 1 for i, k in enumerate(keys) if len(k) < 16]
     if short:
-        raise ValueError(f"API keys must be at least 16 characters; key(s) number {short} are shorter")
+        raise ApiKeyError(f"API keys must be at least 16 characters; key(s) number {short} are shorter")
     return tuple(dict.fromkeys(keys))
 
 
@@ -59,6 +74,16 @@ class SecurityConfig:
     cors_origins: tuple[str, ...] = field(default=())
     key_max_concurrency: int = 16  # per key; 0: unlimited
     key_rate_per_minute: int = 600  # per key; 0: unlimited
+    allowed_hosts: tuple[str, ...] | None = None  # Host names answered (without port); None or ("*",): any
+
+    def host_allowed(self, host: bytes | None) -> bool:
+        if self.allowed_hosts is None or "*" in self.allowed_hosts:
+            return True
+        if host is None:
+            return False
+        name = host.decode("latin-1").strip().lower()
+        name = name[1:name.index("]")] if name.startswith("[") and "]" in name else name.rsplit(":", 1)[0]
+        return name in self.allowed_hosts
 
     def key_id(self, presented: str) -> str | None:
         """The id of the configured key equal to ``presented`` (constant time per key), else None."""
@@ -78,8 +103,16 @@ class SecurityConfig:
         return True
 
 
-async def _send_json(send, status: int, detail: str, headers: list[tuple[bytes, bytes]] = ()) -> None:
-    body = json.dumps({"detail": detail}).encode()
+def error_body(path: str, status: int, detail: str) -> bytes:
+    """The JSON error of a route: OpenAI's error object under ``/v1/``, ``{"detail": ...}`` elsewhere."""
+    if path.startswith("/v1/"):
+        kind = "server_error" if status >= 500 else "invalid_request_error"
+        return json.dumps({"error": {"message": detail, "type": kind, "param": None, "code": None}}).encode()
+    return json.dumps({"detail": detail}).encode()
+
+
+async def _send_json(send, status: int, detail: str, headers: list[tuple[bytes, bytes]] = (), path: str = "") -> None:
+    body = error_body(path, status, detail)
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             *headers]})
@@ -125,23 +158,31 @@ class SecurityMiddleware:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         cfg = self.config
+        path = scope["path"]
         headers = dict(scope["headers"])
-        if cfg.needs_key(scope["path"]):
+        if not cfg.host_allowed(headers.get(b"host")):
+            return await _send_json(send, 400, "this server answers only the Host names it is configured for (a "
+                                               "keyless server on loopback: localhost; see --allowed-hosts)",
+                                    path=path)
+        if sum(k == b"authorization" for k, _ in scope["headers"]) > 1:
+            return await _send_json(send, 400, "send at most one Authorization header", path=path)
+        if cfg.needs_key(path):
             auth = headers.get(b"authorization", b"").decode("latin-1")
             scheme, _, token = auth.partition(" ")
             key_id = cfg.key_id(token.strip()) if scheme.lower() == "bearer" and token.strip() else None
             if key_id is None:
                 return await _send_json(send, 401, "a valid API key is required: Authorization: Bearer <key>",
-                                        [(b"www-authenticate", b'Bearer realm="ttcore"')])
+                                        [(b"www-authenticate", b'Bearer realm="ttcore"')], path)
             scope.setdefault("state", {})["key_id"] = key_id
         length = headers.get(b"content-length")
         if length is not None:
             try:
                 too_large = int(length) > cfg.max_body_bytes
             except ValueError:
-                return await _send_json(send, 400, "Content-Length must be an integer")
+                return await _send_json(send, 400, "Content-Length must be an integer", path=path)
             if too_large:
-                return await _send_json(send, 413, f"request body over the limit of {cfg.max_body_bytes} bytes")
+                return await _send_json(send, 413, f"request body over the limit of {cfg.max_body_bytes} bytes",
+                                        path=path)
         elif scope["method"] in ("POST", "PUT", "PATCH"):  # no length (chunked): read it here, counting
             chunks, received, more = [], 0, True
             while more:
@@ -152,7 +193,8 @@ class SecurityMiddleware:
                 received += len(chunks[-1])
                 more = message.get("more_body", False)
                 if received > cfg.max_body_bytes:
-                    return await _send_json(send, 413, f"request body over the limit of {cfg.max_body_bytes} bytes")
+                    return await _send_json(send, 413, f"request body over the limit of {cfg.max_body_bytes} bytes",
+                                            path=path)
             receive = _replay(b"".join(chunks), receive)
         key_id = scope.get("state", {}).get("key_id")
         if key_id is None or (scope["method"], scope["path"]) not in COMPUTE_ROUTES:
@@ -167,7 +209,7 @@ class SecurityMiddleware:
             limit = (f"{cfg.key_max_concurrency} requests in flight" if reason == "concurrency"
                      else f"{cfg.key_rate_per_minute} requests per minute")
             return await _send_json(send, 429, f"{key_id} is over its limit of {limit}",
-                                    [(b"retry-after", str(retry).encode())])
+                                    [(b"retry-after", str(retry).encode())], path)
         try:
             await self.app(scope, receive, send)
         finally:
@@ -182,3 +224,27 @@ def _replay(body: bytes, receive):
         return pending.pop() if pending else await receive()
 
     return replay
+
+
+class SecurityHeaders:
+    """ASGI middleware: ``X-Content-Type-Options: nosniff`` on every answer, and the playground's
+    Content-Security-Policy on its page and files (``/``, ``/playground/*``), however they are reached."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        page = scope["path"] == "/" or scope["path"].startswith("/playground/")
+
+        async def send_with_headers(message):
+            if message["type"] == "http.response.start":
+                names = {k.lower() for k, _ in message.get("headers", [])}
+                extra = [(b"x-content-type-options", b"nosniff")] if b"x-content-type-options" not in names else []
+                if page and b"content-security-policy" not in names:
+                    extra.append((b"content-security-policy", PAGE_CSP.encode()))
+                message = dict(message, headers=[*message.get("headers", []), *extra])
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)

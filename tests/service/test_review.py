@@ -87,3 +87,93 @@ def test_score_is_admitted_interleaved_with_generation_cancelled_and_keeps_healt
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_errors_do_not_echo_a_clients_huge_input(server):
+    huge = "x" * ((1 << 20) // 2)
+    r = httpx.post(server + "/generate", json={"model": "qm9", huge: 1}, timeout=60)
+    assert r.status_code == 422 and len(r.content) < 2000, len(r.content)
+    v1 = httpx.post(server + "/v1/completions", json={"model": "qm9-tt-r2", "prompt": "C", huge: 1}, timeout=60)
+    assert v1.status_code == 400 and "error" in v1.json() and len(v1.content) < 2000, len(v1.content)
+    prompt = httpx.post(server + "/generate", json={"model": "qm9", "prompt": "Q" * 8192}, timeout=60)
+    assert prompt.status_code == 422 and len(prompt.content) < 2000, prompt.text[:300]
+
+
+def test_strict_types_refuse_coerced_numbers_and_booleans(server):
+    for body, field in (({"seed": False}, "seed"), ({"rank": True}, "rank"), ({"num_samples": "4"}, "num_samples"),
+                        ({"num_samples": 4.0}, "num_samples"), ({"unique": 1}, "unique")):
+        r = httpx.post(server + "/generate", json=dict(body, model="qm9"), timeout=60)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", field], (body, r.text)
+    score = httpx.post(server + "/score", json={"model": "qm9", "sequences": ["C"], "num_mc": "3", "mode": "elbo"})
+    assert score.status_code == 422 and score.json()["detail"][0]["loc"] == ["body", "num_mc"]
+    ok = httpx.post(server + "/generate", json={"model": "qm9", "num_samples": 1, "steps": 2, "temperature": 1},
+                    timeout=60)  # an integer where a number is asked is a number
+    assert ok.status_code == 200, ok.text
+
+
+def test_malformed_json_is_a_400_and_v1_errors_are_openai_objects(server):
+    r = httpx.post(server + "/generate", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "JSON" in r.json()["detail"]
+    v1 = httpx.post(server + "/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert v1.status_code == 400 and set(v1.json()["error"]) >= {"message", "type", "param", "code"}
+    too_big = httpx.post(server + "/v1/completions", content=b"x" * (2 << 20), headers={"content-type": "text/plain"})
+    assert too_big.status_code == 413 and "error" in too_big.json()
+
+
+def test_security_headers_on_every_route_to_the_page(server):
+    for path in ("/", "/playground/index.html", "/playground/playground.js"):
+        r = httpx.get(server + path)
+        assert r.status_code == 200 and "frame-ancestors 'none'" in r.headers["content-security-policy"], path
+        assert r.headers["x-content-type-options"] == "nosniff"
+    depict = httpx.get(server + "/depict", params={"smiles": "CCO"})
+    assert depict.headers["x-content-type-options"] == "nosniff"
+
+
+def test_two_authorization_headers_and_foreign_host_names_are_refused(server):
+    two = httpx.post(server + "/generate", json={"model": "qm9"},
+                     headers=[("authorization", "Bearer a"), ("authorization", "Bearer b")])
+    assert two.status_code == 400 and "Authorization" in two.json()["detail"]
+    rebinding = httpx.get(server + "/models", headers={"host": "attacker.example"})
+    assert rebinding.status_code == 400  # a keyless loopback server: a DNS-rebound page cannot drive it
+    port = server.rsplit(":", 1)[1]
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}"):
+        assert httpx.get(server + "/models", headers={"host": host}).status_code == 200, host
+
+
+def test_slow_clients_are_disconnected_and_urls_are_logged_without_queries(checkpoints):
+    import socket
+    import subprocess
+    import sys
+
+    from servers import free_port, wait_ready
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "service", "--checkpoints", str(checkpoints), "--port", str(port),
+                             "--threads", "1", "--precision", "fp32", "--read-timeout-s", "1", "--log-level", "info"],
+                            cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, proc=proc)
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(b"POST /generate HTTP/1.1\r\nHost: localhost\r\n")  # half a header, then nothing
+            s.settimeout(10)
+            t0 = time.perf_counter()
+            assert s.recv(1024) == b""  # closed by the server
+            assert time.perf_counter() - t0 < 5
+        assert httpx.get(url + "/models?api_key=hunter2-secret-value").status_code == 200
+    finally:
+        proc.terminate()
+        log = proc.communicate(timeout=30)[0].decode()
+    assert "GET /models?[query not logged]" in log and "hunter2" not in log
+
+
+def test_a_short_api_key_stops_the_start_with_one_line(checkpoints):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "service", "--checkpoints", str(checkpoints)],
+                          env={"TTCORE_API_KEY": "short", "PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == ("ttcore: API keys must be at least 16 characters; key(s) "
+                                                   "number [1] are shorter")
