@@ -139,3 +139,12 @@ def test_z_comes_from_the_seed_once_and_runs_stay_batch_independent():
         assert torch.equal(lone, final[id(r)])
     other = list(generate(model, 3, 4, seed=8))[-1].tokens  # another seed: another z and other draws
     assert not torch.equal(other, alone[0])
+
+
+def test_marginal_weight_is_refused_for_a_vadd_model_not_ignored(tmp_path):
+    from ttcore.training import TrainConfig, fit
+
+    x = torch.randint(0, V, (8, L))
+    with pytest.raises(ValueError, match="marginal_weight"):
+        fit(tiny_vadd(), None, x, x, TrainConfig(marginal_weight=1.0, compile=False, device="cpu"), tmp_path / "run",
+            max_steps=1, quiet=True)

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from ttcore.models import CheckpointError
+from ttcore.models.dit import DiT, DiTConfig
 from ttcore.models.mdlm_compat import is_mdlm_checkpoint, load_mdlm
 
 CFG = dict(hidden_dim=64, cond_dim=16, n_blocks=2, n_heads=4, model_length=32, vocab_size=50258, dropout=0.1,
@@ -91,3 +92,41 @@ def test_pickle_only_or_broken_mdlm_checkpoint_is_refused(tmp_path):
     (tmp_path / "m" / "model.safetensors").rename(tmp_path / "m" / "pytorch_model.bin")
     with pytest.raises(CheckpointError, match="pickle checkpoints"):
         load_mdlm(tmp_path / "m")
+
+
+def test_a_time_conditioned_checkpoint_is_refused_with_the_reason(tmp_path):
+    """Its logits would come from the wrong time (the review measured about 2 off): refused, not served."""
+    _write_mdlm(tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    (tmp_path / "m" / "config.json").write_text(json.dumps(dict(config, time_conditioning=True)))
+    with pytest.raises(CheckpointError, match="time_conditioning"):
+        load_mdlm(tmp_path / "m")
+    with pytest.raises(ValueError, match="time_conditioning"):
+        DiTConfig(vocab_size=5, out_vocab=4, length=3, time_conditioning=True)
+
+
+def test_attention_has_no_dropout_as_in_mdlm():
+    """MDLM passes dropout 0 to its attention and drops out the residual branches only; ttcore applied
+    its dropout inside attention too, so fine-tuning an MDLM checkpoint trained another network. Every
+    attention call of a training-mode forward is observed (a TorchFunctionMode sees the real calls)."""
+    from torch.overrides import TorchFunctionMode
+
+    class Observe(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.dropout_p = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is F.scaled_dot_product_attention:
+                self.dropout_p.append(kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0))
+            return func(*args, **kwargs)
+
+    torch.manual_seed(0)
+    dit = DiT(DiTConfig(vocab_size=9, out_vocab=8, length=6, hidden_dim=16, cond_dim=8, n_blocks=2, n_heads=2,
+                        dropout=0.1)).train()
+    with Observe() as seen:
+        train = dit(torch.randint(0, 9, (2, 6)))[0]
+    assert seen.dropout_p == [0.0, 0.0]
+    torch.manual_seed(0)
+    assert not torch.equal(train, dit.eval()(torch.randint(0, 9, (2, 6)))[0])  # the residual dropout is still there

@@ -32,6 +32,12 @@ class DiTConfig:
     rotary_values: bool = True
     latent_dim: int = 0  # > 0: a VADD latent z (Sec. 4.4) enters the conditioning (adaLN) of every block
 
+    def __post_init__(self):
+        if self.time_conditioning:  # training, scoring and sampling would each feed the network another time
+            raise ValueError("time_conditioning=True is not supported: ttcore's samplers and scores feed the "
+                             "network no time (sigma = 0), as mdlm-owt's checkpoints expect; a checkpoint trained "
+                             "on sigma(t) would get logits from the wrong time")
+
     @classmethod
     def for_tokenizer(cls, tokenizer, **arch) -> "DiTConfig":
         """The backbone for ``tokenizer``'s vocabulary (plus [MASK] in, without it out: SUBS) and length;
@@ -123,7 +129,7 @@ class DDiTBlock(nn.Module):
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if self.rotary_values:  # App. C: positions must reach the values too
             v = apply_rotary(v, cos, sin)
-        att = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
+        att = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0)  # as MDLM: dropout on the residuals only
         att = att.transpose(1, 2).reshape(b, l, d)  # [b, l, d]
         x = x + gate_msa * F.dropout(self.attn_out(att), self.dropout, self.training)
         h = modulate(self.norm2(x), shift_mlp, scale_mlp)

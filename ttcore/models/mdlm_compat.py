@@ -61,6 +61,9 @@ def load_mdlm(directory: str | Path, length: int | None = None):
     if not weights.exists():
         raise CheckpointError(f"{directory}: model.safetensors is missing (pickle checkpoints such as "
                               "pytorch_model.bin are not loaded; convert them to safetensors first)")
+    if config.get("time_conditioning", False):
+        raise CheckpointError(f"{directory.name}: time_conditioning is true, which ttcore does not support (its "
+                              "samplers and scores feed the network no time, as mdlm-owt expects)")
     length = length or int(config["model_length"])
     dit = DiTConfig(vocab_size=int(config["vocab_size"]), out_vocab=int(config["vocab_size"]) - 1, length=length,
                     hidden_dim=int(config["hidden_dim"]), cond_dim=int(config["cond_dim"]),
