@@ -91,8 +91,12 @@ class Job:
 
     @property
     def remaining_s(self) -> float:
-        """Estimated compute still ahead of this request."""
-        return self.cost_s * max(0.0, 1 - self.run.step_index / self.run.steps)
+        """Time still ahead of this request: once it has taken steps, its own pace so far (wall time per
+        step, queueing behind others included) times the steps left; before that, admission's estimate."""
+        done, left = self.run.step_index, max(0, self.run.steps - self.run.step_index)
+        if self.started is not None and done > 0:
+            return (time.perf_counter() - self.started) / done * left
+        return self.cost_s * left / max(self.run.steps, 1)
 
 
 class _Batcher:
