@@ -16,13 +16,14 @@ from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
+from fastapi_offline import FastAPIOffline
 
 from .admission import TooLarge
 from .engine import EngineError, Overloaded
 from .openai_api import openai_error, openai_router
 from .registry import ModelNotFound, PromptError
 from .schema import GenerateRequest, GenerateResponse, ModelList, ScoreRequest, ScoreResponse
-from .security import SecurityConfig, SecurityHeaders, SecurityMiddleware, error_body
+from .security import DOCS_ASSETS, SecurityConfig, SecurityHeaders, SecurityMiddleware, error_body
 from .serving import ScoreCancelled, ScoreInputError, ScoreTimeout, Serving, Unsupported
 from .serving import depict as depict_smiles
 
@@ -113,7 +114,9 @@ class RequestMetrics:
 def create_app(serving: Serving, security: SecurityConfig | None = None) -> FastAPI:
     """The API over ``serving``; ``security``: API keys, body limit, CORS (default: open, 1 MiB, no CORS)."""
     security = security or SecurityConfig()
-    app = FastAPI(title="ttcore", version="0.1.0",
+    # the API pages (/docs, /redoc) with Swagger UI and ReDoc served from the fastapi-offline package, not a
+    # CDN: they render on a machine without internet access
+    app = FastAPIOffline(title="ttcore", version="0.1.0", static_url=DOCS_ASSETS,
                   description="Few-step masked diffusion with CP / Tensor-Train joint distributions. With API "
                               "keys configured, every route but /health and /ready needs `Authorization: Bearer "
                               "<key>` (/metrics and the docs unless the server makes them public).")

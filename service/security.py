@@ -37,6 +37,7 @@ from pathlib import Path
 
 ALWAYS_OPEN = ("/health", "/ready")
 DOCS = ("/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect")
+DOCS_ASSETS = "/docs-assets"  # Swagger UI's and ReDoc's own files (from fastapi-offline): static, always open
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: the largest valid request (an 8192-character prompt) is far below
 COMPUTE_ROUTES = {("POST", "/generate"), ("POST", "/v1/completions"), ("POST", "/score")}
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
@@ -94,7 +95,8 @@ class SecurityConfig:
         return found
 
     def needs_key(self, path: str) -> bool:
-        if not self.api_keys or path in ALWAYS_OPEN or path == "/" or path.startswith("/playground/"):
+        if (not self.api_keys or path in ALWAYS_OPEN or path == "/" or path.startswith("/playground/")
+                or path.startswith(DOCS_ASSETS + "/")):
             return False  # the page and its files are static and hold nothing secret; its calls need the key
         if path == "/metrics":
             return not self.public_metrics

@@ -81,3 +81,29 @@ def test_playground_streams_both_checkpoints_and_draws_the_molecules(qm9_server,
         assert all(p.get_attribute("data-done") == "1" for p in page.query_selector_all(".pane"))
         assert not errors, errors
         browser.close()
+
+
+def test_api_docs_render_with_the_network_blocked(qm9_server):
+    """/docs (Swagger UI) and /redoc load their scripts from the server itself (fastapi-offline): with every
+    request to another origin refused, the operations still render."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        page = browser.new_page()
+        elsewhere = []
+
+        def only_the_server(route):
+            if route.request.url.startswith(qm9_server):
+                return route.continue_()
+            elsewhere.append(route.request.url)
+            return route.abort()
+        page.route("**/*", only_the_server)
+        page.goto(qm9_server + "/docs")
+        page.wait_for_selector(".opblock", timeout=30_000)
+        operations = page.eval_on_selector_all(".opblock-summary-path", "els => els.map(e => e.textContent)")
+        assert {"/generate", "/score", "/v1/completions", "/models"} <= {o.strip().replace("\u200b", "")
+                                                                          for o in operations}
+        page.goto(qm9_server + "/redoc")
+        page.wait_for_function("document.body.innerText.includes('/generate')", timeout=30_000)
+        browser.close()
+    assert not any("cdn" in url for url in elsewhere), elsewhere
