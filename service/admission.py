@@ -19,6 +19,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from ttcore.decompositions import get_decomposition
 from ttcore.sampling import GenerationRun, cost
 
 
@@ -93,7 +94,8 @@ def calibrate(model) -> Speed:
     picks, at QM9 size 0.6). This is approximate by construction: finished requests replace it (``Speed.observe``)."""
     _best(model, 1, 4)  # warm-up: allocator, kernels
     pred = _best(model, 2, 4)
-    exact = _best(model, 1, 4, 2, contraction="exact") if model.cfg.decomposition == "tt" else pred
+    has_exact = "exact" in get_decomposition(model.cfg.decomposition).contractions
+    exact = _best(model, 1, 4, 2, contraction="exact") if has_exact else pred
     l = model.cfg.dit.length
     first_pick = max(_best(model, 1, l, 2, ordering="top_prob") - pred, 0.0)
     return Speed(pred, exact, l * first_pick / 2)

@@ -19,13 +19,14 @@ from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
 
 from .admission import TooLarge
-from .engine import EngineError, Overloaded
+from .engine import Overloaded
 from .openai_api import openai_error, openai_router
 from .registry import ModelNotFound, PromptError
 from .schema import GenerateRequest, GenerateResponse, ModelList, ScoreRequest, ScoreResponse
 from .security import DOCS_ASSETS, SecurityConfig, SecurityHeaders, SecurityMiddleware, error_body
 from .serving import ScoreCancelled, ScoreInputError, ScoreTimeout, Serving, Unsupported
 from .serving import depict as depict_smiles
+from .statuses import failure_status
 
 MAX_DEPICT_CHARS = 256
 MIN_DEPICT_PX, MAX_DEPICT_PX = 64, 1024
@@ -178,7 +179,7 @@ def create_app(serving: Serving, security: SecurityConfig | None = None) -> Fast
                 if event == "done":
                     return JSONResponse(payload)
                 if event == "error":
-                    status = EngineError(payload["error"], payload.get("code", "failed")).status
+                    status = failure_status(payload.get("code", "failed"))
                     return JSONResponse(status_code=status, content={"detail": payload["error"]})
         finally:
             watcher.cancel()
@@ -201,9 +202,9 @@ def create_app(serving: Serving, security: SecurityConfig | None = None) -> Fast
         except TooLarge as e:
             return _unprocessable(e.field, str(e))
         except ScoreTimeout as e:
-            return JSONResponse(status_code=504, content={"detail": str(e)})
+            return JSONResponse(status_code=failure_status("timeout"), content={"detail": str(e)})
         except ScoreCancelled as e:
-            return JSONResponse(status_code=499, content={"detail": str(e)})  # nobody reads it
+            return JSONResponse(status_code=failure_status("cancelled"), content={"detail": str(e)})  # nobody reads it
 
     @app.get("/depict", response_class=Response, responses={
         200: {"description": "The molecule drawn by RDKit", "content": {"image/svg+xml": {}}},

@@ -61,12 +61,6 @@ class EngineError:
     message: str
     kind: str = "failed"
 
-    @property
-    def status(self) -> int:
-        """The HTTP status of a non-streamed answer: 504 past the deadline, 499 (nginx's "client closed
-        request") when cancelled, 500 when a step failed."""
-        return {"timeout": 504, "cancelled": 499}.get(self.kind, 500)
-
 
 @dataclass
 class Job:

@@ -22,14 +22,22 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
+from ttcore.decompositions import DECOMPOSITIONS
+
 from .admission import TooLarge
 from .engine import EngineError, Overloaded
 from .openai_schema import Completion, CompletionChoice, CompletionRequest, OpenAIModel, OpenAIModelList, Usage
 from .registry import LoadedModel, ModelNotFound, PromptError
 from .schema import MIN_TEMPERATURE, GenerateRequest
 from .serving import Serving, Unsupported
+from .statuses import failure_status
 
-MODEL_ID = re.compile(r"^(?P<family>.+)-(?P<decomposition>none|cp|tt)-r(?P<rank>\d+)$")
+
+def _model_id_pattern() -> re.Pattern:
+    """family-decomposition-rRANK, the decomposition one of the registry's (read at each request, so a
+    format registered later is known)."""
+    names = "|".join(map(re.escape, DECOMPOSITIONS))
+    return re.compile(rf"^(?P<family>.+)-(?P<decomposition>{names})-r(?P<rank>\d+)$")
 MASK = "[MASK]"
 
 
@@ -47,7 +55,7 @@ def openai_error(status: int, message: str, param: str | None = None, code: str 
 
 
 def _generate_request(req: CompletionRequest) -> GenerateRequest:
-    m = MODEL_ID.match(req.model)
+    m = _model_id_pattern().match(req.model)
     family, decomposition, rank = (m["family"], m["decomposition"], int(m["rank"])) if m else (req.model, None, None)
     return GenerateRequest(model=family, decomposition=decomposition, rank=rank, num_samples=req.n, steps=req.steps,
                            ordering=req.ordering, schedule=req.schedule, sampler=req.sampler, eb_gamma=req.eb_gamma,
@@ -140,7 +148,7 @@ def openai_router(serving: Serving) -> APIRouter:
     async def _complete(job, tok, choices, prefix, cid, name, usage):
         async for out in serving.outputs(job):
             if isinstance(out, EngineError):
-                return openai_error(out.status, out.message, code=out.kind, kind="server_error")
+                return openai_error(failure_status(out.kind), out.message, code=out.kind, kind="server_error")
             if out.finished:
                 rows, t0 = out.tokens.tolist(), time.perf_counter()
                 made = []

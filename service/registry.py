@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from ttcore.decompositions import DECOMPOSITIONS
+from ttcore.decompositions import DECOMPOSITIONS, get_decomposition
 from ttcore.models import CheckpointError, load_for_inference, resolve_precision
 
 from .admission import Speed, calibrate
@@ -86,7 +86,7 @@ class ModelRegistry:
         family = cfg.extra.get("family", "qm9" if tok.kind == "smiles" else tok.kind)
         card = _read_card(d / "model_card.md")
         info = ModelInfo(model=family, checkpoint=d.name, domain=tok.kind, decomposition=cfg.decomposition,
-                         rank=cfg.rank, head=cfg.head if cfg.decomposition != "none" else "base",
+                         rank=cfg.rank, head=cfg.head if get_decomposition(cfg.decomposition).joint_head else "base",
                          length=cfg.dit.length, vocab_size=cfg.dit.out_vocab,
                          parameters=sum(p.numel() for p in model.parameters()), card=card,
                          base="vadd" if cfg.dit.latent_dim else "mdlm", latent_dim=cfg.dit.latent_dim)

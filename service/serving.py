@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from ttcore import scoring
+from ttcore.decompositions import get_decomposition
 from ttcore.sampling import GenerationRun, cost
 
 from . import admission
@@ -187,7 +188,9 @@ class Serving:
             raise ScoreInputError(["model"], "one sequence of this model does not fit the server's memory budget")
         timeout = min(request.timeout_s or self.max_timeout_s, self.max_timeout_s)
         draws = request.num_mc if request.mode == "elbo" else 1
-        per_pass = lm.speed.exact_step if lm.info.decomposition == "tt" else lm.speed.predetermined_step
+        # scoring computes every masked position's exact marginals: what an exact step costs, where a format has one
+        exact = "exact" in get_decomposition(lm.info.decomposition).contractions
+        per_pass = lm.speed.exact_step if exact else lm.speed.predetermined_step
         try:
             admission.check_passes(len(x0), draws, per_pass, timeout, self.max_step_s, request.mode)
         except admission.TooLarge as e:

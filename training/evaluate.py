@@ -41,7 +41,7 @@ import torch
 from _common import dataset
 
 from ttcore.data import load_qm9
-from ttcore.decompositions import exact_contracted_cores
+from ttcore.decompositions import exact_contracted_cores, get_decomposition
 from ttcore.losses import forward_mask, sample_times
 from ttcore.metrics import molecule_metrics
 from ttcore.models import load_for_inference
@@ -207,7 +207,7 @@ def evaluate_likelihood(paths: list[Path], precision: str, cards: bool, out: Pat
                                 precision=precision, eps=cfg.eps, device=torch.device(device))
         model.eval()
         metrics.update(elbo_perplexity(model, val[: cfg.batch_size * cfg.val_batches], cfg.batch_size, device))
-        if model.cfg.decomposition == "tt":
+        if "exact" in get_decomposition(model.cfg.decomposition).contractions:  # the head's contraction has an error
             metrics.update(contraction_error(model, val[: cfg.batch_size].to(device), tok.mask_id))
         rows.append({"checkpoint": path.name, "decomposition": model.cfg.decomposition, "rank": model.cfg.rank,
                      "precision": precision, "val_batches": cfg.val_batches, "batch_size": cfg.batch_size, **metrics})
@@ -341,8 +341,9 @@ def evaluate_text(args, out: Path) -> None:
     rows = [r for f in args.merge for r in json.loads(Path(f).read_text())]  # earlier runs' rows, reported beside
     for path in paths:
         model, tok, _ = load_for_inference(path, args.device, args.precision)
-        views = [True] if args.rank_one_view != "only" or model.cfg.decomposition == "none" else []
-        views += [False] if args.rank_one_view and model.cfg.decomposition != "none" else []
+        has_view = get_decomposition(model.cfg.decomposition).joint_head  # a joint has a rank-1 view
+        views = [True] if args.rank_one_view != "only" or not has_view else []
+        views += [False] if args.rank_one_view and has_view else []
         for joint in views:
             for steps in args.steps:
                 res = run_setting(model, tok, args.samples, steps, args.batch, args.seed, args.memory_mb, joint=joint)
@@ -435,11 +436,12 @@ def main():
     for path in paths:
         model, tok, config = load_for_inference(path, args.device, args.precision)
         cfg = model.cfg
-        contractions = args.contractions if cfg.decomposition == "tt" else ["head"]  # only TT has a choice
+        spec = get_decomposition(cfg.decomposition)
+        contractions = [c for c in args.contractions if c in spec.contractions] or ["head"]
         sweeps = [(s, t) for s in args.schedules for t in args.temperatures]
         settings = [(o, k, None, c, True, s, t) for o in args.orderings for k in args.steps for c in contractions
                     for s, t in sweeps if c == "head" or o in PREDETERMINED]
-        if args.rank_one_view and cfg.decomposition != "none":  # the same network and joint, its marginals only
+        if args.rank_one_view and spec.joint_head:  # the same network and joint, its marginals only
             settings += [(o, k, None, c, False, s, t) for o in args.orderings for k in args.steps for c in contractions
                          for s, t in sweeps if c == "head" or o in PREDETERMINED]
         settings += [("eb", args.eb_max_steps, g, "head", True, "loglinear", 1.0) for g in args.eb_gammas]

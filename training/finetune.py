@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from _common import config_from_args, dataset, parser, tensors
 
-from ttcore.decompositions import DECOMPOSITIONS
+from ttcore.decompositions import DECOMPOSITIONS, get_decomposition
 from ttcore.models import JointHead, JointModel, load_checkpoint, load_train_state
 from ttcore.models.mdlm_compat import is_mdlm_checkpoint, load_mdlm
 from ttcore.training import fit
@@ -35,7 +35,7 @@ def main():
     cfg = config_from_args(args, {"model.decomposition": args.decomposition, "model.rank": args.rank,
                                   "model.head": args.head})
     head = cfg.model
-    if head.decomposition == "none":
+    if not get_decomposition(head.decomposition).joint_head:
         head.rank = 1
     resuming = args.resume and Path(args.out).exists() and load_train_state(args.out) is not None
     if resuming:
@@ -45,7 +45,7 @@ def main():
             base, tokenizer = load_mdlm(args.base, length=cfg.length)
         else:
             base, tokenizer, _ = load_checkpoint(args.base)
-        if base.cfg.decomposition == "none":
+        if not get_decomposition(base.cfg.decomposition).joint_head:
             model = JointModel.from_base(base, head.decomposition, head.rank, head.head, head.head_noise,
                                          torch.Generator().manual_seed(cfg.seed))
             model.cfg.extra["base"] = Path(args.base).name  # a name, not a path of this machine

@@ -21,6 +21,7 @@ import torch
 import yaml
 from tqdm import tqdm
 
+from ttcore.decompositions import get_decomposition
 from ttcore.losses import mdlm_loss, vadd_loss
 from ttcore.models import DiTConfig, JointModel, load_train_state, save_checkpoint
 
@@ -300,7 +301,7 @@ def validation_summary(val: dict) -> str:
 def model_card(title: str, cfg: TrainConfig, model: JointModel, meta: dict) -> str:
     n_params = sum(p.numel() for p in model.parameters())
     lines = [f"# {title}", "", f"- decomposition: {model.cfg.decomposition}, rank {model.cfg.rank}, "
-             f"head {model.cfg.head if model.cfg.decomposition != 'none' else 'base'}",
+             f"head {model.cfg.head if get_decomposition(model.cfg.decomposition).joint_head else 'base'}",
              f"- parameters: {n_params / 1e6:.2f}M; length {model.cfg.dit.length}, vocab {model.cfg.dit.out_vocab}",
              f"- data: {cfg.data} (validation fraction {cfg.val_fraction}, split seed 0)",
              f"- steps: {meta['step']}, wall time {meta['wall_seconds'] / 3600:.2f} h "

@@ -61,6 +61,19 @@ class Decomposition(Protocol):
 
     name: str
     preference: int  # which one serves a request that names none (higher first)
+    joint_head: bool  # False for rank 1: the base head W, no joint head (the model's head is "base")
+    contractions: tuple[str, ...]  # how masked positions outside a step's set may be summed out (TT: 2)
+    chain_rule_bytes: int  # bytes per head output held in a chain-rule step (rank 1: float64, else float32)
+
+    def sums_exactly(self, contraction: str, temperature: float, joint: bool, adaptive: bool) -> bool:
+        """Whether a step with these settings sums the full head outputs of every masked position (TT: the
+        exact contraction, a temperature other than 1, or the rank-1 view of a predetermined step); such a
+        step costs what ``exact_contraction_bytes`` says beside its rows."""
+        ...
+
+    def exact_contraction_bytes(self, cfg) -> int:
+        """Bytes a summing step holds whatever its number of sequences (0 when it never sums)."""
+        ...
 
     def outputs_per_position(self, rank: int) -> int:
         """E, the head outputs per masked position (each a distribution over v)."""

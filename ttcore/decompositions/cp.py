@@ -56,6 +56,15 @@ class CPOutputs:
 
 class CPDecomposition:
     name, preference = "cp", 1
+    joint_head, contractions, chain_rule_bytes = True, ("head",), 4
+
+    @staticmethod
+    def sums_exactly(contraction: str, temperature: float, joint: bool, adaptive: bool) -> bool:
+        return False
+
+    @staticmethod
+    def exact_contraction_bytes(cfg) -> int:
+        return 0
 
     @staticmethod
     def outputs_per_position(rank: int) -> int:

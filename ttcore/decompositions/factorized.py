@@ -47,6 +47,15 @@ def draw_from_components(model, h: torch.Tensor, x: torch.Tensor, chosen: torch.
 
 class Rank1:
     name, preference = "none", 0
+    joint_head, contractions, chain_rule_bytes = False, ("head",), 8
+
+    @staticmethod
+    def sums_exactly(contraction: str, temperature: float, joint: bool, adaptive: bool) -> bool:
+        return False
+
+    @staticmethod
+    def exact_contraction_bytes(cfg) -> int:
+        return 0
 
     @staticmethod
     def outputs_per_position(rank: int) -> int:

@@ -135,6 +135,18 @@ class TTOutputs:
 
 class TTDecomposition:
     name, preference = "tt", 2
+    joint_head, contractions, chain_rule_bytes = True, CONTRACTIONS, 4
+
+    @staticmethod
+    def sums_exactly(contraction: str, temperature: float, joint: bool, adaptive: bool) -> bool:
+        """The exact contraction or a temperature (``sums_cores_exactly``), and the rank-1 view of a
+        predetermined step, whose marginals are exact (``tt_chosen_marginals``)."""
+        return sums_cores_exactly(contraction, temperature) or not (joint or adaptive)
+
+    @staticmethod
+    def exact_contraction_bytes(cfg) -> int:
+        """One chunk of full cores in float64 (logits, tempered, summed); ``EXACT_CHUNK`` positions at a time."""
+        return 3 * EXACT_CHUNK * cfg.dit.out_vocab * cfg.rank * cfg.rank * 8
 
     @staticmethod
     def outputs_per_position(rank: int) -> int:

@@ -47,8 +47,8 @@ class JointHead(nn.Module):
     def __init__(self, decomposition: str, rank: int, head: str, hidden_dim: int, out_vocab: int):
         super().__init__()
         spec = get_decomposition(decomposition)
-        if decomposition == "none":
-            raise ValueError("decomposition 'none' (rank 1) has no joint head: it uses the base head W")
+        if not spec.joint_head:
+            raise ValueError(f"decomposition {decomposition!r} (rank 1) has no joint head: it uses the base head W")
         if head not in self.HEADS:
             raise ValueError(f"head must be one of {', '.join(self.HEADS)}, got {head!r}")
         self.decomposition, self.rank, self.head = decomposition, rank, head

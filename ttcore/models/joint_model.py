@@ -25,8 +25,8 @@ class ModelConfig:
         if isinstance(self.dit, dict):
             self.dit = DiTConfig(**self.dit)
         get_decomposition(self.decomposition)  # raises for an unknown name
-        if self.decomposition == "none" and self.rank != 1:
-            raise ValueError(f"decomposition 'none' is rank 1, got rank {self.rank}")
+        if not get_decomposition(self.decomposition).joint_head and self.rank != 1:
+            raise ValueError(f"decomposition {self.decomposition!r} is rank 1, got rank {self.rank}")
         if self.rank < 1:
             raise ValueError(f"rank must be >= 1, got {self.rank}")
 
@@ -39,7 +39,7 @@ class JointModel(nn.Module):
         super().__init__()
         self.cfg = cfg
         d = cfg.dit
-        joint = cfg.decomposition != "none"
+        joint = get_decomposition(cfg.decomposition).joint_head
         self.backbone = DiT(d)
         self.output_layer = FinalLayer(d.hidden_dim, d.cond_dim, d.out_vocab,
                                        with_linear=not (joint and cfg.head == "1layer"))
@@ -55,9 +55,9 @@ class JointModel(nn.Module):
                   noise: float = 0.0, generator: torch.Generator | None = None) -> "JointModel":
         """Fine-tuning start (Sec. 4.5): the base model's weights, a joint head initialized to keep
         its marginals, plus ``noise`` (relative std) to break rank symmetry."""
-        if base.cfg.decomposition != "none":
+        if get_decomposition(base.cfg.decomposition).joint_head:
             raise ValueError(f"the base model must be rank 1 (decomposition 'none'), got {base.cfg.decomposition!r}")
-        cfg = ModelConfig(base.cfg.dit, decomposition, rank if decomposition != "none" else 1, head,
+        cfg = ModelConfig(base.cfg.dit, decomposition, rank if get_decomposition(decomposition).joint_head else 1, head,
                           dict(base.cfg.extra))
         model = cls(cfg).to(next(base.parameters()))  # same device and dtype
         state = {k: v for k, v in base.state_dict().items() if model.output_layer.linear is not None

@@ -2,8 +2,7 @@
 micro-batches requests by it. Calibrated against peak RSS on the bundled checkpoints
 (``benchmarks/request_memory.py`` prints measured beside estimated; README, Limits)."""
 
-from ttcore.decompositions import DECOMPOSITIONS
-from ttcore.decompositions.tt import EXACT_CHUNK, sums_cores_exactly
+from ttcore.decompositions import get_decomposition
 
 from .orderings import ADAPTIVE
 
@@ -16,9 +15,9 @@ def chain_rule_row_bytes(cfg) -> int:
     """One sequence of an adaptive-ordering / EB step: the joint over all its positions (rank 1: float64
     probabilities; CP / TT: float32 factors or cores, Sec. 4.3), ``CHAIN_RULE_COPIES`` times."""
     l, v = cfg.dit.length, cfg.dit.out_vocab
-    e = DECOMPOSITIONS[cfg.decomposition].outputs_per_position(cfg.rank)
-    width = 8 if cfg.decomposition == "none" else 4
-    return int(CHAIN_RULE_COPIES * l * v * e * width) + ROW_SLACK_BYTES
+    spec = get_decomposition(cfg.decomposition)
+    per_row = l * v * spec.outputs_per_position(cfg.rank) * spec.chain_rule_bytes
+    return int(CHAIN_RULE_COPIES * per_row) + ROW_SLACK_BYTES
 
 
 def predetermined_row_bytes(cfg) -> int:
@@ -29,11 +28,9 @@ def predetermined_row_bytes(cfg) -> int:
 
 
 def exact_contraction_bytes(cfg) -> int:
-    """TT with ``contraction="exact"``: one chunk of full cores in float64 (logits, tempered, summed);
-    independent of the number of sequences (``decompositions.tt.EXACT_CHUNK`` positions at a time)."""
-    if cfg.decomposition != "tt":
-        return 0
-    return 3 * EXACT_CHUNK * cfg.dit.out_vocab * cfg.rank * cfg.rank * 8
+    """A step that sums every masked position's full head outputs (TT's exact contraction): what its format
+    holds for that, independent of the number of sequences (``Decomposition.exact_contraction_bytes``)."""
+    return get_decomposition(cfg.decomposition).exact_contraction_bytes(cfg)
 
 
 def forward_row_bytes(cfg) -> int:
@@ -61,5 +58,5 @@ def step_kind(cfg, ordering: str = "random", eb_gamma: float | None = None, join
     that sums the cores themselves (``sums_cores_exactly``, and the rank-1 view of a predetermined step,
     whose marginals are exact: ``tt_chosen_marginals``)."""
     adaptive = eb_gamma is not None or ordering in ADAPTIVE
-    exact = cfg.decomposition == "tt" and (sums_cores_exactly(contraction, temperature) or not (joint or adaptive))
+    exact = get_decomposition(cfg.decomposition).sums_exactly(contraction, temperature, joint, adaptive)
     return adaptive, exact
