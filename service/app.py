@@ -19,6 +19,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
 
 from .admission import TooLarge
+from .config import ServiceArgs
 from .engine import Overloaded
 from .openai_api import openai_error, openai_router
 from .registry import ModelNotFound, PromptError
@@ -114,7 +115,7 @@ class RequestMetrics:
 
 def create_app(serving: Serving, security: SecurityConfig | None = None) -> FastAPI:
     """The API over ``serving``; ``security``: API keys, body limit, CORS (default: open, 1 MiB, no CORS)."""
-    security = security or SecurityConfig()
+    security = security or SecurityConfig.from_args(ServiceArgs())
     # the API pages (/docs, /redoc) with Swagger UI and ReDoc served from the fastapi-offline package, not a
     # CDN: they render on a machine without internet access
     app = FastAPIOffline(title="ttcore", version="0.1.0", static_url=DOCS_ASSETS,

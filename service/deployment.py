@@ -11,11 +11,10 @@ runtime env).
 
 from pathlib import Path
 
-from pydantic import BaseModel, Field
 from ray import serve
 from ray.serve import Application
 
-from . import default_checkpoints
+from .config import ServiceArgs
 
 # Ray may route up to this many times a replica's admitted requests to it, so a full replica answers
 # overload itself (503 with Retry-After) instead of Ray queueing without bound; the serve configs'
@@ -24,26 +23,7 @@ ONGOING_PER_ADMITTED = 2
 INGRESS_MAX_ONGOING = 1024  # the relay holds a request's stream and little else; admission is the replicas'
 
 
-class AppArgs(BaseModel):
-    checkpoints: str = Field(default_factory=default_checkpoints,
-                             description="Directory of checkpoint directories ($TTCORE_CHECKPOINTS or the bundled)")
-    device: str = "cpu"
-    precision: str = Field("auto", pattern="^(auto|fp32|bf16)$",
-                           description="auto: bf16 where bf16 matmuls are native, else fp32")
-    max_batch_samples: int = Field(256, ge=1)
-    max_requests: int = Field(64, ge=1, description="Admitted requests per replica before 503")
-    threads: int = Field(0, ge=0, description="torch threads per replica (0: torch's default)")
-    api_key_file: str | None = Field(None, description="API keys, one per line, read on each replica; keys also "
-                                                        "come from the replicas' $TTCORE_API_KEY (runtime_env)")
-    public_metrics: bool = False
-    public_docs: bool = False
-    max_body_bytes: int = Field(1 << 20, ge=1024)
-    cors_origins: list[str] = Field(default_factory=list)
-    key_max_concurrency: int = Field(16, ge=0, description="with API keys: requests in flight per key (per replica)")
-    key_rate_per_minute: int = Field(600, ge=0, description="with API keys: requests per minute per key (per replica)")
-    memory_budget_mb: int = Field(2048, ge=64, description="the most one step of one request may hold")
-    max_timeout_s: float = Field(600.0, gt=0, description="the longest deadline of a request (504 past it)")
-    stall_s: float = Field(120.0, gt=0, description="/health is 503 when a worker is on one step longer")
+AppArgs = ServiceArgs  # the application's args: every option of the service, typed once (service.config)
 
 
 def _asgi_builder(args: AppArgs):
@@ -55,13 +35,7 @@ def _asgi_builder(args: AppArgs):
         from .serving import build_serving
 
         keys = load_api_keys(args.api_key_file, os.environ.get("TTCORE_API_KEY"))  # on the replica, not the driver
-        security = SecurityConfig(keys, args.max_body_bytes, args.public_metrics, args.public_docs,
-                                  tuple(args.cors_origins), args.key_max_concurrency, args.key_rate_per_minute)
-        serving = build_serving(args.checkpoints, device=args.device, precision=args.precision,
-                                max_batch_samples=args.max_batch_samples, max_requests=args.max_requests,
-                                threads=args.threads or None, memory_budget_mb=args.memory_budget_mb,
-                                max_timeout_s=args.max_timeout_s, stall_s=args.stall_s)
-        return create_app(serving, security)
+        return create_app(build_serving(args), SecurityConfig.from_args(args, keys))
 
     return build
 

@@ -10,7 +10,7 @@ finish. Each checkpoint computes on its own worker thread (a slow model does not
 there are cores for both); the event loop only moves outputs. Limits: a bounded number of admitted
 requests (``Overloaded``, with the estimated seconds of work ahead as the retry hint); a deadline per
 request (past it: ``EngineError`` with kind ``timeout``); a bounded backlog of unread outputs per request
-(a reader that falls behind pauses its request; one that stops reading for ``READER_TIMEOUT_S`` is
+(a reader that falls behind pauses its request; one that stops reading for ``reader_timeout_s`` is
 cancelled); a cancelled request leaves at the next step.
 """
 
@@ -28,13 +28,13 @@ import torch
 from ttcore.sampling import GenerationRun, batch_step
 from ttcore.sampling.generate import features
 
+from .config import ServiceArgs
 from .metrics import Metrics
 from .registry import LoadedModel
 
 log = logging.getLogger("ttcore.engine")
 
 MAX_BACKLOG = 8  # unread outputs per request before its request pauses
-READER_TIMEOUT_S = 30.0  # a request whose reader has not read for this long is cancelled
 
 
 class Overloaded(RuntimeError):
@@ -234,12 +234,12 @@ class _Batcher:
 class Engine:
     """Runs ``GenerationRun``s of loaded models: ``submit`` / ``outputs`` / ``abort`` / ``check_health``."""
 
-    def __init__(self, *, max_batch_samples: int = 256, max_requests: int = 64, threads: int | None = None,
-                 stall_s: float = 120.0, reader_timeout_s: float = READER_TIMEOUT_S, metrics: Metrics | None = None):
-        if threads:
-            torch.set_num_threads(threads)
-        self.max_batch_samples, self.max_requests, self.stall_s = max_batch_samples, max_requests, stall_s
-        self.reader_timeout_s = reader_timeout_s
+    def __init__(self, args: ServiceArgs | None = None, metrics: Metrics | None = None):
+        args = args or ServiceArgs()
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        self.max_batch_samples, self.max_requests = args.max_batch_samples, args.max_requests
+        self.stall_s, self.reader_timeout_s = args.stall_s, args.reader_timeout_s
         self.metrics = metrics or Metrics()
         self._batchers: dict[str, _Batcher] = {}
         self._jobs: dict[str, Job] = {}

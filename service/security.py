@@ -32,13 +32,12 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 ALWAYS_OPEN = ("/health", "/ready")
 DOCS = ("/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect")
 DOCS_ASSETS = "/docs-assets"  # Swagger UI's and ReDoc's own files (from fastapi-offline): static, always open
-DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: the largest valid request (an 8192-character prompt) is far below
 COMPUTE_ROUTES = {("POST", "/generate"), ("POST", "/v1/completions"), ("POST", "/score")}
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 # the playground loads only its own files; pictures are fetched (with the API key) and shown from blob: URLs
@@ -68,14 +67,27 @@ def load_api_keys(path: str | os.PathLike | None = None, env: str | None = None)
 
 @dataclass(frozen=True)
 class SecurityConfig:
-    api_keys: tuple[str, ...] = ()
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    public_metrics: bool = False
-    public_docs: bool = False
-    cors_origins: tuple[str, ...] = field(default=())
-    key_max_concurrency: int = 16  # per key; 0: unlimited
-    key_rate_per_minute: int = 600  # per key; 0: unlimited
+    """What ``SecurityMiddleware`` enforces; ``from_args`` builds it from the service's options (whose
+    defaults live in ``service.config``)."""
+    api_keys: tuple[str, ...]
+    max_body_bytes: int
+    public_metrics: bool
+    public_docs: bool
+    cors_origins: tuple[str, ...]
+    key_max_concurrency: int  # per key; 0: unlimited
+    key_rate_per_minute: int  # per key; 0: unlimited
     allowed_hosts: tuple[str, ...] | None = None  # Host names answered (without port); None or ("*",): any
+
+    @classmethod
+    def from_args(cls, args, keys: tuple[str, ...] = (), loopback_only_default: bool = False) -> "SecurityConfig":
+        """From ``ServiceArgs``; ``loopback_only_default``: with no key and no ``allowed_hosts`` given, answer
+        loopback Host names only (a keyless server listening on loopback)."""
+        if args.allowed_hosts is not None:
+            hosts = tuple(h.lower() for h in args.allowed_hosts)
+        else:
+            hosts = LOOPBACK_HOSTS if loopback_only_default and not keys else None
+        return cls(tuple(keys), args.max_body_bytes, args.public_metrics, args.public_docs, tuple(args.cors_origins),
+                   args.key_max_concurrency, args.key_rate_per_minute, hosts)
 
     def host_allowed(self, host: bytes | None) -> bool:
         if self.allowed_hosts is None or "*" in self.allowed_hosts:

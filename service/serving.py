@@ -5,7 +5,6 @@ import asyncio
 import functools
 import logging
 import time
-from pathlib import Path
 
 import torch
 
@@ -14,7 +13,8 @@ from ttcore.decompositions import get_decomposition
 from ttcore.sampling import GenerationRun, cost
 
 from . import admission
-from .engine import READER_TIMEOUT_S, Engine, EngineError, Job, Overloaded, StepOutput
+from .config import ServiceArgs
+from .engine import Engine, EngineError, Job, Overloaded, StepOutput
 from .registry import ModelRegistry
 from .schema import (
     MAX_SEED,
@@ -54,8 +54,6 @@ def depict(smiles: str, width: int, height: int) -> str | None:
 
 
 DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks that its client is still there
-DEFAULT_MEMORY_BUDGET_MB = 2048
-DEFAULT_MAX_TIMEOUT_S = 600.0
 
 
 class Serving:
@@ -63,11 +61,11 @@ class Serving:
     of one request may hold (larger requests are micro-batched); ``max_timeout_s``: the longest deadline
     (a request's ``timeout_s`` may only shorten it)."""
 
-    def __init__(self, registry: ModelRegistry, engine: Engine, *, memory_budget_mb: int = DEFAULT_MEMORY_BUDGET_MB,
-                 max_timeout_s: float = DEFAULT_MAX_TIMEOUT_S, max_step_s: float | None = None):
+    def __init__(self, registry: ModelRegistry, engine: Engine, args: ServiceArgs | None = None):
+        args = args or ServiceArgs()
         self.registry, self.engine, self.metrics = registry, engine, engine.metrics
-        self.memory_budget, self.max_timeout_s = memory_budget_mb << 20, max_timeout_s
-        self.max_step_s = engine.stall_s / 2 if max_step_s is None else max_step_s
+        self.memory_budget, self.max_timeout_s = args.memory_budget_mb << 20, args.max_timeout_s
+        self.max_step_s = engine.stall_s / 2 if args.max_step_s is None else args.max_step_s
         if any(lm.domain == "smiles" for lm in registry.models):
             smiles_checker()  # says at start-up, not at the first answer, when RDKit is missing
 
@@ -340,13 +338,6 @@ def _encode_for_scoring(tok, request: ScoreRequest) -> tuple[torch.Tensor, torch
     return x0, mask, lengths
 
 
-def build_serving(checkpoints: str | Path, *, device: str = "cpu", precision: str = "auto",
-                  max_batch_samples: int = 256, max_requests: int = 64, threads: int | None = None,
-                  memory_budget_mb: int = DEFAULT_MEMORY_BUDGET_MB, max_timeout_s: float = DEFAULT_MAX_TIMEOUT_S,
-                  stall_s: float = 120.0, max_step_s: float | None = None,
-                  reader_timeout_s: float = READER_TIMEOUT_S) -> Serving:
-    """Load every checkpoint under ``checkpoints`` and start an engine over them."""
-    engine = Engine(max_batch_samples=max_batch_samples, max_requests=max_requests, threads=threads, stall_s=stall_s,
-                    reader_timeout_s=reader_timeout_s)
-    return Serving(ModelRegistry(checkpoints, device, precision), engine, memory_budget_mb=memory_budget_mb,
-                   max_timeout_s=max_timeout_s, max_step_s=max_step_s)
+def build_serving(args: ServiceArgs) -> Serving:
+    """Load every checkpoint under ``args.checkpoints`` and start an engine over them."""
+    return Serving(ModelRegistry(args.checkpoints, args.device, args.precision), Engine(args), args)
