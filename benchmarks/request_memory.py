@@ -31,7 +31,7 @@ SMOKE = [("qm9-tt-r8", 16, 4, "top_prob", "head"), ("qm9-tt-r8", 16, 2, "random"
 
 def one_case(path: str, n: int, steps: int, ordering: str, contraction: str, joint: bool, budget_mb: int) -> dict:
     from ttcore.models import load_for_inference
-    from ttcore.sampling import GenerationRun, cost, generate
+    from ttcore.sampling import cost, generate, make_run
 
     model, _, _ = load_for_inference(path, "cpu", "bf16")
     with model.compute_context():
@@ -39,7 +39,7 @@ def one_case(path: str, n: int, steps: int, ordering: str, contraction: str, joi
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     adaptive, exact = cost.step_kind(model.cfg, ordering=ordering, contraction=contraction, joint=joint)
     rows = cost.rows_per_pass(model.cfg, adaptive, budget_mb << 20, exact)
-    run = GenerationRun(model, n, steps, seed=0, ordering=ordering, contraction=contraction, joint=joint,
+    run = make_run(model, n, steps, seed=0, ordering=ordering, contraction=contraction, joint=joint,
                         max_rows_per_pass=rows if rows < n else None)
     with model.compute_context():
         while not run.done:

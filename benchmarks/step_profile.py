@@ -30,7 +30,7 @@ def _sync(device: torch.device) -> None:
 
 def one_round(model, clients: int, device: torch.device, seed: int) -> dict[str, float]:
     """Step ``clients`` runs together until done; -> seconds in each phase, summed over the steps."""
-    runs = [GenerationRun(model, 2, 8, seed=seed + i, device=device) for i in range(clients)]
+    runs = [GenerationRun(model, 2, 8, seed=seed + i, device=device) for i in range(clients)]  # random order
     spent = {"forward": 0.0, "heads and draws": 0.0, "copy to host": 0.0, "steps": 0}
 
     def timed_forward(x, latent):

@@ -20,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from ttcore.decompositions import get_decomposition
-from ttcore.sampling import GenerationRun, cost
+from ttcore.sampling import GenerationRun, SamplerConfig, cost
 
 
 class TooLarge(ValueError):
@@ -77,7 +77,7 @@ def _best(model, n: int, steps: int, repeats: int = CALIBRATION_REPEATS, **setti
     machine only ever slows a timing down)."""
     times = []
     for _ in range(repeats):
-        run = GenerationRun(model, n, steps, seed=0, **settings)
+        run = GenerationRun(model, n, steps, SamplerConfig(**settings), seed=0)
         t0 = time.perf_counter()
         with model.compute_context():
             run.step()

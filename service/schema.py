@@ -6,7 +6,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ttcore.decompositions import CONTRACTIONS, DECOMPOSITIONS
-from ttcore.sampling import ADAPTIVE, EB_PROXIES, PREDETERMINED, SCHEDULES
+from ttcore.sampling import ADAPTIVE, EB_PROXIES, PREDETERMINED, SCHEDULES, SamplerConfig
 
 # the API's choices are the library's registries: a new ordering, schedule or decomposition appears here
 Decomposition = Literal[tuple(DECOMPOSITIONS)]
@@ -113,11 +113,11 @@ class GenerateRequest(BaseModel):
                 raise ValueError("prompt must be valid Unicode text (it holds a lone surrogate)") from None
         return value
 
-    def sampler_settings(self) -> dict:
-        """Keyword arguments of ``ttcore.sampling.GenerationRun`` (prompt excluded: it needs the tokenizer)."""
-        return {"ordering": self.ordering, "schedule": self.schedule, "temperature": self.temperature,
-                "seed": self.seed, "eb_gamma": self.eb_gamma if self.sampler == "eb" else None,
-                "eb_proxy": self.eb_proxy, "contraction": self.contraction, "joint": self.joint}
+    def to_sampler_config(self) -> SamplerConfig:
+        """The request's sampler, frozen (as vLLM's ``to_sampling_params``); the seed and prompt are the run's."""
+        return SamplerConfig(ordering=self.ordering, schedule=self.schedule, temperature=self.temperature,
+                             eb_gamma=self.eb_gamma if self.sampler == "eb" else None, eb_proxy=self.eb_proxy,
+                             contraction=self.contraction, joint=self.joint)
 
 
 class Sample(BaseModel):

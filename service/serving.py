@@ -74,13 +74,13 @@ class Serving:
         the event loop."""
         lm = self.registry.resolve(request.model, request.decomposition, request.rank)
         prompt = self.registry.encode_prompt(lm, request.prompt) if request.prompt else None
-        settings = request.sampler_settings()
         timeout = min(request.timeout_s or self.max_timeout_s, self.max_timeout_s)
         if request.valid_only and lm.domain != "smiles":
             raise Unsupported("valid_only", f"valid_only needs a SMILES model; {lm.name} is {lm.domain}")
-        if not settings["joint"] and settings["eb_gamma"] is not None:
+        if not request.joint and request.sampler == "eb":
             raise Unsupported("joint", "joint: false draws from the marginals with a fixed sampler, not eb")
-        adaptive, exact = cost.step_kind(lm.model.cfg, **settings)
+        config = request.to_sampler_config()
+        adaptive, exact = config.step_kind(lm.model.cfg)
         try:
             plan = admission.plan(lm.model, lm.speed, num_samples=request.num_samples, steps=request.steps,
                                   adaptive=adaptive, exact=exact, timeout_s=timeout, memory_budget=self.memory_budget,
@@ -88,8 +88,8 @@ class Serving:
         except admission.TooLarge as e:
             self.metrics.too_large.labels(lm.family, e.field).inc()
             raise
-        run = GenerationRun(lm.model, request.num_samples, request.steps, prompt=prompt, device=self.registry.device,
-                            max_rows_per_pass=plan.max_rows_per_pass, **settings)
+        run = GenerationRun(lm.model, request.num_samples, request.steps, config, seed=request.seed, prompt=prompt,
+                            device=self.registry.device, max_rows_per_pass=plan.max_rows_per_pass)
         return self.engine.submit(lm, run, plan.seconds, timeout, kind=(adaptive, exact))
 
     async def events(self, job: Job, steps: bool = True, request: GenerateRequest | None = None):

@@ -6,7 +6,7 @@ from brute import all_sequences, chi_square_pvalue, dense_tt
 
 from ttcore.distributions import TensorTrain
 from ttcore.models import DiTConfig, JointModel, ModelConfig, prepare_for_inference
-from ttcore.sampling import GenerationRun, generate, run_together
+from ttcore.sampling import generate, make_run, run_together
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -34,7 +34,7 @@ def test_batched_runs_equal_lone_runs_on_cuda_in_bf16(decomposition):
     with model.compute_context():  # as the engine runs
         alone = [list(generate(model, n, k, **kw))[-1].tokens for n, k, kw in specs]
         again = [list(generate(model, n, k, **kw))[-1].tokens for n, k, kw in specs]
-        runs = [GenerationRun(model, n, k, **kw) for n, k, kw in specs]
+        runs = [make_run(model, n, k, **kw) for n, k, kw in specs]
         run_together(model, runs)
     for a, b, run in zip(alone, again, runs):
         assert a.is_cuda and torch.equal(a, b)  # seeded runs repeat on the device

@@ -11,7 +11,7 @@ from scipy import stats
 from ttcore.losses import forward_mask, sample_times, vadd_loss
 from ttcore.models import DiTConfig, JointModel, ModelConfig
 from ttcore.models.vadd import gaussian_kl, prior_sample, reparameterize
-from ttcore.sampling import GenerationRun, batch_step, generate
+from ttcore.sampling import batch_step, generate, make_run
 
 V, L, K = 3, 4, 5  # vocabulary, length, latent dimension
 
@@ -114,7 +114,7 @@ def test_one_step_sampling_draws_from_the_joint_given_each_sequences_z(ordering)
     with torch.no_grad():
         p = model(torch.full((len(seqs), L), V), torch.ones(len(seqs), L, dtype=torch.bool),
                   z=z.expand(len(seqs), K)).log_prob(seqs).double().exp().numpy()
-    run = GenerationRun(model, 20000, 1, seed=0, ordering=ordering)
+    run = make_run(model, 20000, 1, seed=0, ordering=ordering)
     run.latent = z.expand(20000, K).clone()
     state = run.step()
     assert state.done and chi_square_pvalue(state.tokens.numpy(), p / p.sum(), seqs.numpy()) > 1e-3
@@ -122,7 +122,7 @@ def test_one_step_sampling_draws_from_the_joint_given_each_sequences_z(ordering)
 
 def test_z_comes_from_the_seed_once_and_runs_stay_batch_independent():
     model = tiny_vadd("tt")
-    run = GenerationRun(model, 3, 4, seed=7)
+    run = make_run(model, 3, 4, seed=7)
     torch.testing.assert_close(run.latent, prior_sample(3, K, torch.Generator().manual_seed(7), "cpu"))
     first = run.latent.clone()
     while not run.done:
@@ -130,7 +130,7 @@ def test_z_comes_from_the_seed_once_and_runs_stay_batch_independent():
     assert torch.equal(run.latent, first)  # fixed through the steps (VADD's consistency sampler)
     specs = [(3, 4, dict(seed=1)), (2, 3, dict(seed=2, ordering="top_prob")), (2, 4, dict(seed=3))]
     alone = [list(generate(model, n, k, **kw))[-1].tokens for n, k, kw in specs]
-    runs = [GenerationRun(model, n, k, **kw) for n, k, kw in specs]
+    runs = [make_run(model, n, k, **kw) for n, k, kw in specs]
     final = {}
     while live := [r for r in runs if not r.done]:
         for r, state in zip(live, batch_step(model, live)):

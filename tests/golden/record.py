@@ -16,7 +16,7 @@ from tiny import tiny_model  # noqa: E402
 
 from ttcore.losses import mdlm_loss  # noqa: E402
 from ttcore.models import load_for_inference  # noqa: E402
-from ttcore.sampling import GenerationRun, generate, run_together  # noqa: E402
+from ttcore.sampling import generate, make_run, run_together  # noqa: E402
 
 GOLDEN = HERE / "samples.json"
 V, L, R = 5, 6, 3
@@ -44,7 +44,7 @@ def outputs() -> dict:
             model = tiny_model(fmt, V, L, R, perturb=1.0, noise=1.0)
             for name, settings in CASES:
                 out[f"{fmt}/{name}"] = _tokens(model, **settings)
-            runs = [GenerationRun(model, 2, 3, seed=s, ordering=o) for s, o in ((1, "random"), (2, "halton"),
+            runs = [make_run(model, 2, 3, seed=s, ordering=o) for s, o in ((1, "random"), (2, "halton"),
                                                                                (3, "entropy"))]
             out[f"{fmt}/batched"] = [state.tokens.tolist() for state in run_together(model, runs)]
             g = torch.Generator().manual_seed(5)

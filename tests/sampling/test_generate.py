@@ -11,7 +11,7 @@ from scipy import stats
 from tiny import tiny_model
 
 from ttcore.distributions import TensorTrain
-from ttcore.sampling import GenerationRun, batch_step, generate
+from ttcore.sampling import batch_step, generate, make_run
 
 V, L, R, N = 3, 4, 3, 20000
 
@@ -165,7 +165,7 @@ def test_invalid_settings_are_refused():
     for kw, msg in [(dict(ordering="sideways"), "ordering must be one of"), (dict(temperature=0), "temperature"),
                     (dict(eb_gamma=-1), "eb_gamma"), (dict(prompt=torch.zeros(3, dtype=torch.long)), "prompt")]:
         with pytest.raises(ValueError, match=msg):
-            GenerationRun(model, 2, 4, **kw)
+            make_run(model, 2, 4, **kw)
 
 
 @pytest.mark.parametrize("decomposition", ["none", "cp", "tt"])
@@ -184,7 +184,7 @@ def test_runs_stepped_together_equal_lone_runs(decomposition):
              (3, 4, dict(seed=10, ordering="random", max_rows_per_pass=4)),  # shares passes of at most 4
              (2, 4, dict(seed=11, ordering="top_prob", max_rows_per_pass=1))]
     alone = [list(generate(model, n, k, **kw)) for n, k, kw in specs]
-    runs = [GenerationRun(model, n, k, **kw) for n, k, kw in specs]
+    runs = [make_run(model, n, k, **kw) for n, k, kw in specs]
     together = [[] for _ in runs]
     while not all(run.done for run in runs):
         live = [i for i, run in enumerate(runs) if not run.done]
@@ -222,4 +222,4 @@ def test_joint_false_draws_each_position_from_the_exact_marginals(ordering):
 
 def test_joint_false_is_refused_with_eb():
     with pytest.raises(ValueError, match="fixed sampler"):
-        GenerationRun(ExplicitTT(_tt_cores()), 2, 4, eb_gamma=0.5, joint=False)
+        make_run(ExplicitTT(_tt_cores()), 2, 4, eb_gamma=0.5, joint=False)

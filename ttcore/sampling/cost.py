@@ -2,9 +2,11 @@
 micro-batches requests by it. Calibrated against peak RSS on the bundled checkpoints
 (``benchmarks/request_memory.py`` prints measured beside estimated; README, Limits)."""
 
+from dataclasses import fields
+
 from ttcore.decompositions import get_decomposition
 
-from .orderings import ADAPTIVE
+from .config import SamplerConfig
 
 CHAIN_RULE_COPIES = 4.5  # full factors / cores alive at once in a chain-rule step (measured 3.2-4.1 at text size)
 ROW_SLACK_BYTES = 2 << 20  # per sequence: features, marginals, scores (measured 1.2 MB at QM9 size)
@@ -50,13 +52,9 @@ def rows_per_pass(cfg, adaptive: bool, budget_bytes: int, exact: bool = False) -
     return max(0, (budget_bytes - fixed) // step_row_bytes(cfg, adaptive))
 
 
-def step_kind(cfg, ordering: str = "random", eb_gamma: float | None = None, joint: bool = True,
-              contraction: str = "head", temperature: float = 1.0, **_) -> tuple[bool, bool]:
-    """``(adaptive, exact)`` of a run's steps, from its sampler settings (the rest ignored): adaptive
-    orderings and EB hold every position's full factors or cores per sequence (so does the rank-1 view,
-    ``joint=False``, with an adaptive ordering: it ranks every position's marginal); ``exact``: a TT step
-    that sums the cores themselves (``sums_cores_exactly``, and the rank-1 view of a predetermined step,
-    whose marginals are exact: ``tt_chosen_marginals``)."""
-    adaptive = eb_gamma is not None or ordering in ADAPTIVE
-    exact = get_decomposition(cfg.decomposition).sums_exactly(contraction, temperature, joint, adaptive)
-    return adaptive, exact
+def step_kind(cfg, **settings) -> tuple[bool, bool]:
+    """``(adaptive, exact)`` of a run's steps on a model with ``cfg``, from flat settings (a run's own, such
+    as the seed, ignored): the sampler's step class and the model's format answer
+    (``SamplerConfig.step_kind``)."""
+    names = {f.name for f in fields(SamplerConfig)}
+    return SamplerConfig(**{k: v for k, v in settings.items() if k in names}).step_kind(cfg)

@@ -9,13 +9,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ttcore.decompositions import CONTRACTIONS
 from ttcore.distributions import RowStreams
 from ttcore.models.vadd import prior_sample
 
-from .eb import EB_PROXIES, eb_score
-from .joint_step import chain_rule_step, marginal_step, predetermined_step
-from .orderings import ADAPTIVE, PREDETERMINED, top_k_mask
+from .config import SamplerConfig
+from .joint_step import predetermined_step
+from .orderings import PREDETERMINED, top_k_mask
 from .schedules import SCHEDULES, unmask_counts
 
 
@@ -29,38 +28,25 @@ class StepState:
 
 
 class GenerationRun:
-    """One generation request: settings, RNG and the partially unmasked sequences."""
+    """One generation request: its sampler (``SamplerConfig``), RNG and the partially unmasked sequences.
+    ``seed``: the run's own generator; ``prompt`` [l] or [b, l]: known tokens, [MASK] elsewhere;
+    ``max_rows_per_pass``: micro-batches of sequences bound a step's memory."""
 
-    def __init__(self, model, num_samples: int, steps: int, *, ordering: str = "random",
-                 schedule: str = "loglinear", eb_gamma: float | None = None, eb_proxy: str = "entropy",
-                 temperature: float = 1.0, seed: int | None = None, prompt: torch.Tensor | None = None,
-                 bernoulli: bool = False, contraction: str = "head", device: str | torch.device | None = None,
-                 max_rows_per_pass: int | None = None, joint: bool = True):
+    def __init__(self, model, num_samples: int, steps: int, config: SamplerConfig | None = None, *,
+                 seed: int | None = None, prompt: torch.Tensor | None = None,
+                 device: str | torch.device | None = None, max_rows_per_pass: int | None = None):
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
         if num_samples < 1:
             raise ValueError(f"num_samples must be >= 1, got {num_samples}")
-        if ordering not in PREDETERMINED and ordering not in ADAPTIVE:
-            raise ValueError(f"ordering must be one of {sorted(PREDETERMINED) + sorted(ADAPTIVE)}, got {ordering!r}")
-        if schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}, got {schedule!r}")
-        if eb_gamma is not None and eb_gamma < 0:
-            raise ValueError(f"eb_gamma must be >= 0, got {eb_gamma}")
-        if eb_proxy not in EB_PROXIES:
-            raise ValueError(f"eb_proxy must be one of {sorted(EB_PROXIES)}, got {eb_proxy!r}")
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        if contraction not in CONTRACTIONS:
-            raise ValueError(f"contraction must be one of {list(CONTRACTIONS)}, got {contraction!r}")
         if max_rows_per_pass is not None and max_rows_per_pass < 1:
             raise ValueError(f"max_rows_per_pass must be >= 1, got {max_rows_per_pass}")
+        self.config = config = config or SamplerConfig()
+        self.sampler = config.step  # the step class that draws each step (``ttcore.sampling.steps``)
         self.model = model
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
-        self.steps, self.ordering, self.schedule = steps, ordering, SCHEDULES[schedule]
-        self.eb_gamma, self.eb_proxy, self.temperature, self.bernoulli = eb_gamma, eb_proxy, temperature, bernoulli
-        if not joint and eb_gamma is not None:
-            raise ValueError("joint=False (independent draws from the marginals) needs a fixed sampler, not EB")
-        self.contraction, self.max_rows_per_pass, self.joint = contraction, max_rows_per_pass, joint
+        self.steps, self.schedule = steps, SCHEDULES[config.schedule]
+        self.max_rows_per_pass = max_rows_per_pass
         self.mask_id = model.cfg.dit.vocab_size - 1
         length = model.cfg.dit.length
         self.generator = torch.Generator(self.device)
@@ -78,8 +64,8 @@ class GenerationRun:
                 raise ValueError(f"prompt ids must lie in [0, {self.mask_id}]")
             self.tokens = prompt.expand(num_samples, length).clone() if prompt.dim() == 1 else prompt.clone()
         self.n_initial = (self.tokens == self.mask_id).sum(1)
-        self.priority = (PREDETERMINED[ordering](*self.tokens.shape, self.device, self.generator)
-                         if ordering in PREDETERMINED and eb_gamma is None else None)
+        self.priority = (PREDETERMINED[config.ordering](*self.tokens.shape, self.device, self.generator)
+                         if config.ordering in PREDETERMINED and config.eb_gamma is None else None)
         self.step_index, self.model_calls = 0, 0
         self._counts, self._needed = None, None  # set by prepare() for the coming step
 
@@ -91,12 +77,13 @@ class GenerationRun:
         """Fix this step's unmasking counts; False when the step unmasks nothing (no model call)."""
         masked = self.tokens == self.mask_id
         n_current = masked.sum(1)
-        if self.eb_gamma is not None:  # adaptive counts; the last allowed step takes what is left
+        if self.config.eb_gamma is not None:  # adaptive counts; the last allowed step takes what is left
             self._counts = n_current if self.step_index == self.steps - 1 else None
             self._needed = True
         else:
+            bernoulli = self.config.bernoulli
             self._counts = unmask_counts(self.n_initial, n_current, self.steps, self.step_index, self.schedule,
-                                         self.bernoulli, self.generator if self.bernoulli else None)
+                                         bernoulli, self.generator if bernoulli else None)
             self._needed = bool(self._counts.any())
         return self._needed
 
@@ -115,25 +102,10 @@ class GenerationRun:
             step = self.max_rows_per_pass or len(self.tokens)
             for s in range(0, len(self.tokens), step):  # micro-batches of sequences bound the step's memory
                 rows = slice(s, s + step)
-                values[rows] = self._draw(h[rows], self.tokens[rows], masked[rows],
-                                          None if chosen is None else chosen[rows],
-                                          None if self._counts is None else self._counts[rows])
+                values[rows] = self.sampler.draw(self, h[rows], self.tokens[rows], masked[rows],
+                                                 None if chosen is None else chosen[rows],
+                                                 None if self._counts is None else self._counts[rows])
         return self._commit(values)
-
-    def _draw(self, h, tokens, masked, chosen, counts) -> torch.Tensor:
-        """This step's tokens for some of the sequences (all of them unless micro-batched)."""
-        if not self.joint:
-            return marginal_step(self.model, h, tokens, masked, chosen, counts, ADAPTIVE.get(self.ordering),
-                                 self.temperature, self.generator, self.contraction)
-        if self.eb_gamma is not None:  # EB ranks by its proxy; the last allowed step takes all
-            last = counts is not None
-            return chain_rule_step(self.model, h, tokens, masked, counts, eb_score(self.eb_proxy),
-                                   self.temperature, self.generator, None if last else self.eb_gamma)
-        if self.ordering in ADAPTIVE:
-            return chain_rule_step(self.model, h, tokens, masked, counts, ADAPTIVE[self.ordering],
-                                   self.temperature, self.generator)
-        return predetermined_step(self.model, h, tokens, masked, chosen, self.temperature, self.generator,
-                                  self.contraction)
 
     @property
     def needs_model(self) -> bool:
@@ -145,8 +117,7 @@ class GenerationRun:
         """Whether this step can share its joint draw with other runs (``step_together``): a model call
         with a predetermined ordering (the set T is fixed before the head runs), by a run that fits one pass."""
         fits = self.max_rows_per_pass is None or len(self.tokens) <= self.max_rows_per_pass
-        return (bool(self._needed) and self.eb_gamma is None and self.ordering in PREDETERMINED and fits
-                and self.joint)
+        return bool(self._needed) and self.sampler.batchable and fits
 
     def chosen(self) -> torch.Tensor:
         """This step's set T for a predetermined ordering: [b, l] bool."""
@@ -189,7 +160,7 @@ def step_together(runs: list[GenerationRun], features: list[torch.Tensor | None]
     groups: dict[tuple[int, float, str], list[int]] = {}  # (model, temperature, contraction) -> runs
     for i, run in enumerate(runs):
         if run.joins_batch and features[i] is not None:
-            groups.setdefault((id(run.model), run.temperature, run.contraction), []).append(i)
+            groups.setdefault((id(run.model), run.config.temperature, run.config.contraction), []).append(i)
     states: list[StepState | None] = [None] * len(runs)
     passes = [(t, c, part) for (_, t, c), members in groups.items() for part in _passes(runs, members)]
     for temperature, contraction, members in passes:
@@ -238,11 +209,20 @@ def run_together(model, runs: list[GenerationRun]) -> list[StepState]:
     return [final[id(run)] for run in runs]
 
 
+RUN_SETTINGS = ("seed", "prompt", "device", "max_rows_per_pass")  # a run's own; the rest are the sampler's
+
+
+def make_run(model, num_samples: int, steps: int, **settings) -> GenerationRun:
+    """A ``GenerationRun`` from flat keyword settings: ``RUN_SETTINGS`` for the run, the rest for its
+    ``SamplerConfig`` (ordering, schedule, eb_gamma, eb_proxy, temperature, contraction, joint, bernoulli)."""
+    run_kw = {k: settings.pop(k) for k in RUN_SETTINGS if k in settings}
+    return GenerationRun(model, num_samples, steps, SamplerConfig(**settings), **run_kw)
+
+
 def generate(model, num_samples: int, steps: int, **settings):
     """Yield a ``StepState`` after every denoising step; the last one has ``done = True`` and holds the
-    finished sequences (also the generator's return value). Settings: ordering, schedule, eb_gamma,
-    eb_proxy, temperature, seed, prompt, bernoulli, contraction, device (see ``GenerationRun``)."""
-    run = GenerationRun(model, num_samples, steps, **settings)
+    finished sequences (also the generator's return value). Settings: as ``make_run``."""
+    run = make_run(model, num_samples, steps, **settings)
     state = None
     while not run.done:
         state = run.step()

@@ -1,0 +1,64 @@
+"""One generation request's sampler, frozen: what the request schemas build (``to_sampler_config``) and
+``GenerationRun`` takes. It answers what admission and evaluation ask of a sampler (``step``: the step
+class that draws each denoising step, and whether that step is adaptive or sums a format's full head
+outputs), so no caller decides by the ordering's or the sampler's name."""
+
+from dataclasses import asdict, dataclass
+
+from ttcore.decompositions import CONTRACTIONS, get_decomposition
+
+from .eb import EB_PROXIES
+from .orderings import ADAPTIVE, PREDETERMINED
+from .schedules import SCHEDULES
+from .steps import STEP_CLASSES, Step
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    """``ordering``: predetermined (random, left_to_right, halton) or adaptive (top_prob, margin, entropy);
+    ``schedule``: tokens per step; ``eb_gamma``: EB-Sampler's bound (None: a fixed number of tokens per
+    step); ``eb_proxy``: EB's error proxy; ``temperature``; ``contraction`` (TT: how positions outside a
+    step's set are summed out); ``joint``: False draws each position from its exact marginal (the rank-1
+    view); ``bernoulli``: per-position unmasking coins instead of exact counts."""
+    ordering: str = "random"
+    schedule: str = "loglinear"
+    eb_gamma: float | None = None
+    eb_proxy: str = "entropy"
+    temperature: float = 1.0
+    contraction: str = "head"
+    joint: bool = True
+    bernoulli: bool = False
+
+    def __post_init__(self):
+        if self.ordering not in PREDETERMINED and self.ordering not in ADAPTIVE:
+            raise ValueError(f"ordering must be one of {sorted(PREDETERMINED) + sorted(ADAPTIVE)}, got "
+                             f"{self.ordering!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}, got {self.schedule!r}")
+        if self.eb_gamma is not None and self.eb_gamma < 0:
+            raise ValueError(f"eb_gamma must be >= 0, got {self.eb_gamma}")
+        if self.eb_proxy not in EB_PROXIES:
+            raise ValueError(f"eb_proxy must be one of {sorted(EB_PROXIES)}, got {self.eb_proxy!r}")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.contraction not in CONTRACTIONS:
+            raise ValueError(f"contraction must be one of {list(CONTRACTIONS)}, got {self.contraction!r}")
+        if not self.joint and self.eb_gamma is not None:
+            raise ValueError("joint=False (independent draws from the marginals) needs a fixed sampler, not EB")
+
+    @property
+    def step(self) -> Step:
+        """The step class that draws each denoising step with these settings (``steps.STEP_CLASSES``, the
+        first that accepts them)."""
+        return next(cls(self) for cls in STEP_CLASSES if cls.accepts(self))
+
+    def step_kind(self, model_cfg) -> tuple[bool, bool]:
+        """``(adaptive, exact)`` of its steps on a model: adaptive steps hold every position's full head
+        outputs per sequence; exact ones sum a format's full head outputs (``Decomposition.sums_exactly``)."""
+        adaptive = self.step.adaptive
+        exact = get_decomposition(model_cfg.decomposition).sums_exactly(self.contraction, self.temperature,
+                                                                         self.joint, adaptive)
+        return adaptive, exact
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,22 @@
+"""An adaptive ordering's step (top_prob, margin, entropy) by the exact chain rule (Sec. 4.2): pick the best
+free position by the marginals conditional on this step's earlier picks, draw it, repeat
+(``joint_step.chain_rule_step``)."""
+
+from ..joint_step import chain_rule_step
+from ..orderings import ADAPTIVE
+
+
+class ChainRuleStep:
+    adaptive, batchable = True, False
+
+    def __init__(self, config):
+        self.config = config
+
+    @classmethod
+    def accepts(cls, config) -> bool:
+        return config.joint and config.eb_gamma is None and config.ordering in ADAPTIVE
+
+    def draw(self, run, h, tokens, masked, chosen, counts):
+        c = self.config
+        return chain_rule_step(run.model, h, tokens, masked, counts, ADAPTIVE[c.ordering], c.temperature,
+                               run.generator)

@@ -1,0 +1,22 @@
+"""EB-Sampler's step (Ben-Hamu et al. 2025) by the chain rule: picks ranked by the error proxy go on while
+their conditional entropies satisfy the bound; the last allowed step takes what is left."""
+
+from ..eb import eb_score
+from ..joint_step import chain_rule_step
+
+
+class EBStep:
+    adaptive, batchable = True, False
+
+    def __init__(self, config):
+        self.config = config
+
+    @classmethod
+    def accepts(cls, config) -> bool:
+        return config.joint and config.eb_gamma is not None
+
+    def draw(self, run, h, tokens, masked, chosen, counts):
+        c = self.config
+        last = counts is not None  # the run's last allowed step: its counts take every masked position
+        return chain_rule_step(run.model, h, tokens, masked, counts, eb_score(c.eb_proxy), c.temperature,
+                               run.generator, None if last else c.eb_gamma)

@@ -1,0 +1,23 @@
+"""The rank-1 view of a joint model (``joint=False``): each position of the step drawn independently from
+the joint's exact single-position marginal (``joint_step.marginal_step``); with an adaptive ordering it
+ranks every masked position's marginal."""
+
+from ..joint_step import marginal_step
+from ..orderings import ADAPTIVE
+
+
+class MarginalViewStep:
+    batchable = False
+
+    def __init__(self, config):
+        self.config = config
+        self.adaptive = config.ordering in ADAPTIVE
+
+    @classmethod
+    def accepts(cls, config) -> bool:
+        return not config.joint
+
+    def draw(self, run, h, tokens, masked, chosen, counts):
+        c = self.config
+        return marginal_step(run.model, h, tokens, masked, chosen, counts, ADAPTIVE.get(c.ordering), c.temperature,
+                             run.generator, c.contraction)
