@@ -16,6 +16,7 @@ from .schema import (
     Contraction,
     EBProxy,
     Ordering,
+    Sampler,
     Schedule,
 )
 
@@ -50,7 +51,8 @@ class CompletionRequest(BaseModel):
     steps: int = Field(16, ge=1, le=MAX_STEPS, description="Denoising steps (extension).")
     ordering: Ordering = Field("random", description="Unmasking order (extension), as in POST /generate.")
     schedule: Schedule = Field("loglinear", description="Tokens per step (extension).")
-    sampler: Literal["fixed", "eb"] = Field("fixed", description="`eb`: EB-Sampler's adaptive counts (extension).")
+    sampler: Sampler = Field("fixed", description="`eb`: EB-Sampler's adaptive counts; a registered sampler's name "
+                                                  "(extension), as in POST /generate.")
     eb_gamma: float = Field(0.5, ge=0, le=1e6, allow_inf_nan=False, description="EB-Sampler budget (extension).")
     eb_proxy: EBProxy = Field("entropy", description="EB-Sampler's error proxy (extension).")
     contraction: Contraction = Field("head", description="TT contraction (extension), as in POST /generate.")

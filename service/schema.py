@@ -1,15 +1,28 @@
 """Request and response schemas of the HTTP API (pydantic). A request converts itself to the
 sampler's settings; every field is documented with its rule and an example for the OpenAPI page."""
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from ttcore.decompositions import CONTRACTIONS, DECOMPOSITIONS
 from ttcore.sampling import ADAPTIVE, EB_PROXIES, PREDETERMINED, SCHEDULES, SamplerConfig
+from ttcore.sampling.steps import SAMPLERS
 
-# the API's choices are the library's registries: a new ordering, schedule or decomposition appears here
-Decomposition = Literal[tuple(DECOMPOSITIONS)]
+
+def registered(names, what: str):
+    """A name that must be in ``names()`` when a request is validated (so a format or sampler registered
+    after import is accepted); the OpenAPI document lists the names registered when it is built."""
+    def check(value: str) -> str:
+        if value not in names():
+            raise ValueError(f"{what} must be one of {', '.join(names())}")
+        return value
+    return Annotated[str, AfterValidator(check), Field(json_schema_extra=lambda schema: schema.update(enum=names()))]
+
+
+# the API's choices are the library's registries: a new ordering, schedule, format or sampler appears here
+Decomposition = registered(lambda: list(DECOMPOSITIONS), "decomposition")
+Sampler = registered(lambda: ["fixed", "eb", *SAMPLERS], "sampler")
 Ordering = Literal[tuple(PREDETERMINED) + tuple(ADAPTIVE)]
 Schedule = Literal[tuple(SCHEDULES)]
 EBProxy = Literal[tuple(EB_PROXIES)]
@@ -51,8 +64,9 @@ class GenerateRequest(BaseModel):
     schedule: Schedule = Field(
         "loglinear", description="Tokens per step: `loglinear` (MDLM's, even counts), `linear` (linear noise) "
                                  "or `cosine` (MaskGIT's).")
-    sampler: Literal["fixed", "eb"] = Field(
-        "fixed", description="`fixed`: counts from `schedule`; `eb`: EB-Sampler's adaptive counts.")
+    sampler: Sampler = Field(
+        "fixed", description="`fixed`: counts from `schedule`; `eb`: EB-Sampler's adaptive counts; any other: a "
+                             "sampler registered with the library (`ttcore.sampling.steps.register_step`).")
     eb_gamma: float = Field(0.5, ge=0, le=1e6, allow_inf_nan=False,
                             description="EB-Sampler entropy budget (finite, >= 0; 0 = one token per step). Used by "
                                         "`sampler: eb`.", examples=[0.5])
@@ -117,7 +131,8 @@ class GenerateRequest(BaseModel):
         """The request's sampler, frozen (as vLLM's ``to_sampling_params``); the seed and prompt are the run's."""
         return SamplerConfig(ordering=self.ordering, schedule=self.schedule, temperature=self.temperature,
                              eb_gamma=self.eb_gamma if self.sampler == "eb" else None, eb_proxy=self.eb_proxy,
-                             contraction=self.contraction, joint=self.joint)
+                             contraction=self.contraction, joint=self.joint,
+                             sampler=None if self.sampler in ("fixed", "eb") else self.sampler)
 
 
 class Sample(BaseModel):

@@ -10,7 +10,7 @@ from ttcore.decompositions import CONTRACTIONS, get_decomposition
 from .eb import EB_PROXIES
 from .orderings import ADAPTIVE, PREDETERMINED
 from .schedules import SCHEDULES
-from .steps import STEP_CLASSES, Step
+from .steps import SAMPLERS, STEP_CLASSES, Step
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,8 @@ class SamplerConfig:
     ``schedule``: tokens per step; ``eb_gamma``: EB-Sampler's bound (None: a fixed number of tokens per
     step); ``eb_proxy``: EB's error proxy; ``temperature``; ``contraction`` (TT: how positions outside a
     step's set are summed out); ``joint``: False draws each position from its exact marginal (the rank-1
-    view); ``bernoulli``: per-position unmasking coins instead of exact counts."""
+    view); ``bernoulli``: per-position unmasking coins instead of exact counts; ``sampler``: a step class
+    registered by name (``steps.register_step``), None: the built-in one the settings select."""
     ordering: str = "random"
     schedule: str = "loglinear"
     eb_gamma: float | None = None
@@ -28,8 +29,11 @@ class SamplerConfig:
     contraction: str = "head"
     joint: bool = True
     bernoulli: bool = False
+    sampler: str | None = None
 
     def __post_init__(self):
+        if self.sampler is not None and self.sampler not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {sorted(SAMPLERS)} (or none), got {self.sampler!r}")
         if self.ordering not in PREDETERMINED and self.ordering not in ADAPTIVE:
             raise ValueError(f"ordering must be one of {sorted(PREDETERMINED) + sorted(ADAPTIVE)}, got "
                              f"{self.ordering!r}")
@@ -50,6 +54,8 @@ class SamplerConfig:
     def step(self) -> Step:
         """The step class that draws each denoising step with these settings (``steps.STEP_CLASSES``, the
         first that accepts them)."""
+        if self.sampler is not None:
+            return SAMPLERS[self.sampler](self)
         return next(cls(self) for cls in STEP_CLASSES if cls.accepts(self))
 
     def step_kind(self, model_cfg) -> tuple[bool, bool]:

@@ -1,6 +1,7 @@
 """The step classes: one algorithm each for drawing a denoising step's tokens, with one contract
-(``Step``). ``STEP_CLASSES`` is the registry ``SamplerConfig.step`` picks from (the first that accepts the
-settings); a new sampler is a new file here plus one entry."""
+(``Step``). ``STEP_CLASSES`` is what ``SamplerConfig.step`` picks from by the settings (the first that
+accepts them); ``SAMPLERS`` names the step classes a request may ask for by name (``sampler``). A new
+sampler is a new file here plus one entry, or one ``register_step`` call from anywhere."""
 
 from .base import Step
 from .chain_rule import ChainRuleStep
@@ -9,13 +10,16 @@ from .marginal_view import MarginalViewStep
 from .predetermined import PredeterminedJointStep
 
 STEP_CLASSES: list[type[Step]] = [MarginalViewStep, EBStep, ChainRuleStep, PredeterminedJointStep]
+SAMPLERS: dict[str, type[Step]] = {}  # named samplers beyond the settings-chosen ones (``SamplerConfig.sampler``)
 
 
-def register_step(cls: type[Step]) -> type[Step]:
-    """Put a step class first in the registry (its ``accepts`` decides which settings it takes)."""
-    STEP_CLASSES.insert(0, cls)
+def register_step(name: str, cls: type[Step]) -> type[Step]:
+    """Make ``cls`` the sampler a request selects with ``sampler: name``."""
+    if name in ("fixed", "eb"):
+        raise ValueError(f"sampler name {name!r} is taken by the built-in samplers")
+    SAMPLERS[name] = cls
     return cls
 
 
-__all__ = ["STEP_CLASSES", "ChainRuleStep", "EBStep", "MarginalViewStep", "PredeterminedJointStep", "Step",
-           "register_step"]
+__all__ = ["SAMPLERS", "STEP_CLASSES", "ChainRuleStep", "EBStep", "MarginalViewStep", "PredeterminedJointStep",
+           "Step", "register_step"]
