@@ -44,7 +44,7 @@ from ttcore.data import load_qm9
 from ttcore.decompositions import exact_contracted_cores, get_decomposition
 from ttcore.losses import forward_mask, sample_times
 from ttcore.metrics import molecule_metrics
-from ttcore.models import load_for_inference
+from ttcore.models import load_for_inference, read_train_config
 from ttcore.sampling import PREDETERMINED, cost, generate, unmask_counts
 from ttcore.sampling.schedules import SCHEDULES
 from ttcore.scoring import elbo
@@ -157,10 +157,12 @@ CARD_SECTION = "## Few-step quality"
 
 
 def train_config(path: Path) -> TrainConfig:
-    """The training config recorded in the checkpoint's model card (its ``## Config`` JSON block)."""
-    card = (path / "model_card.md").read_text()
-    block = card.split("## Config", 1)[1].split("```json", 1)[1].split("```", 1)[0]
-    return TrainConfig.from_dict(json.loads(block))
+    """The training config the checkpoint records (``train_config.json``)."""
+    values = read_train_config(path)
+    if values is None:
+        raise SystemExit(f"{path.name} has no train_config.json (written by the recipes and export.py): its "
+                         "validation split and batch size are unknown")
+    return TrainConfig.from_dict(values)
 
 
 @torch.no_grad()

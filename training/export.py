@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from ttcore.models import load_checkpoint, save_checkpoint
+from ttcore.models import load_checkpoint, read_train_config, save_checkpoint
 
 
 def main():
@@ -28,7 +28,8 @@ def main():
     card += f"\nExported from `{args.src}` with weights in {args.dtype}.\n"
     if args.note:
         card += f"\n{args.note}\n"
-    save_checkpoint(args.out, model, tok, dtype=getattr(torch, args.dtype), model_card=card)
+    save_checkpoint(args.out, model, tok, dtype=getattr(torch, args.dtype), model_card=card,
+                    train_config=read_train_config(args.src))
     print(f"wrote {args.out}")
 
 

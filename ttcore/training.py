@@ -376,7 +376,8 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
         with ema.applied(model) if ema is not None else contextlib.nullcontext() as raw:
             tensors.update({f"raw.{n}": v for n, v in (raw or {}).items()})
             save_checkpoint(out, model, tokenizer, model_card=model_card(title, cfg, model, meta),
-                            train_state=(tensors, dict(meta, optimizer=opt_meta, config=asdict(cfg))))
+                            train_state=(tensors, dict(meta, optimizer=opt_meta, config=asdict(cfg))),
+                            train_config=asdict(cfg))
 
     bar = tqdm(total=max_steps, initial=meta["step"], disable=quiet, dynamic_ncols=True, mininterval=5)
     tokens_seen, t0 = 0, time.time()

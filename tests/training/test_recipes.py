@@ -277,6 +277,11 @@ def test_a_tiny_vadd_pretrains_fine_tunes_to_tt_exports_and_serves(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "training" / "export.py"), "--src", str(tmp_path / "tt"),
                            "--out", str(exported), "--family", "qm9"], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
+    # the recipe's config travels as train_config.json (cards are rendered from it, never parsed back)
+    trained = json.loads((tmp_path / "tt" / "train_config.json").read_text())
+    assert trained == json.loads((exported / "train_config.json").read_text()) and trained["model"]["rank"] == 2
+    tt_state = json.loads((tmp_path / "tt" / "train_state" / "state.json").read_text())
+    assert trained == tt_state["config"]  # the same config the resumable state holds
     proc, url = start_uvicorn(tmp_path / "served", "--threads", "1")
     try:
         (info,) = httpx.get(url + "/models").json()["models"]

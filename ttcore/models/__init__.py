@@ -5,9 +5,17 @@ from .heads import FinalLayer, JointHead
 from .joint_model import HeadOutputs, JointModel, ModelConfig
 
 __all__ = ["DiT", "DiTConfig", "FinalLayer", "HeadOutputs", "JointHead", "JointModel", "ModelConfig"]
-from .checkpoint import CheckpointError, load_checkpoint, load_train_state, read_config, save_checkpoint
+from .checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    load_train_state,
+    read_config,
+    read_train_config,
+    save_checkpoint,
+)
 from .inference import load_for_inference, prepare_for_inference
 from .precision import PRECISIONS, compute_context, resolve_precision
 
-__all__ += ["CheckpointError", "load_checkpoint", "load_train_state", "read_config", "save_checkpoint",
-            "PRECISIONS", "compute_context", "load_for_inference", "prepare_for_inference", "resolve_precision"]
+__all__ += ["CheckpointError", "load_checkpoint", "load_train_state", "read_config", "read_train_config",
+            "save_checkpoint", "PRECISIONS", "compute_context", "load_for_inference", "prepare_for_inference",
+            "resolve_precision"]

@@ -24,6 +24,7 @@ from safetensors.torch import load_file, save_file
 from .joint_model import JointModel, ModelConfig
 
 FORMAT_VERSION = 1
+TRAIN_CONFIG = "train_config.json"  # the training recipe's config, beside config.json
 
 
 class CheckpointError(ValueError):
@@ -71,9 +72,10 @@ def write_atomic(directory: str | Path, write) -> None:
 
 def save_checkpoint(directory: str | Path, model: JointModel, tokenizer, *, dtype: torch.dtype | None = None,
                     model_card: str | None = None, train_state: tuple[dict, dict] | None = None,
-                    extra_files: dict[str, Path] | None = None) -> None:
+                    extra_files: dict[str, Path] | None = None, train_config: dict | None = None) -> None:
     """Write a checkpoint atomically. ``train_state`` = (tensors, json-able metadata) for resuming;
-    ``dtype`` casts floating weights (e.g. bfloat16 for bundled checkpoints)."""
+    ``dtype`` casts floating weights (e.g. bfloat16 for bundled checkpoints); ``train_config``: the recipe's
+    config, written as ``train_config.json`` (the model card is rendered from it, never parsed back)."""
     state = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().cpu().contiguous()
              for k, v in model.state_dict().items()}
 
@@ -85,6 +87,8 @@ def save_checkpoint(directory: str | Path, model: JointModel, tokenizer, *, dtyp
         tokenizer.save(tmp)
         if model_card is not None:
             (tmp / "model_card.md").write_text(model_card)
+        if train_config is not None:
+            (tmp / TRAIN_CONFIG).write_text(json.dumps(train_config, indent=1))
         if train_state is not None:
             (tmp / "train_state").mkdir()
             tensors, meta = train_state
@@ -95,6 +99,12 @@ def save_checkpoint(directory: str | Path, model: JointModel, tokenizer, *, dtyp
             shutil.copy(src, tmp / name)
 
     write_atomic(directory, write)
+
+
+def read_train_config(directory: str | Path) -> dict | None:
+    """The recipe's config a checkpoint was trained with (``train_config.json``), or None when it has none."""
+    path = _resolve(Path(directory)) / TRAIN_CONFIG
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def read_config(directory: str | Path) -> dict:
