@@ -28,7 +28,7 @@ from .admission import TooLarge
 from .engine import EngineError, Overloaded
 from .openai_schema import Completion, CompletionChoice, CompletionRequest, OpenAIModel, OpenAIModelList, Usage
 from .registry import LoadedModel, ModelNotFound, PromptError
-from .schema import MIN_TEMPERATURE, GenerateRequest
+from .schema import MIN_TEMPERATURE, GenerateRequest, SamplerFields
 from .serving import Serving, Unsupported
 from .statuses import failure_status
 
@@ -57,11 +57,10 @@ def openai_error(status: int, message: str, param: str | None = None, code: str 
 def _generate_request(req: CompletionRequest) -> GenerateRequest:
     m = _model_id_pattern().match(req.model)
     family, decomposition, rank = (m["family"], m["decomposition"], int(m["rank"])) if m else (req.model, None, None)
-    return GenerateRequest(model=family, decomposition=decomposition, rank=rank, num_samples=req.n, steps=req.steps,
-                           ordering=req.ordering, schedule=req.schedule, sampler=req.sampler, eb_gamma=req.eb_gamma,
-                           eb_proxy=req.eb_proxy, temperature=max(req.temperature, MIN_TEMPERATURE),
-                           contraction=req.contraction, seed=req.seed, prompt=req.prompt or None,
-                           joint=req.joint, timeout_s=req.timeout_s)
+    sampler = {name: getattr(req, name) for name in SamplerFields.model_fields}  # the shared fields, as sent
+    return GenerateRequest(model=family, decomposition=decomposition, rank=rank, num_samples=req.n,
+                           temperature=max(req.temperature, MIN_TEMPERATURE), seed=req.seed,
+                           prompt=req.prompt or None, **sampler)
 
 
 class _Choice:

@@ -6,22 +6,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .schema import (
-    MAX_PROMPT_CHARS,
-    MAX_SAMPLES,
-    MAX_SEED,
-    MAX_STEPS,
-    MAX_TIMEOUT_S,
-    MIN_TEMPERATURE,
-    Contraction,
-    EBProxy,
-    Ordering,
-    Sampler,
-    Schedule,
-)
+from .schema import MAX_PROMPT_CHARS, MAX_SAMPLES, MAX_SEED, MAX_STEPS, MIN_TEMPERATURE, SamplerFields
 
 
-class CompletionRequest(BaseModel):
+class CompletionRequest(SamplerFields):
+    """OpenAI's Completions request; the sampler's fields (``SamplerFields``) are extensions (``extra_body``)."""
+
     model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [
         {"model": "qm9-tt-r8", "prompt": "C1CC", "n": 4, "steps": 8, "seed": 0},
         {"model": "text", "prompt": "The Congress", "max_tokens": 32, "stream": True, "steps": 16},
@@ -47,19 +37,7 @@ class CompletionRequest(BaseModel):
     suffix: None = Field(None, description="Not supported (null only).")
     logprobs: None = Field(None, description="Not supported (null only); see POST /score for exact log-probabilities.")
     user: str | None = Field(None, max_length=256)
-    # diffusion settings (extra_body)
-    steps: int = Field(16, ge=1, le=MAX_STEPS, description="Denoising steps (extension).")
-    ordering: Ordering = Field("random", description="Unmasking order (extension), as in POST /generate.")
-    schedule: Schedule = Field("loglinear", description="Tokens per step (extension).")
-    sampler: Sampler = Field("fixed", description="`eb`: EB-Sampler's adaptive counts; a registered sampler's name "
-                                                  "(extension), as in POST /generate.")
-    eb_gamma: float = Field(0.5, ge=0, le=1e6, allow_inf_nan=False, description="EB-Sampler budget (extension).")
-    eb_proxy: EBProxy = Field("entropy", description="EB-Sampler's error proxy (extension).")
-    contraction: Contraction = Field("head", description="TT contraction (extension), as in POST /generate.")
-    joint: bool = Field(True, strict=True, description="`false`: independent draws from the joint's exact "
-                                                       "marginals (extension), as in POST /generate.")
-    timeout_s: float | None = Field(None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False,
-                                    description="Deadline in seconds (extension).")
+
 
 
 class CompletionChoice(BaseModel):

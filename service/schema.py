@@ -38,22 +38,11 @@ MAX_VALID_ROUNDS = 4  # valid_only: rounds of num_samples draws at most (a bound
 ROUND_SEED_STRIDE = 1_000_003  # valid_only with a seed: round k draws with seed + k * stride
 
 
-class GenerateRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [
-        {"model": "qm9", "decomposition": "tt", "num_samples": 4, "steps": 8, "ordering": "random", "seed": 0},
-        {"model": "qm9", "num_samples": 2, "steps": 32, "sampler": "eb", "eb_gamma": 0.5, "stream": True},
-        {"model": "qm9", "num_samples": 2, "steps": 8, "prompt": "c1ccccc1[MASK][MASK]", "ordering": "top_prob"},
-    ]})
+class SamplerFields(BaseModel):
+    """The sampler's fields, typed once: ``POST /generate`` and ``POST /v1/completions`` (as extensions) both
+    take them; ``to_sampler_config`` turns them into the library's ``SamplerConfig``."""
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    model: str | None = Field(None, description="Model family, e.g. `qm9` or `text`. Default: the first loaded.",
-                              examples=["qm9"], max_length=64)
-    decomposition: Decomposition | None = Field(
-        None, description="Joint distribution of the checkpoint: `none` (rank-1 MDM), `cp` or `tt`. "
-                          "Default: the best available (TT over CP over none, higher rank first).", examples=["tt"])
-    rank: int | None = Field(None, ge=1, le=1024, description="Rank of the checkpoint (with `decomposition`).",
-                             examples=[8])
-    num_samples: int = Field(4, ge=1, le=MAX_SAMPLES, description=f"Sequences to generate, 1..{MAX_SAMPLES}.",
-                             examples=[4])
     steps: int = Field(16, ge=1, le=MAX_STEPS,
                        description=f"Denoising steps K, 1..{MAX_STEPS} (one model call each; with `sampler: eb` "
                                    "the cap on steps). The last step unmasks everything left.", examples=[8])
@@ -73,23 +62,12 @@ class GenerateRequest(BaseModel):
     eb_proxy: EBProxy = Field(
         "entropy", description="EB-Sampler's error proxy that ranks positions (lowest first): `entropy`, "
                                "`confidence` (minus the top probability) or `margin` (minus top-1 minus top-2).")
-    temperature: float = Field(1.0, ge=MIN_TEMPERATURE, le=100, allow_inf_nan=False,
-                               description=f"Softmax temperature of the heads, {MIN_TEMPERATURE}..100 (finite). "
-                                           f"{MIN_TEMPERATURE} is already greedy in effect.", examples=[1.0])
     contraction: Contraction = Field(
         "head", description="TT with a predetermined ordering: how masked positions outside this step's set "
                             "are summed out. `head`: the learned contracted-core head (the paper's fast path; "
                             "exact with respect to that head's Gbar, not to the cores); `exact`: the sum of "
                             "the cores themselves (exact with respect to the TT; all V x r x r outputs on "
                             "every masked position). At temperature != 1 both use the exact sum.")
-    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="RNG seed, 0..2^53-1 (exact in JSON): the same "
-                                                                  "seed gives the same output on the same device.",
-                             examples=[0])
-    prompt: str | None = Field(
-        None, max_length=MAX_PROMPT_CHARS,
-        description="A template: known tokens are kept, `[MASK]` placeholders are filled; a template shorter "
-                    "than the model length is followed by masks (a prefix for text). SMILES templates may use "
-                    "`[PAD]` to fix the end.", examples=["C1CC[MASK][MASK]1"])
     joint: bool = Field(True, strict=True,
                         description="`false`: the rank-1 view of a CP / TT checkpoint: each position drawn "
                                     "independently from its exact marginal under the joint the step would "
@@ -101,6 +79,44 @@ class GenerateRequest(BaseModel):
                     "it the request ends: 504, or an `error` event with `code: timeout` when streaming. A request "
                     "whose estimated compute exceeds it is refused up front with a 422 naming the largest "
                     "`num_samples` that fits.", examples=[60])
+
+    def to_sampler_config(self) -> SamplerConfig:
+        """The request's sampler, frozen (as vLLM's ``to_sampling_params``); the seed and prompt are the run's.
+        ``temperature`` is each request type's own field (OpenAI's allows 0, served as the minimum)."""
+        temperature = max(self.temperature, MIN_TEMPERATURE)
+        return SamplerConfig(ordering=self.ordering, schedule=self.schedule, temperature=temperature,
+                             eb_gamma=self.eb_gamma if self.sampler == "eb" else None, eb_proxy=self.eb_proxy,
+                             contraction=self.contraction, joint=self.joint,
+                             sampler=None if self.sampler in ("fixed", "eb") else self.sampler)
+
+
+class GenerateRequest(SamplerFields):
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [
+        {"model": "qm9", "decomposition": "tt", "num_samples": 4, "steps": 8, "ordering": "random", "seed": 0},
+        {"model": "qm9", "num_samples": 2, "steps": 32, "sampler": "eb", "eb_gamma": 0.5, "stream": True},
+        {"model": "qm9", "num_samples": 2, "steps": 8, "prompt": "c1ccccc1[MASK][MASK]", "ordering": "top_prob"},
+    ]})
+
+    model: str | None = Field(None, description="Model family, e.g. `qm9` or `text`. Default: the first loaded.",
+                              examples=["qm9"], max_length=64)
+    decomposition: Decomposition | None = Field(
+        None, description="Joint distribution of the checkpoint: `none` (rank-1 MDM), `cp` or `tt`. "
+                          "Default: the best available (TT over CP over none, higher rank first).", examples=["tt"])
+    rank: int | None = Field(None, ge=1, le=1024, description="Rank of the checkpoint (with `decomposition`).",
+                             examples=[8])
+    num_samples: int = Field(4, ge=1, le=MAX_SAMPLES, description=f"Sequences to generate, 1..{MAX_SAMPLES}.",
+                             examples=[4])
+    temperature: float = Field(1.0, ge=MIN_TEMPERATURE, le=100, allow_inf_nan=False,
+                               description=f"Softmax temperature of the heads, {MIN_TEMPERATURE}..100 (finite). "
+                                           f"{MIN_TEMPERATURE} is already greedy in effect.", examples=[1.0])
+    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="RNG seed, 0..2^53-1 (exact in JSON): the same "
+                                                                  "seed gives the same output on the same device.",
+                             examples=[0])
+    prompt: str | None = Field(
+        None, max_length=MAX_PROMPT_CHARS,
+        description="A template: known tokens are kept, `[MASK]` placeholders are filled; a template shorter "
+                    "than the model length is followed by masks (a prefix for text). SMILES templates may use "
+                    "`[PAD]` to fix the end.", examples=["C1CC[MASK][MASK]1"])
     unique: bool = Field(False, strict=True,
                          description="Drop duplicate samples (SMILES: by RDKit canonical form; text: by text); the "
                                      "answer may then hold fewer than `num_samples`.")
@@ -126,13 +142,6 @@ class GenerateRequest(BaseModel):
             except UnicodeEncodeError:
                 raise ValueError("prompt must be valid Unicode text (it holds a lone surrogate)") from None
         return value
-
-    def to_sampler_config(self) -> SamplerConfig:
-        """The request's sampler, frozen (as vLLM's ``to_sampling_params``); the seed and prompt are the run's."""
-        return SamplerConfig(ordering=self.ordering, schedule=self.schedule, temperature=self.temperature,
-                             eb_gamma=self.eb_gamma if self.sampler == "eb" else None, eb_proxy=self.eb_proxy,
-                             contraction=self.contraction, joint=self.joint,
-                             sampler=None if self.sampler in ("fixed", "eb") else self.sampler)
 
 
 class Sample(BaseModel):
