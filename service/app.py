@@ -237,6 +237,15 @@ def create_app(serving: Serving, security: SecurityConfig | None = None) -> Fast
     async def models():
         return ModelList(models=registry.model_infos())
 
+    @app.get("/models/{checkpoint}/card", response_class=PlainTextResponse, responses={
+        200: {"description": "The checkpoint's model card", "content": {"text/markdown": {}}},
+        404: {"description": "No loaded checkpoint of that name has a card"}})
+    async def model_card(checkpoint: str):
+        card = next((lm.card for lm in registry.models if lm.name == checkpoint), None)
+        if card is None:
+            return JSONResponse(status_code=404, content={"detail": "no loaded checkpoint of that name has a card"})
+        return PlainTextResponse(card, media_type="text/markdown; charset=utf-8")
+
     @app.get("/health", responses={503: {"description": "A worker stopped, or has been on one step longer than "
                                                           "the stall limit (`--stall-s`)"}})
     async def health():

@@ -36,6 +36,7 @@ class LoadedModel:
     tokenizer: object
     info: ModelInfo
     speed: Speed  # this machine's timings of the model (admission's compute estimates)
+    card: str | None = None  # the model card's markdown (GET /models/{checkpoint}/card)
 
 
 _ABSOLUTE_PATH = re.compile(r"(?<![\w./-])/(?:[\w.+-]+/)+([\w.+-]+)")
@@ -88,13 +89,15 @@ class ModelRegistry:
         info = ModelInfo(model=family, checkpoint=d.name, domain=tok.kind, decomposition=cfg.decomposition,
                          rank=cfg.rank, head=cfg.head if get_decomposition(cfg.decomposition).joint_head else "base",
                          length=cfg.dit.length, vocab_size=cfg.dit.out_vocab,
-                         parameters=sum(p.numel() for p in model.parameters()), card=card,
+                         parameters=sum(p.numel() for p in model.parameters()),
+                         card_url=f"/models/{d.name}/card" if card is not None else None,
+                         summary=[line[2:] for line in (card or "").splitlines() if line.startswith("- ")][:8],
                          base="vadd" if cfg.dit.latent_dim else "mdlm", latent_dim=cfg.dit.latent_dim)
         speed = calibrate(model)
         log.info("loaded %s: %s %s r=%d; per sequence: %.3f s a step, about %.3f s of chain-rule picks (start-up "
                  "estimates: finished requests correct them)", d.name, family,
                  cfg.decomposition, cfg.rank, speed.predetermined_step, speed.chain_rule)
-        return LoadedModel(d.name, family, tok.kind, model, tok, info, speed)
+        return LoadedModel(d.name, family, tok.kind, model, tok, info, speed, card)
 
     @property
     def ready(self) -> bool:

@@ -288,7 +288,10 @@ class ModelInfo(BaseModel):
     length: int
     vocab_size: int
     parameters: int
-    card: str | None = None
+    card_url: str | None = Field(None, description="Where its model card (markdown: how it was trained and "
+                                                   "evaluated, its tables) is served; null without a card.")
+    summary: list[str] = Field(default_factory=list, description="The card's summary lines (steps, validation "
+                                                                "metrics), so a client need not fetch the card.")
     estimated_seconds: dict[str, float] = Field(
         default_factory=dict, description="Admission's current compute estimates on this server, per sequence "
         "(approximate: a start-up calibration corrected by the time each finished request took): "

@@ -19,7 +19,12 @@ def test_health_ready_models(server):
     models = httpx.get(server + "/models").json()["models"]
     assert {(m["model"], m["decomposition"], m["rank"]) for m in models} == {
         ("qm9", "none", 1), ("qm9", "tt", 2), ("qm9", "cp", 3), ("text", "none", 1)}
-    assert all(m["length"] > 0 and m["vocab_size"] > 0 and m["card"] for m in models)
+    assert all(m["length"] > 0 and m["vocab_size"] > 0 and m["card_url"] for m in models)
+    assert all(any(line.startswith("steps:") for line in m["summary"]) for m in models)
+    card = httpx.get(server + models[0]["card_url"])  # the card itself, served apart (was inlined: 13 KB each)
+    assert card.status_code == 200 and card.text.startswith("# ") and card.headers["content-type"].startswith(
+        "text/markdown")
+    assert httpx.get(server + "/models/nonexistent/card").status_code == 404
     spec = httpx.get(server + "/openapi.json").json()
     fields = spec["components"]["schemas"]["GenerateRequest"]["properties"]
     assert all(f.get("description") for f in fields.values())

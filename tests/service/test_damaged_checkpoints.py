@@ -49,10 +49,10 @@ def test_each_damaged_file_refuses_only_its_checkpoint(good, tmp_path, caplog, n
     with caplog.at_level(logging.WARNING):
         registry = ModelRegistry(tmp_path, "cpu", "fp32")
     served = {lm.name: lm for lm in registry.models}
-    assert "intact" in served and served["intact"].info.card == "# a card\n"
+    assert "intact" in served and served["intact"].card == "# a card\n"
     if name == "model_card.md":  # the card is documentation: the model is served without it
         assert "damaged" in served and not registry.refused
-        assert served["damaged"].info.card in (None, how) or how in ("truncated",)
+        assert served["damaged"].card in (None, how) or how in ("truncated",)
     else:
         assert set(registry.refused) == {"damaged"} and "damaged" not in served
         reason = registry.refused["damaged"]
