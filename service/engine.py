@@ -80,8 +80,6 @@ class Job:
     forward_s: float = 0.0  # its share of the backbone passes it took part in (split by sequences)
     sampling_s: float = 0.0  # its share of the rest of those steps: heads and joint draws
     tokens_per_step: list[int] = field(default_factory=list)
-    decode_s: float = 0.0  # set by the front end that decodes its outputs
-    next_round: "Job | None" = None  # a further round of the same request (serving's valid_only)
 
     @property
     def remaining_s(self) -> float:

@@ -5,6 +5,7 @@ import asyncio
 import functools
 import logging
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -56,6 +57,24 @@ def depict(smiles: str, width: int, height: int) -> str | None:
 DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks that its client is still there
 
 
+@dataclass
+class Ticket:
+    """A request as serving tracks it: its engine job, the time the front end spent decoding its outputs, and
+    the further round a ``valid_only`` request started (so that ``abort`` reaches it). The engine's ``Job``
+    knows none of these."""
+    job: Job
+    decode_s: float = 0.0
+    next_round: "Ticket | None" = None
+
+    @property
+    def id(self) -> str:
+        return self.job.id
+
+    @property
+    def lm(self):
+        return self.job.lm
+
+
 class Serving:
     """The generation API over a registry of models and an engine. ``memory_budget_mb``: the most one step
     of one request may hold (larger requests are micro-batched); ``max_timeout_s``: the longest deadline
@@ -69,7 +88,7 @@ class Serving:
         if any(lm.domain == "smiles" for lm in registry.models):
             smiles_checker()  # says at start-up, not at the first answer, when RDKit is missing
 
-    def submit(self, request: GenerateRequest) -> Job:
+    def submit(self, request: GenerateRequest) -> Ticket:
         """Admit a request (raises ModelNotFound, PromptError, Unsupported, admission.TooLarge, Overloaded). Must run on
         the event loop."""
         lm = self.registry.resolve(request.model, request.decomposition, request.rank)
@@ -90,9 +109,9 @@ class Serving:
             raise
         run = GenerationRun(lm.model, request.num_samples, request.steps, config, seed=request.seed, prompt=prompt,
                             device=self.registry.device, max_rows_per_pass=plan.max_rows_per_pass)
-        return self.engine.submit(lm, run, plan.seconds, timeout, kind=(adaptive, exact))
+        return Ticket(self.engine.submit(lm, run, plan.seconds, timeout, kind=(adaptive, exact)))
 
-    async def events(self, job: Job, steps: bool = True, request: GenerateRequest | None = None):
+    async def events(self, job: Ticket, steps: bool = True, request: GenerateRequest | None = None):
         """(event, payload) pairs: a ``step`` per denoising step (decoded only when ``steps``: a non-streaming
         answer does not pay for decoding partial sequences), then ``done`` (the answer) or ``error``;
         closing it early cancels the job. With ``request`` its chemist's options apply to the answer:
@@ -105,7 +124,7 @@ class Serving:
         stopped_early = None
         while True:
             done_before = len(rounds)
-            async for out in self.engine.outputs(job):
+            async for out in self.engine.outputs(job.job):
                 if isinstance(out, EngineError):
                     if out.kind == "timeout" and rounds:
                         stopped_early = "deadline"
@@ -133,7 +152,7 @@ class Serving:
                     or len(rounds) >= MAX_VALID_ROUNDS:
                 break
             seed = None if request.seed is None else (request.seed + len(rounds) * ROUND_SEED_STRIDE) % (MAX_SEED + 1)
-            left = first.timeout_s - (time.perf_counter() - first.arrived)  # the request's deadline holds
+            left = first.job.timeout_s - (time.perf_counter() - first.job.arrived)  # the request's deadline holds
             if left <= 0:
                 stopped_early = "deadline"
                 break
@@ -153,18 +172,18 @@ class Serving:
             "drawn": sum(r.drawn for r in rounds), "rounds": len(rounds),
             "stopped_early": stopped_early}).model_dump()
 
-    async def cancel_when(self, gone, job: Job, poll_s: float = DISCONNECT_POLL_S) -> None:
+    async def cancel_when(self, gone, job: Ticket, poll_s: float = DISCONNECT_POLL_S) -> None:
         """Cancel ``job`` (and its further rounds) as soon as ``await gone()`` says its client went away;
         run as a task beside a non-streaming answer, cancelled when the answer is sent."""
         while not await gone():
             await asyncio.sleep(poll_s)
         self.abort(job)
 
-    def abort(self, job: Job) -> None:
+    def abort(self, ticket: Ticket) -> None:
         """Cancel a request: its job, and the job of any further round it has started."""
-        while job is not None:
-            self.engine.abort(job.id)
-            job = job.next_round
+        while ticket is not None:
+            self.engine.abort(ticket.id)
+            ticket = ticket.next_round
 
     async def score(self, request: ScoreRequest, gone=None) -> ScoreResponse:
         """Exact joint scores or the ELBO of ``request.sequences`` (raises ModelNotFound, ScoreInputError,
@@ -229,17 +248,18 @@ class Serving:
         return ScoreResponse(model=lm.family, checkpoint=lm.name, decomposition=lm.info.decomposition,
                              rank=lm.info.rank, mode=request.mode, scores=out)
 
-    def outputs(self, job: Job):
-        """The engine's typed outputs of ``job`` (for front ends that format their own answers)."""
-        return self.engine.outputs(job)
+    def outputs(self, ticket: Ticket):
+        """The engine's typed outputs of ``ticket``'s job (for front ends that format their own answers)."""
+        return self.engine.outputs(ticket.job)
 
-    def answer_telemetry(self, job: Job, out: StepOutput) -> dict:
+    def answer_telemetry(self, ticket: Ticket, out: StepOutput) -> dict:
         """Steps, model calls, tokens per step and timings of a finished job (counted in the metrics once)."""
+        job = ticket.job
         m, family = self.metrics, job.lm.family
         m.samples.labels(family).inc(out.tokens.shape[0])
         m.steps.labels(family).inc(out.step)
         m.model_calls.observe(out.model_calls)
-        timings = self._timings(job)
+        timings = self._timings(ticket)
         for phase in ("queue", "forward", "sampling", "decode"):
             m.request_seconds.labels(family, phase).observe(getattr(timings, f"{phase}_ms") / 1e3)
         for n in job.tokens_per_step:
@@ -247,13 +267,15 @@ class Serving:
         return {"steps": out.step, "model_calls": out.model_calls, "checkpoint": job.lm.name,
                 "tokens_per_step": job.tokens_per_step, "timings": timings.model_dump()}
 
-    def _timings(self, job: Job) -> Timings:
+    def _timings(self, ticket: Ticket) -> Timings:
+        job = ticket.job
         now = time.perf_counter()
         return Timings(queue_ms=1e3 * (job.started - job.arrived),
                        first_event_ms=1e3 * (job.first_output - job.arrived), total_ms=1e3 * (now - job.arrived),
-                       forward_ms=1e3 * job.forward_s, sampling_ms=1e3 * job.sampling_s, decode_ms=1e3 * job.decode_s)
+                       forward_ms=1e3 * job.forward_s, sampling_ms=1e3 * job.sampling_s,
+                       decode_ms=1e3 * ticket.decode_s)
 
-    def step_event(self, job: Job, out: StepOutput, request_id: str | None = None, round: int = 0,
+    def step_event(self, job: Ticket, out: StepOutput, request_id: str | None = None, round: int = 0,
                    tokens: bool = False) -> StepEvent:
         tok, t0 = job.lm.tokenizer, time.perf_counter()
         rows = out.tokens.tolist()
@@ -263,7 +285,7 @@ class Serving:
         return StepEvent(id=request_id or job.id, round=round, step=out.step, sequences=sequences,
                          committed=out.committed, tokens=pieces)
 
-    def answer(self, job: Job, out: StepOutput) -> GenerateResponse:
+    def answer(self, job: Ticket, out: StepOutput) -> GenerateResponse:
         lm, t0 = job.lm, time.perf_counter()
         check = smiles_checker() if lm.domain == "smiles" else None
         samples = []
