@@ -4,6 +4,7 @@
     python benchmarks/sampling_overhead.py --quick    # QM9-sized only, fewer settings
     python benchmarks/sampling_overhead.py --size smoke --reps 1    # a 2-block toy: seconds (the tests run it)
     python benchmarks/sampling_overhead.py --size qm9 --latent-dim 32 --steps 128   # VADD+CP / VADD+TT vs VADD
+    python benchmarks/sampling_overhead.py --size qm9 --tt-rank 8 16 --steps 128 --quick   # TT ranks vs rank 1
 
 One randomly initialized backbone per size; rank-1, CP and TT heads are built from it exactly as
 fine-tuning does (heads with noise, so the joints are not degenerate). For each setting it times the
@@ -30,7 +31,7 @@ SIZES = {
 }
 
 
-def _models(size: dict, latent_dim: int = 0) -> dict:
+def _models(size: dict, latent_dim: int = 0, tt_ranks: list[int] | None = None) -> dict:
     torch.manual_seed(0)
     cfg = ModelConfig(DiTConfig(vocab_size=size["vocab"] + 1, out_vocab=size["vocab"], length=size["length"],
                                 hidden_dim=size["hidden"], n_blocks=size["blocks"], n_heads=size["heads"],
@@ -40,9 +41,11 @@ def _models(size: dict, latent_dim: int = 0) -> dict:
         for p in base.parameters():
             p.add_(0.02 * torch.randn_like(p))
     g = torch.Generator().manual_seed(0)
-    models = {"rank1": base,
-              f"cp{size['cp']}": JointModel.from_base(base, "cp", size["cp"], size["head"], 0.1, g),
-              f"tt{size['tt']}": JointModel.from_base(base, "tt", size["tt"], size["head"], 0.1, g)}
+    models = {"rank1": base}
+    if not tt_ranks:
+        models[f"cp{size['cp']}"] = JointModel.from_base(base, "cp", size["cp"], size["head"], 0.1, g)
+    for r in tt_ranks or [size["tt"]]:
+        models[f"tt{r}"] = JointModel.from_base(base, "tt", r, size["head"], 0.1, g)
     return {name: prepare_for_inference(m, "bf16") for name, m in models.items()}  # as served in bf16
 
 
@@ -71,6 +74,7 @@ def main():
     ap.add_argument("--latent-dim", type=int, default=0,
                     help="VADD backbones with a latent of this size (Sec. 4.4): the ratios are then to VADD")
     ap.add_argument("--steps", type=int, nargs="*", help="only these step counts")
+    ap.add_argument("--tt-rank", type=int, nargs="*", help="TT at these ranks (instead of the size's CP and TT)")
     args = ap.parse_args()
     sizes = [args.size] if args.size else ["qm9"] if args.quick else ["qm9", "text"]
     settings = [("random", dict(ordering="random")), ("top_prob", dict(ordering="top_prob")),
@@ -81,7 +85,7 @@ def main():
           f"best of {args.reps}; s/sample (model calls) and ratio to {'VADD' if args.latent_dim else 'rank 1'}")
     for name in sizes:
         size = SIZES[name]
-        models = _models(size, args.latent_dim)
+        models = _models(size, args.latent_dim, args.tt_rank)
         if args.latent_dim:  # the same timings, named for what they are: VADD, VADD+CP, VADD+TT
             models = {("vadd" if k == "rank1" else f"vadd+{k}"): m for k, m in models.items()}
         kind = f" VADD (latent {args.latent_dim})" if args.latent_dim else ""

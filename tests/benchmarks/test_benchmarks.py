@@ -39,6 +39,9 @@ def test_sampling_overhead_smoke():
     assert "smoke VADD (latent 4)" in vadd and "vadd+tt2" in vadd, vadd
     rows = [line for line in vadd.splitlines() if re.match(r"\s*(random|top_prob|eb g=0.5)\s+\d+ \|", line)]
     assert len(rows) == 3 and all(" x1.00" in line.split("|")[1] for line in rows), vadd  # VADD is the base
+    ranks = _bench(ROOT / "benchmarks" / "sampling_overhead.py", "--size", "smoke", "--reps", "1", "--tt-rank", "2",
+                   "3", "--steps", "2")
+    assert "rank1 |" in ranks and "tt2 |" in ranks and "tt3" in ranks and "cp" not in ranks.split("batch")[1], ranks
 
 
 def test_service_load_smoke():
