@@ -1,11 +1,7 @@
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from servers import make_checkpoints  # noqa: E402
+from servers import make_checkpoints  # importable: pyproject's pytest pythonpath
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "docs_hooks"))
 
 
 def test_readme_is_short_and_links_only_existing_pages():

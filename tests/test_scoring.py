@@ -4,17 +4,13 @@ per-position marginals of a masked set, and the ELBO's Monte Carlo estimate agai
 
 import itertools
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from tiny import tiny_model
 
-sys.path.insert(0, str(Path(__file__).parent / "sampling"))
-from tiny import tiny_model  # noqa: E402
-
-from ttcore.scoring import elbo, score  # noqa: E402
+from ttcore.scoring import elbo, score
 
 V, L, R = 3, 4, 2
 

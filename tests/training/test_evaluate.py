@@ -87,7 +87,6 @@ def test_evaluate_text_writes_genppl(tmp_path):
 
 
 def test_count_schedule_identifies_runs_that_only_differ_by_idle_steps():
-    sys.path.insert(0, str(ROOT / "training"))
     from evaluate import count_schedule
 
     assert count_schedule(22, 32) == count_schedule(22, 64) == (1,) * 22  # K >= l: one token a step
@@ -116,7 +115,6 @@ def test_cards_get_one_quality_section(checkpoints, tmp_path):
 
 
 def test_replace_section_keeps_the_sections_around_it():
-    sys.path.insert(0, str(ROOT / "training"))
     from evaluate import replace_section
 
     card = "# m\n\n## A\n\na\n\n## B\n\nb\n\n## C\n\nc\n"
@@ -162,7 +160,6 @@ def test_schedules_and_temperatures_are_lines_of_their_own(checkpoints, tmp_path
     assert set(rows) == {("loglinear", 1.0), ("loglinear", 0.05), ("cosine", 1.0), ("cosine", 0.05)}
     assert "qm9-base cosine T=0.05" in done.stdout and "qm9-base T=0.05" in done.stdout
     assert all(r["samples"] == 64 for r in rows.values())
-    sys.path.insert(0, str(ROOT / "training"))
     from evaluate import count_schedule, run_setting
 
     from ttcore.models import load_for_inference
@@ -175,7 +172,6 @@ def test_schedules_and_temperatures_are_lines_of_their_own(checkpoints, tmp_path
 
 
 def test_settings_are_micro_batched_within_the_memory_budget(checkpoints):
-    sys.path.insert(0, str(ROOT / "training"))
     from evaluate import rows_within, run_setting
 
     from ttcore.models import load_for_inference
