@@ -223,3 +223,53 @@ def test_joint_false_draws_each_position_from_the_exact_marginals(ordering):
 def test_joint_false_is_refused_with_eb():
     with pytest.raises(ValueError, match="fixed sampler"):
         make_run(ExplicitTT(_tt_cores()), 2, 4, eb_gamma=0.5, joint=False)
+
+
+def _entropy_np(q):
+    q = q[q > 0]
+    return float(-(q * np.log(q)).sum())
+
+
+@pytest.mark.parametrize("ordering", ["top_prob", "entropy"])
+def test_the_fast_adaptive_path_draws_its_set_jointly_from_the_tt(ordering):
+    """adaptive_path="fast", 2 steps: step 1 draws the 2 best positions T by the enumerated marginals jointly
+    from the TT (the others contracted), step 2 the rest from the TT whose T cores are delta * I (the
+    explicit model's known positions); the enumeration of exactly that is the target (chi-square)."""
+    cores = _tt_cores(4).numpy()
+    seqs = all_sequences(L, V).numpy()
+    p_tt = dense_tt(cores, seqs)
+    marg = np.stack([[p_tt[seqs[:, i] == x].sum() for x in range(V)] for i in range(L)])  # [l, v]
+    score = marg.max(1) if ordering == "top_prob" else -np.array([_entropy_np(m) for m in marg])
+    t1 = set(np.argsort(-score, kind="stable")[:2].tolist())
+    eye, p = np.eye(R), np.zeros(len(seqs))
+    for k, s in enumerate(seqs):
+        vec1, vec2 = np.ones(R) / R, np.ones(R) / R
+        for i in range(L):
+            vec1 = vec1 @ (cores[i, s[i]] if i in t1 else cores[i].sum(0))
+            vec2 = vec2 @ (eye if i in t1 else cores[i, s[i]])
+        p[k] = vec1.sum() * vec2.sum()
+    draws = _final(ExplicitTT(torch.from_numpy(cores)), 2, ordering=ordering, adaptive_path="fast")
+    assert chi_square_pvalue(draws, p, seqs) > 1e-3
+
+
+def test_the_fast_eb_step_with_unbounded_gamma_is_one_exact_joint_draw():
+    cores = _tt_cores(1)
+    seqs = all_sequences(L, V).numpy()
+    draws = _final(ExplicitTT(cores), 4, eb_gamma=1e9, adaptive_path="fast")
+    assert chi_square_pvalue(draws, dense_tt(cores.numpy(), seqs), seqs) > 1e-3
+
+
+def test_the_fast_path_chooses_the_best_positions_by_the_exact_marginals():
+    cores = _tt_cores(5)
+    seqs = all_sequences(L, V).numpy()
+    p = dense_tt(cores.numpy(), seqs)
+    marg = np.stack([[p[seqs[:, i] == x].sum() for x in range(V)] for i in range(L)])  # [l, v], enumerated
+    run = make_run(ExplicitTT(cores), 8, 2, seed=0, ordering="top_prob", adaptive_path="fast")
+    state = run.step()
+    want = set(np.argsort(-marg.max(1), kind="stable")[:2].tolist())  # the two most confident positions
+    assert all(set(row.nonzero().flatten().tolist()) == want for row in state.committed)
+    eb = make_run(ExplicitTT(cores), 4, 4, seed=0, eb_gamma=0.0, adaptive_path="fast")
+    assert all(int(row.sum()) == 1 for row in eb.step().committed)  # gamma 0: one token a step
+    assert run.sampler.adaptive and type(run.sampler).__name__ == "FastAdaptiveStep"
+    with pytest.raises(ValueError, match="adaptive_path"):
+        make_run(ExplicitTT(cores), 1, 1, adaptive_path="approximate")

@@ -20,7 +20,9 @@ class SamplerConfig:
     step); ``eb_proxy``: EB's error proxy; ``temperature``; ``contraction`` (TT: how positions outside a
     step's set are summed out); ``joint``: False draws each position from its exact marginal (the rank-1
     view); ``bernoulli``: per-position unmasking coins instead of exact counts; ``sampler``: a step class
-    registered by name (``steps.register_step``), None: the built-in one the settings select."""
+    registered by name (``steps.register_step``), None: the built-in one the settings select;
+    ``adaptive_path``: adaptive orderings and EB by the exact chain rule (``exact``, the reference) or with
+    one marginal inference per step and a joint draw of the chosen set (``fast``, ``steps.fast_adaptive``)."""
     ordering: str = "random"
     schedule: str = "loglinear"
     eb_gamma: float | None = None
@@ -30,8 +32,11 @@ class SamplerConfig:
     joint: bool = True
     bernoulli: bool = False
     sampler: str | None = None
+    adaptive_path: str = "exact"
 
     def __post_init__(self):
+        if self.adaptive_path not in ("exact", "fast"):
+            raise ValueError(f"adaptive_path must be exact or fast, got {self.adaptive_path!r}")
         if self.sampler is not None and self.sampler not in SAMPLERS:
             raise ValueError(f"sampler must be one of {sorted(SAMPLERS)} (or none), got {self.sampler!r}")
         if self.ordering not in PREDETERMINED and self.ordering not in ADAPTIVE:

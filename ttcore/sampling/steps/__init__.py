@@ -6,10 +6,11 @@ sampler is a new file here plus one entry, or one ``register_step`` call from an
 from .base import Step
 from .chain_rule import ChainRuleStep
 from .eb import EBStep
+from .fast_adaptive import FastAdaptiveStep
 from .marginal_view import MarginalViewStep
 from .predetermined import PredeterminedJointStep
 
-STEP_CLASSES: list[type[Step]] = [MarginalViewStep, EBStep, ChainRuleStep, PredeterminedJointStep]
+STEP_CLASSES: list[type[Step]] = [MarginalViewStep, FastAdaptiveStep, EBStep, ChainRuleStep, PredeterminedJointStep]
 SAMPLERS: dict[str, type[Step]] = {}  # named samplers beyond the settings-chosen ones (``SamplerConfig.sampler``)
 
 
@@ -21,5 +22,5 @@ def register_step(name: str, cls: type[Step]) -> type[Step]:
     return cls
 
 
-__all__ = ["SAMPLERS", "STEP_CLASSES", "ChainRuleStep", "EBStep", "MarginalViewStep", "PredeterminedJointStep",
-           "Step", "register_step"]
+__all__ = ["SAMPLERS", "STEP_CLASSES", "ChainRuleStep", "EBStep", "FastAdaptiveStep", "MarginalViewStep",
+           "PredeterminedJointStep", "Step", "register_step"]
