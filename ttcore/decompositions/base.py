@@ -56,6 +56,18 @@ class Denoiser(Protocol):
         ...
 
 
+class SumsNothing:
+    """For a format without an exact contraction to choose (rank 1, CP): no step sums full head outputs."""
+
+    @staticmethod
+    def sums_exactly(contraction: str, temperature: float, joint: bool, adaptive: bool) -> bool:
+        return False
+
+    @staticmethod
+    def exact_contraction_bytes(cfg) -> int:
+        return 0
+
+
 class Decomposition(Protocol):
     """One entry of ``DECOMPOSITIONS``: everything that differs between rank 1, CP and TT."""
 

@@ -9,6 +9,7 @@ from torch import nn
 
 from ttcore.distributions import CP, sample_categorical, softmax64
 
+from .base import SumsNothing
 from .common import per_sequence
 from .factorized import draw_from_components
 
@@ -54,17 +55,9 @@ class CPOutputs:
         return self.factor_logits.new_zeros(())
 
 
-class CPDecomposition:
+class CPDecomposition(SumsNothing):
     name, preference = "cp", 1
     joint_head, contractions, chain_rule_bytes = True, ("head",), 4
-
-    @staticmethod
-    def sums_exactly(contraction: str, temperature: float, joint: bool, adaptive: bool) -> bool:
-        return False
-
-    @staticmethod
-    def exact_contraction_bytes(cfg) -> int:
-        return 0
 
     @staticmethod
     def outputs_per_position(rank: int) -> int:

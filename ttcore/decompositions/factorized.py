@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from ttcore.distributions import Factorized, sample_categorical, softmax64
 
+from .base import SumsNothing
 from .common import per_sequence
 
 
@@ -45,17 +46,9 @@ def draw_from_components(model, h: torch.Tensor, x: torch.Tensor, chosen: torch.
     return values
 
 
-class Rank1:
+class Rank1(SumsNothing):
     name, preference = "none", 0
     joint_head, contractions, chain_rule_bytes = False, ("head",), 8
-
-    @staticmethod
-    def sums_exactly(contraction: str, temperature: float, joint: bool, adaptive: bool) -> bool:
-        return False
-
-    @staticmethod
-    def exact_contraction_bytes(cfg) -> int:
-        return 0
 
     @staticmethod
     def outputs_per_position(rank: int) -> int:

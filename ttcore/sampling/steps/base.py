@@ -5,6 +5,13 @@ from typing import Protocol
 import torch
 
 
+class ConfiguredStep:
+    """What every step class starts from: the run's ``SamplerConfig``."""
+
+    def __init__(self, config):
+        self.config = config
+
+
 class Step(Protocol):
     """One algorithm for a denoising step's tokens.
 

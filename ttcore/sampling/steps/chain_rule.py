@@ -4,13 +4,11 @@ free position by the marginals conditional on this step's earlier picks, draw it
 
 from ..joint_step import chain_rule_step
 from ..orderings import ADAPTIVE
+from .base import ConfiguredStep
 
 
-class ChainRuleStep:
+class ChainRuleStep(ConfiguredStep):
     adaptive, batchable = True, False
-
-    def __init__(self, config):
-        self.config = config
 
     @classmethod
     def accepts(cls, config) -> bool:

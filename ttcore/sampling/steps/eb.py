@@ -3,13 +3,11 @@ their conditional entropies satisfy the bound; the last allowed step takes what 
 
 from ..eb import eb_score
 from ..joint_step import chain_rule_step
+from .base import ConfiguredStep
 
 
-class EBStep:
+class EBStep(ConfiguredStep):
     adaptive, batchable = True, False
-
-    def __init__(self, config):
-        self.config = config
 
     @classmethod
     def accepts(cls, config) -> bool:

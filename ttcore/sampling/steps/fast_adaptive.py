@@ -21,13 +21,11 @@ import torch
 from ..eb import eb_accepts, eb_score
 from ..joint_step import joint_distribution, predetermined_step
 from ..orderings import ADAPTIVE, entropy
+from .base import ConfiguredStep
 
 
-class FastAdaptiveStep:
+class FastAdaptiveStep(ConfiguredStep):
     adaptive, batchable = True, False  # it holds every masked position's marginals, as the chain rule does
-
-    def __init__(self, config):
-        self.config = config
 
     @classmethod
     def accepts(cls, config) -> bool:

@@ -4,13 +4,14 @@ ranks every masked position's marginal."""
 
 from ..joint_step import marginal_step
 from ..orderings import ADAPTIVE
+from .base import ConfiguredStep
 
 
-class MarginalViewStep:
+class MarginalViewStep(ConfiguredStep):
     batchable = False
 
     def __init__(self, config):
-        self.config = config
+        super().__init__(config)
         self.adaptive = config.ordering in ADAPTIVE
 
     @classmethod

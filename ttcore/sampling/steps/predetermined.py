@@ -3,13 +3,11 @@ and x_T is drawn jointly and exactly (Sec. 4.3, ``joint_step.predetermined_step`
 
 from ..joint_step import predetermined_step
 from ..orderings import PREDETERMINED
+from .base import ConfiguredStep
 
 
-class PredeterminedJointStep:
+class PredeterminedJointStep(ConfiguredStep):
     adaptive, batchable = False, True
-
-    def __init__(self, config):
-        self.config = config
 
     @classmethod
     def accepts(cls, config) -> bool:
