@@ -51,13 +51,17 @@ class Speed:
         self._seen = {k: deque([v], maxlen=WINDOW) for k, v in zip(self.KINDS, (predetermined_step, exact_step,
                                                                                  chain_rule))}
 
-    def __getattr__(self, kind: str) -> float:
-        if kind in Speed.KINDS:
-            return statistics.median(self.__dict__["_seen"][kind])
-        raise AttributeError(kind)
+    @property
+    def predetermined_step(self) -> float:
+        return statistics.median(self._seen["predetermined_step"])
 
-    def observations(self, kind: str) -> int:
-        return len(self._seen[kind])
+    @property
+    def exact_step(self) -> float:
+        return statistics.median(self._seen["exact_step"])
+
+    @property
+    def chain_rule(self) -> float:
+        return statistics.median(self._seen["chain_rule"])
 
     def observe(self, *, adaptive: bool, exact: bool, rows: int, steps: int, seconds: float) -> None:
         """A finished request: ``rows`` sequences, ``steps`` engine steps, ``seconds`` of compute charged to

@@ -24,7 +24,7 @@ from .engine import Overloaded
 from .openai_api import openai_error, openai_router
 from .registry import ModelNotFound, PromptError
 from .schema import GenerateRequest, GenerateResponse, ModelList, ScoreRequest, ScoreResponse
-from .security import DOCS_ASSETS, SecurityConfig, SecurityHeaders, SecurityMiddleware, error_body
+from .security import DOCS_ASSETS, SecurityConfig, SecurityHeaders, SecurityMiddleware, clip, error_body
 from .serving import ScoreCancelled, ScoreInputError, ScoreTimeout, Serving, Unsupported
 from .serving import depict as depict_smiles
 from .statuses import failure_status
@@ -33,17 +33,10 @@ MAX_DEPICT_CHARS = 256
 MIN_DEPICT_PX, MAX_DEPICT_PX = 64, 1024
 PLAYGROUND = Path(__file__).resolve().parent / "playground"  # the page at / (static files, no build step)
 log = logging.getLogger("ttcore.app")
-MAX_ECHO_CHARS = 200  # an error names the field and the rule; a client's own (possibly huge) input is cut
 
 
 def _sse(event: str, payload: dict) -> bytes:
     return f"event: {event}\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
-
-
-def clip(text: str, limit: int = MAX_ECHO_CHARS) -> str:
-    """``text`` cut to ``limit`` characters (an error message may quote a client's token or field name)."""
-    text = str(text)
-    return text if len(text) <= limit else text[:limit] + f"... ({len(text) - limit} more characters)"
 
 
 def _unprocessable(field: str, message: str) -> JSONResponse:

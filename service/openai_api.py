@@ -29,6 +29,7 @@ from .engine import EngineError, Overloaded
 from .openai_schema import Completion, CompletionChoice, CompletionRequest, OpenAIModel, OpenAIModelList, Usage
 from .registry import LoadedModel, ModelNotFound, PromptError
 from .schema import MIN_TEMPERATURE, GenerateRequest, SamplerFields
+from .security import clip
 from .serving import Serving, Unsupported
 from .statuses import failure_status
 
@@ -48,10 +49,9 @@ def model_id(lm: LoadedModel) -> str:
 def openai_error(status: int, message: str, param: str | None = None, code: str | None = None,
                  kind: str = "invalid_request_error", headers: dict | None = None) -> JSONResponse:
     """OpenAI's error object (a message quoting the client's input is cut to 200 characters, a param to 64)."""
-    message = message if len(message) <= 200 else message[:200] + f"... ({len(message) - 200} more characters)"
-    param = param if param is None or len(param) <= 64 else param[:64] + "..."
     return JSONResponse(status_code=status, headers=headers,
-                        content={"error": {"message": message, "type": kind, "param": param, "code": code}})
+                        content={"error": {"message": clip(message), "type": kind,
+                                           "param": None if param is None else clip(param, 64), "code": code}})
 
 
 def _generate_request(req: CompletionRequest) -> GenerateRequest:

@@ -117,6 +117,15 @@ class SecurityConfig:
         return True
 
 
+MAX_ECHO_CHARS = 200  # an error names the field and the rule; a client's own (possibly huge) input is cut
+
+
+def clip(text, limit: int = MAX_ECHO_CHARS) -> str:
+    """``text`` cut to ``limit`` characters (an error message may quote a client's token or field name)."""
+    text = str(text)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text) - limit} more characters)"
+
+
 def error_body(path: str, status: int, detail: str) -> bytes:
     """The JSON error of a route: OpenAI's error object under ``/v1/``, ``{"detail": ...}`` elsewhere."""
     if path.startswith("/v1/"):
