@@ -85,10 +85,12 @@ class Job:
     def remaining_s(self) -> float:
         """Time still ahead of this request: once it has taken steps, its own pace so far (wall time per
         step, queueing behind others included) times the steps left; before that, admission's estimate."""
-        done, left = self.run.step_index, max(0, self.run.steps - self.run.step_index)
+        working = min(self.run.steps, self.run.tokens.shape[1])  # steps that unmask anything: at most l
+        done = sum(1 for n in self.tokens_per_step if n)  # idle steps (more steps than positions) cost nothing
+        left = max(0, working - done)
         if self.started is not None and done > 0:
             return (time.perf_counter() - self.started) / done * left
-        return self.cost_s * left / max(self.run.steps, 1)
+        return self.cost_s * left / max(working, 1)
 
 
 class _Batcher:

@@ -189,7 +189,7 @@ def test_retry_after_is_when_the_slot_frees(checkpoints):
     proc, url = start_uvicorn(checkpoints, "--max-requests", "1")
     try:
         long = threading.Thread(target=lambda: httpx.post(url + "/generate", json=dict(
-            model="qm9", num_samples=256, steps=400, ordering="entropy"), timeout=300))
+            model="qm9", num_samples=256, steps=400, ordering="entropy"), timeout=300))  # 400 > l: idle steps too
         long.start()
         deadline = time.time() + 30
         while metric(httpx.get(url + "/metrics").text, "ttcore_tokens_generated_total") < 256 * 2:
