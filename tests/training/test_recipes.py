@@ -294,3 +294,18 @@ def test_a_tiny_vadd_pretrains_fine_tunes_to_tt_exports_and_serves(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_the_gpu_lease_continuation_script_runs_at_smoke_size(tmp_path):
+    """training/device_continue.sh (documented for GPU leases) at its rehearsal size on CPU: both served QM9
+    fine-tunes continued 2 steps each, exported, and brought back as the split tar."""
+    env = dict(os.environ, SMOKE="1", OUT=str(tmp_path / "out"), PYTHON=sys.executable, RUNS=str(tmp_path / "runs"),
+               TTCORE_CACHE=str(tmp_path / "cache"))
+    done = subprocess.run(["bash", str(ROOT / "training" / "device_continue.sh")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "tt exit 0" in done.stdout and "none exit 0" in done.stdout
+    parts = sorted((tmp_path / "out").glob("continued.tar.part-*"))
+    assert parts and all(p.stat().st_size <= 15 << 20 for p in parts)
+    for name in ("qm9-tt-r8-more", "qm9-none-r1-more"):
+        assert (tmp_path / "runs" / "export" / name / "model.safetensors").is_file()
