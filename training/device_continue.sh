@@ -8,18 +8,10 @@
 # qm9-none-r1 moved out of the tree for the call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:?set OUT}
-PY=${PYTHON:-python3}
 STEPS=${STEPS:-5000}
 MINUTES=${MINUTES:-4}
-mkdir -p "$OUT"
-exec > >(tee -a "$OUT/continue.log") 2>&1
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TTCORE_CACHE=${TTCORE_CACHE:-/tmp/ttcore-cache}
-mkdir -p "$TTCORE_CACHE"
-for f in .lease/cache/qm9-*.gz; do [ -e "$f" ] && gunzip -c "$f" > "$TTCORE_CACHE/$(basename "$f" .gz)"; done
-SMALL=()
-if [ "${SMOKE:-0}" = 1 ]; then STEPS=2; SMALL=(val_batches=1 warmup_steps=1); fi
-RUNS=${RUNS:-/tmp/continue-runs}; mkdir -p "$RUNS"
+LOG=continue.log RUNS=${RUNS:-/tmp/continue-runs}
+. training/_lease.sh
 common=(--config qm9_finetune --head 1layer --max-steps "$STEPS" --max-minutes "$MINUTES" --resume --quiet)
 "$PY" training/finetune.py "${common[@]}" --base checkpoints/qm9-tt-r8 --decomposition tt --rank 8 \
   --out "$RUNS/qm9-tt-r8-more" --set total_steps="$STEPS" marginal_weight=3.0 compile=false ckpt_minutes=3 \
