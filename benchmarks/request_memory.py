@@ -17,19 +17,21 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CASES = [  # checkpoint, sequences, steps, ordering, contraction[, joint]
+CASES = [  # checkpoint, sequences, steps, ordering, contraction[, joint[, adaptive_path]]
     ("qm9-tt-r8", 64, 8, "top_prob", "head"), ("qm9-cp-r64", 64, 8, "top_prob", "head"),
     ("qm9-none-r1", 64, 8, "top_prob", "head"), ("qm9-tt-r8", 256, 1, "random", "exact"),
     ("text-tt-r4", 1, 8, "top_prob", "head"), ("text-tt-r4", 4, 2, "top_prob", "head"),
     ("text-tt-r4", 16, 1, "top_prob", "head"),  # two passes at the default 2 GB budget
     ("text-tt-r4", 8, 4, "random", "exact"), ("text-tt-r4", 256, 1, "random", "head"),
     ("text-tt-r4", 64, 1, "random", "head", False),  # the rank-1 view: every position chosen at once
+    ("text-tt-r4", 1, 8, "top_prob", "head", True, "fast"), ("text-tt-r4", 16, 1, "top_prob", "head", True, "fast"),
 ]
 SMOKE = [("qm9-tt-r8", 16, 4, "top_prob", "head"), ("qm9-tt-r8", 16, 2, "random", "exact"),
-         ("qm9-tt-r8", 16, 2, "random", "head", False)]
+         ("qm9-tt-r8", 16, 2, "random", "head", False), ("qm9-tt-r8", 16, 4, "top_prob", "head", True, "fast")]
 
 
-def one_case(path: str, n: int, steps: int, ordering: str, contraction: str, joint: bool, budget_mb: int) -> dict:
+def one_case(path: str, n: int, steps: int, ordering: str, contraction: str, joint: bool, adaptive_path: str,
+             budget_mb: int) -> dict:
     from ttcore.models import load_for_inference
     from ttcore.sampling import cost, generate, make_run
 
@@ -37,19 +39,22 @@ def one_case(path: str, n: int, steps: int, ordering: str, contraction: str, joi
     with model.compute_context():
         list(generate(model, 1, 1, seed=0))
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    adaptive, exact = cost.step_kind(model.cfg, ordering=ordering, contraction=contraction, joint=joint)
-    rows = cost.rows_per_pass(model.cfg, adaptive, budget_mb << 20, exact)
-    run = make_run(model, n, steps, seed=0, ordering=ordering, contraction=contraction, joint=joint,
-                        max_rows_per_pass=rows if rows < n else None)
+    settings = dict(ordering=ordering, contraction=contraction, joint=joint, adaptive_path=adaptive_path)
+    config = cost.sampler_config(**settings)
+    adaptive, exact = config.step_kind(model.cfg)
+    chooses = config.work_kind(model.cfg) == "chooser_step"
+    rows = cost.rows_for(model.cfg, budget_mb << 20, **settings)
+    run = make_run(model, n, steps, seed=0, max_rows_per_pass=rows if rows < n else None, **settings)
     with model.compute_context():
         while not run.done:
             run.step()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     per_pass = min(n, rows)
-    estimate = (per_pass * cost.step_row_bytes(model.cfg, adaptive)
+    estimate = (per_pass * cost.step_row_bytes(model.cfg, adaptive, chooses)
                 + (cost.exact_contraction_bytes(model.cfg) if exact else 0)) / 2**20
     return {"checkpoint": Path(path).name, "sequences": n, "steps": steps, "ordering": ordering,
-            "contraction": contraction, "joint": joint, "rows_per_pass": per_pass, "measured_mb": peak - base,
+            "contraction": contraction, "joint": joint, "path": adaptive_path, "rows_per_pass": per_pass,
+            "measured_mb": peak - base,
             "estimated_mb": estimate}
 
 
@@ -65,18 +70,18 @@ def main():
         return
     print(f"peak RSS growth of one request (bf16, fresh process each) against admission's estimate "
           f"at --memory-budget-mb {args.budget_mb}")
-    print(f"{'checkpoint':>12} {'n':>4} {'K':>3} {'ordering':>9} {'contr.':>6} {'joint':>5} {'pass':>5} | "
+    print(f"{'checkpoint':>12} {'n':>4} {'K':>3} {'ordering':>9} {'contr.':>6} {'joint':>5} {'path':>5} {'pass':>5} | "
           f"{'measured MB':>11} {'estimate MB':>11} {'ratio':>6}")
     worst = 0.0
-    for name, n, steps, ordering, contraction, *joint in (SMOKE if args.smoke else CASES):
-        joint = joint[0] if joint else True
-        case = json.dumps([str(Path(args.checkpoints) / name), n, steps, ordering, contraction, joint])
+    for name, n, steps, ordering, contraction, *rest in (SMOKE if args.smoke else CASES):
+        joint, path = (list(rest) + [True, "exact"][len(rest):])[:2]
+        case = json.dumps([str(Path(args.checkpoints) / name), n, steps, ordering, contraction, joint, path])
         out = subprocess.run([sys.executable, __file__, "--case", case, "--budget-mb", str(args.budget_mb)],
                              capture_output=True, text=True, check=True, cwd=ROOT)
         r = json.loads(out.stdout.strip().splitlines()[-1])
         ratio = r["measured_mb"] / r["estimated_mb"]
         worst = max(worst, ratio)
-        print(f"{name:>12} {n:>4} {steps:>3} {ordering:>9} {contraction:>6} {str(joint).lower():>5} "
+        print(f"{name:>12} {n:>4} {steps:>3} {ordering:>9} {contraction:>6} {str(joint).lower():>5} {path:>5} "
               f"{r['rows_per_pass']:>5} | "
               f"{r['measured_mb']:>11.0f} {r['estimated_mb']:>11.0f} {ratio:>6.2f}", flush=True)
     print(f"largest measured / estimated: {worst:.2f} (below 1: the estimate bounds what was measured)")

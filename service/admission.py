@@ -5,8 +5,9 @@ a request larger than the memory budget is drawn in micro-batches of sequences (
 so its peak stays under the budget whatever ``num_samples`` is.
 
 Compute: at start-up every checkpoint is timed on this machine (``calibrate``, best of three short
-timings): a predetermined step per sequence, for TT an exact-contraction step per sequence, and the
-chain-rule picks of a whole adaptive generation per sequence (from one pick). The engine then corrects
+timings): a predetermined step per sequence, for TT an exact-contraction step per sequence, a fast adaptive
+step (a cheap choice, then a joint draw) per sequence, and the chain-rule picks of a whole adaptive
+generation per sequence (from one pick). The engine then corrects
 each estimate from the time every finished request took (``Speed.observe``). A request's estimate is
 sequences x (steps x step time + chain-rule time); it must fit the request's deadline, and its longest
 step must fit the stall limit that ``/health`` watches. A request that cannot fit gets a 422 naming a
@@ -36,20 +37,23 @@ CALIBRATION_REPEATS = 3  # best of this many short timings at start-up
 
 
 class Speed:
-    """Seconds on this machine, per sequence, of three kinds of work: one predetermined step (forward +
-    joint draw), one exact-contraction step (TT), and a whole generation's chain-rule picks (adaptive
-    orderings and EB, any step count).
+    """Seconds on this machine, per sequence, of four kinds of work (``SamplerConfig.work_kind``): one
+    predetermined step (forward + joint draw), one exact-contraction step (TT), one fast adaptive step
+    (forward + choice + joint draw), and a whole generation's chain-rule picks (adaptive orderings and EB
+    by the exact chain rule, any step count).
 
     Each estimate is the median of the last ``WINDOW`` observations of its kind, and starts with one: the
     start-up calibration (``calibrate``). Every request the engine finishes adds one observation, its
     measured time per sequence (``observe``), so a calibration taken while the machine was busy is
     outvoted after two ordinary requests, and a machine that turns busy raises the estimate as fast."""
 
-    KINDS = ("predetermined_step", "exact_step", "chain_rule")
+    KINDS = ("predetermined_step", "exact_step", "chooser_step", "chain_rule")
 
-    def __init__(self, predetermined_step: float, exact_step: float, chain_rule: float):
-        self._seen = {k: deque([v], maxlen=WINDOW) for k, v in zip(self.KINDS, (predetermined_step, exact_step,
-                                                                                 chain_rule))}
+    def __init__(self, predetermined_step: float, exact_step: float, chain_rule: float,
+                 chooser_step: float | None = None):
+        first = dict(predetermined_step=predetermined_step, exact_step=exact_step, chain_rule=chain_rule,
+                     chooser_step=predetermined_step if chooser_step is None else chooser_step)
+        self._seen = {k: deque([first[k]], maxlen=WINDOW) for k in self.KINDS}
 
     @property
     def predetermined_step(self) -> float:
@@ -60,20 +64,31 @@ class Speed:
         return statistics.median(self._seen["exact_step"])
 
     @property
+    def chooser_step(self) -> float:
+        return statistics.median(self._seen["chooser_step"])
+
+    @property
     def chain_rule(self) -> float:
         return statistics.median(self._seen["chain_rule"])
 
-    def observe(self, *, adaptive: bool, exact: bool, rows: int, steps: int, seconds: float) -> None:
-        """A finished request: ``rows`` sequences, ``steps`` engine steps, ``seconds`` of compute charged to
-        it (its shares of the batched steps it was part of)."""
+    def step_seconds(self, kind: str) -> float:
+        """One step of a run of this kind, per sequence (a chain-rule run's steps: the predetermined step's,
+        its picks are ``chain_rule``)."""
+        if kind not in self.KINDS:
+            raise ValueError(f"kind must be one of {self.KINDS}, got {kind!r}")
+        return self.predetermined_step if kind == "chain_rule" else statistics.median(self._seen[kind])
+
+    def observe(self, *, kind: str, rows: int, steps: int, seconds: float) -> None:
+        """A finished request of this kind of work: ``rows`` sequences, ``steps`` engine steps, ``seconds``
+        of compute charged to it (its shares of the batched steps it was part of)."""
         if rows <= 0 or steps <= 0 or not math.isfinite(seconds) or seconds <= 0:
             return
         per_row = seconds / rows
-        if adaptive:  # the steps' own cost as now estimated; the rest is the chain rule's
-            per_step = self.predetermined_step  # as ``plan`` charges an adaptive step
-            self._seen["chain_rule"].append(max(per_row - steps * per_step, 0.0))
+        if kind == "chain_rule":  # the steps' own cost as now estimated; the rest is the chain rule's
+            self._seen["chain_rule"].append(max(per_row - steps * self.step_seconds(kind), 0.0))
         else:
-            self._seen["exact_step" if exact else "predetermined_step"].append(per_row / steps)
+            self.step_seconds(kind)  # raises for an unknown kind
+            self._seen[kind].append(per_row / steps)
 
 
 def _best(model, n: int, steps: int, repeats: int = CALIBRATION_REPEATS, **settings) -> float:
@@ -100,9 +115,10 @@ def calibrate(model) -> Speed:
     pred = _best(model, 2, 4)
     has_exact = "exact" in get_decomposition(model.cfg.decomposition).contractions
     exact = _best(model, 1, 4, 2, contraction="exact") if has_exact else pred
+    chooser = _best(model, 2, 4, ordering="top_prob", adaptive_path="fast")
     l = model.cfg.dit.length
     first_pick = max(_best(model, 1, l, 2, ordering="top_prob") - pred, 0.0)
-    return Speed(pred, exact, l * first_pick / 2)
+    return Speed(pred, exact, l * first_pick / 2, chooser)
 
 
 @dataclass
@@ -113,18 +129,22 @@ class Plan:
     step_seconds: float  # estimated compute of its longest step
 
 
-def plan(model, speed: Speed, *, num_samples: int, steps: int, adaptive: bool, exact: bool, timeout_s: float,
+def plan(model, speed: Speed, *, num_samples: int, steps: int, config: SamplerConfig, timeout_s: float,
          memory_budget: int, step_limit_s: float) -> Plan:
-    """Micro-batching and compute estimate of a request, or TooLarge naming what to lower."""
+    """Micro-batching and compute estimate of a request sampled with ``config``, or TooLarge naming what to
+    lower."""
     cfg = model.cfg
-    rows = cost.rows_per_pass(cfg, adaptive, memory_budget, exact)
+    adaptive, exact = config.step_kind(cfg)
+    kind = config.work_kind(cfg)
+    chooses = kind == "chooser_step"
+    rows = cost.rows_per_pass(cfg, adaptive, memory_budget, exact, chooses)
     if rows == 0:
-        need = cost.step_row_bytes(cfg, adaptive) >> 20
+        need = cost.step_row_bytes(cfg, adaptive, chooses) >> 20
         raise TooLarge("ordering", f"one sequence of this model needs about {need} MB per step with this "
                                    f"ordering, above the server's memory budget of {memory_budget >> 20} MB; "
                                    "use a predetermined ordering (random, left_to_right, halton)")
     l = cfg.dit.length
-    per_step = speed.exact_step if exact and not adaptive else speed.predetermined_step
+    per_step = speed.step_seconds(kind)
 
     def per_row(k: int) -> tuple[float, float]:
         """(the whole run, its longest step) per sequence at ``k`` steps; idle steps cost nothing."""

@@ -68,7 +68,7 @@ class Job:
     run: GenerationRun
     cost_s: float = 0.0  # estimated compute of the whole request (admission)
     timeout_s: float = float("inf")
-    kind: tuple[bool, bool] | None = None  # (adaptive, exact) of its steps: what its measured time corrects
+    kind: str | None = None  # its work kind (SamplerConfig.work_kind): the estimate its measured time corrects
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     outputs: asyncio.Queue = field(default_factory=asyncio.Queue)
     arrived: float = field(default_factory=time.perf_counter)
@@ -171,7 +171,7 @@ class _Batcher:
                 job.outputs.put_nowait(out)
                 if out.finished:
                     if job.kind is not None:  # admission's estimates follow what requests really take
-                        self.lm.speed.observe(adaptive=job.kind[0], exact=job.kind[1], rows=job.run.tokens.shape[0],
+                        self.lm.speed.observe(kind=job.kind, rows=job.run.tokens.shape[0],
                                               steps=sum(1 for n in job.tokens_per_step if n),  # idle: free
                                               seconds=job.forward_s + job.sampling_s)
                     self._finish(job)
@@ -255,9 +255,9 @@ class Engine:
         return True, "ok"
 
     def submit(self, lm: LoadedModel, run: GenerationRun, cost_s: float = 0.0,
-               timeout_s: float = float("inf"), kind: tuple[bool, bool] | None = None) -> Job:
-        """Admit a run of ``lm`` (raises Overloaded). Must run on the event loop. ``kind``: (adaptive, exact)
-        of its steps; when given, its measured time corrects ``lm.speed`` once it finishes."""
+               timeout_s: float = float("inf"), kind: str | None = None) -> Job:
+        """Admit a run of ``lm`` (raises Overloaded). Must run on the event loop. ``kind``: its work kind
+        (``SamplerConfig.work_kind``); when given, its measured time corrects ``lm.speed`` once it finishes."""
         if len(self._jobs) >= self.max_requests:
             self.metrics.rejected.inc()
             first_free = min(job.remaining_s for job in self._jobs.values())  # when a slot frees up

@@ -48,8 +48,9 @@ class SamplerFields(BaseModel):
                                    "the cap on steps). The last step unmasks everything left.", examples=[8])
     ordering: Ordering = Field(
         "random", description="Which masked positions a step unmasks: predetermined (`random`, `left_to_right`, "
-                              "`halton`: drawn jointly) or adaptive (`top_prob`, `margin`, `entropy`: chain rule). "
-                              "Ignored by `sampler: eb`, which ranks by `eb_proxy`.", examples=["random"])
+                              "`halton`: drawn jointly) or adaptive (`top_prob`, `margin`, `entropy`: see "
+                              "`adaptive_path`). Ignored by `sampler: eb`, which ranks by `eb_proxy`.",
+        examples=["random"])
     schedule: Schedule = Field(
         "loglinear", description="Tokens per step: `loglinear` (MDLM's, even counts), `linear` (linear noise) "
                                  "or `cosine` (MaskGIT's).")
@@ -68,6 +69,14 @@ class SamplerFields(BaseModel):
                             "exact with respect to that head's Gbar, not to the cores); `exact`: the sum of "
                             "the cores themselves (exact with respect to the TT; all V x r x r outputs on "
                             "every masked position). At temperature != 1 both use the exact sum.")
+    adaptive_path: Literal["fast", "exact"] = Field(
+        "fast", description="Adaptive orderings and `sampler: eb` with a CP / TT checkpoint: `fast` chooses a step's "
+                            "positions from single-position marginals computed once per step (cheaply: the heaviest "
+                            "head outputs of each position), then draws them jointly as a predetermined step does "
+                            "(the draw is exact, the choice approximate; about the cost of a random-order step); "
+                            "`exact`: the exact chain rule (Sec. 4.2), re-ranking after every pick (the reference; "
+                            "full V x r x r outputs on every masked position, many times slower at text size). "
+                            "No effect on predetermined orderings, `joint: false` or rank-1 checkpoints.")
     joint: bool = Field(True, strict=True,
                         description="`false`: the rank-1 view of a CP / TT checkpoint: each position drawn "
                                     "independently from its exact marginal under the joint the step would "
@@ -86,7 +95,7 @@ class SamplerFields(BaseModel):
         temperature = max(self.temperature, MIN_TEMPERATURE)
         return SamplerConfig(ordering=self.ordering, schedule=self.schedule, temperature=temperature,
                              eb_gamma=self.eb_gamma if self.sampler == "eb" else None, eb_proxy=self.eb_proxy,
-                             contraction=self.contraction, joint=self.joint,
+                             contraction=self.contraction, joint=self.joint, adaptive_path=self.adaptive_path,
                              sampler=None if self.sampler in ("fixed", "eb") else self.sampler)
 
 
@@ -295,8 +304,10 @@ class ModelInfo(BaseModel):
     estimated_seconds: dict[str, float] = Field(
         default_factory=dict, description="Admission's current compute estimates on this server, per sequence "
         "(approximate: a start-up calibration corrected by the time each finished request took): "
-        "`predetermined_step`, `exact_step` (a TT step with the exact contraction), `chain_rule` (the picks of "
-        "a whole adaptive or EB generation).")
+        "`predetermined_step`, `exact_step` (a TT step with the exact contraction), `chooser_step` (a step of "
+        "`adaptive_path: fast`), `chain_rule` (the picks of a whole `adaptive_path: exact` generation).")
+    adaptive_paths: list[str] = Field(
+        default_factory=lambda: ["fast", "exact"], description="The `adaptive_path` values this checkpoint serves.")
 
 
 class ModelList(BaseModel):

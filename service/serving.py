@@ -99,17 +99,16 @@ class Serving:
         if not request.joint and request.sampler == "eb":
             raise Unsupported("joint", "joint: false draws from the marginals with a fixed sampler, not eb")
         config = request.to_sampler_config()
-        adaptive, exact = config.step_kind(lm.model.cfg)
         try:
             plan = admission.plan(lm.model, lm.speed, num_samples=request.num_samples, steps=request.steps,
-                                  adaptive=adaptive, exact=exact, timeout_s=timeout, memory_budget=self.memory_budget,
+                                  config=config, timeout_s=timeout, memory_budget=self.memory_budget,
                                   step_limit_s=self.max_step_s)
         except admission.TooLarge as e:
             self.metrics.too_large.labels(lm.family, e.field).inc()
             raise
         run = GenerationRun(lm.model, request.num_samples, request.steps, config, seed=request.seed, prompt=prompt,
                             device=self.registry.device, max_rows_per_pass=plan.max_rows_per_pass)
-        return Ticket(self.engine.submit(lm, run, plan.seconds, timeout, kind=(adaptive, exact)))
+        return Ticket(self.engine.submit(lm, run, plan.seconds, timeout, kind=config.work_kind(lm.model.cfg)))
 
     async def events(self, job: Ticket, steps: bool = True, request: GenerateRequest | None = None):
         """(event, payload) pairs: a ``step`` per denoising step (decoded only when ``steps``: a non-streaming

@@ -54,6 +54,10 @@ class UniformCP:
         return draw_from_components(model, h, x, chosen, sample_categorical(uniform, generator), temperature, generator)
 
     @staticmethod
+    def component_weights(model, h, masked, temperature):
+        return torch.full((int(masked.sum()), model.cfg.rank), 1.0 / model.cfg.rank, dtype=torch.float64)
+
+    @staticmethod
     def chosen_marginals(model, h, masked, chosen, temperature, contraction):
         start = torch.zeros(int(chosen.sum()), dtype=torch.long, device=h.device)
         return softmax64(model.select_logits(h[chosen], start, model.cfg.rank), temperature).mean(1)

@@ -9,6 +9,8 @@ Text: generative perplexity under the judge LM (default SmolLM2-135M from the ll
 ``--judge`` a local causal LM such as GPT-2 Large) and mean unigram entropy, random order, written to
 ``text_results.csv`` / ``.json`` and ``genppl.png``.
 
+``--adaptive-paths exact fast``: adaptive orderings and EB of joint checkpoints run by the exact chain rule
+and by the fast path (``ttcore.sampling.steps.fast_adaptive``), a line each.
 ``--contractions head exact``: TT checkpoints are sampled both ways (predetermined orderings; see
 ``ttcore.sampling.joint_step``). ``--rank-one-view``: CP / TT checkpoints are also sampled with
 ``joint=False`` (each position from the exact single-position marginal of the joint the step would draw
@@ -74,8 +76,7 @@ def count_schedule(length: int, steps: int, schedule: str = "loglinear") -> tupl
 def rows_within(model, memory_mb: int, **settings) -> int:
     """The most sequences one pass of a step may hold within ``memory_mb`` (``ttcore.sampling.cost``, as the
     server micro-batches), at least one."""
-    adaptive, exact = cost.step_kind(model.cfg, **settings)
-    return max(1, cost.rows_per_pass(model.cfg, adaptive, memory_mb << 20, exact))
+    return max(1, cost.rows_for(model.cfg, memory_mb << 20, **settings))
 
 
 def run_setting(model, tok, n: int, steps: int, batch: int, seed: int, memory_mb: int = 4096, **settings) -> dict:
@@ -116,7 +117,8 @@ def _series(r: dict) -> str:
     return (r["checkpoint"] + (" exact" if r.get("contraction") == "exact" else "")
             + ("" if r.get("joint", True) else " rank-1 view")
             + ("" if r.get("schedule", "loglinear") == "loglinear" else f" {r['schedule']}")
-            + ("" if r.get("temperature", 1.0) == 1.0 else f" T={r['temperature']:g}"))
+            + ("" if r.get("temperature", 1.0) == 1.0 else f" T={r['temperature']:g}")
+            + (" fast" if r.get("adaptive_path", "exact") == "fast" else ""))
 
 
 def _lines(ax, rows: list[dict], x: str, y: str, scale: float = 1.0) -> None:
@@ -329,9 +331,9 @@ def _print_tables(rows: list[dict], orderings: list[str], steps: list[int]) -> N
         print("\nEB-Sampler: validity % (average steps)")
         gammas = sorted({r["eb_gamma"] for r in eb})
         print(f"{'checkpoint':>16} | " + " | ".join(f"{'g=' + str(g):>13}" for g in gammas))
-        for name in dict.fromkeys(r["checkpoint"] for r in eb):
+        for name in dict.fromkeys(map(_series, eb)):
             cells = [next((f"{100 * r['validity']:4.1f} ({r['avg_steps']:4.1f})" for r in eb
-                           if r["checkpoint"] == name and r["eb_gamma"] == g), "-") for g in gammas]
+                           if _series(r) == name and r["eb_gamma"] == g), "-") for g in gammas]
             print(f"{name:>16} | " + " | ".join(f"{c:>13}" for c in cells))
 
 
@@ -397,6 +399,8 @@ def main():
     ap.add_argument("--data", default="qm9", help="qm9 (novelty against its training split), a SMILES file, or text")
     ap.add_argument("--judge", default=None, help="text: a local causal LM directory or .gguf (default SmolLM2)")
     ap.add_argument("--cards", action="store_true", help="write each checkpoint's rows into its model card")
+    ap.add_argument("--adaptive-paths", nargs="+", default=["exact"], choices=["exact", "fast"],
+                    help="adaptive orderings and EB by the exact chain rule and/or the fast path (a line each)")
     ap.add_argument("--contractions", nargs="+", default=["head"], choices=["head", "exact"],
                     help="TT, predetermined orderings: sample with each contraction")
     ap.add_argument("--distribution", action="store_true",
@@ -447,12 +451,14 @@ def main():
             settings += [(o, k, None, c, False, s, t) for o in args.orderings for k in args.steps for c in contractions
                          for s, t in sweeps if c == "head" or o in PREDETERMINED]
         settings += [("eb", args.eb_max_steps, g, "head", True, "loglinear", 1.0) for g in args.eb_gammas]
-        done = {}  # (ordering, gamma, contraction, joint, temperature, unmasking counts) -> (res, m)
-        for ordering, steps, gamma, contraction, joint, schedule, temperature in settings:
+        settings = [s + (p,) for s in settings for p in args.adaptive_paths  # the path matters to adaptive joints
+                    if p == "exact" or (s[4] and (s[0] == "eb" or s[0] not in PREDETERMINED))]
+        done = {}  # (ordering, gamma, contraction, joint, temperature, path, unmasking counts) -> (res, m)
+        for ordering, steps, gamma, contraction, joint, schedule, temperature, path_kind in settings:
             kw = {"eb_gamma": gamma} if gamma is not None else {"ordering": ordering, "contraction": contraction,
                                                                  "schedule": schedule}
-            kw.update(joint=joint, temperature=temperature)
-            key = (ordering, gamma, contraction, joint, temperature,  # K >= l only adds idle steps
+            kw.update(joint=joint, temperature=temperature, adaptive_path=path_kind)
+            key = (ordering, gamma, contraction, joint, temperature, path_kind,  # K >= l only adds idle steps
                    count_schedule(cfg.dit.length, steps, schedule) if gamma is None else steps)
             if key not in done:  # the same counts and seeds give the same run: computed once
                 res = run_setting(model, tok, args.samples, steps, args.batch, args.seed, args.memory_mb, **kw)
@@ -464,7 +470,7 @@ def main():
             row = {"checkpoint": path.name, "decomposition": cfg.decomposition, "rank": cfg.rank,
                    "ordering": ordering, "contraction": contraction, "joint": joint, "steps": steps,
                    "eb_gamma": gamma, "schedule": schedule, "temperature": temperature,
-                   "avg_steps": res["avg_steps"],
+                   "adaptive_path": path_kind, "avg_steps": res["avg_steps"],
                    "validity": m["validity"], "uniqueness": m["uniqueness"], "novelty": m["novelty"],
                    "samples": m["n"], "seconds": res["seconds"]}
             row.update({k: m[k] for k in DISTRIBUTION_COLUMNS if k in m})

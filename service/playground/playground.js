@@ -43,6 +43,7 @@ function request(checkpoint, rankOneView = false) {
     model: m.model, decomposition: m.decomposition, rank: m.rank, stream: true, step_tokens: true,
     steps: Number($("steps").value), num_samples: Number($("num-samples").value), ordering: $("ordering").value,
     sampler: $("sampler").value, eb_gamma: Number($("eb-gamma").value), temperature: Number($("temperature").value),
+    adaptive_path: $("adaptive-path").value,
     joint: $("joint").checked && !rankOneView, unique: $("unique").checked,
   };
   if ($("seed").value !== "") body.seed = Number($("seed").value);

@@ -44,9 +44,10 @@ class ExplicitTT(_Explicit):
     def head_outputs(self, h, mask):
         return TTOutputs(mask, self.cores[self._pos(h[mask])].log())
 
-    def select_logits(self, h, start, count):  # row j = start / r of G_pos: [n, k, v]
-        j = start // self.cfg.rank
-        return self.cores[self._pos(h), :, j, :].transpose(1, 2).log()
+    def select_logits(self, h, start, count):  # outputs e = j * r + k in [start, start + count): [n, count, v]
+        r = self.cfg.rank
+        e = start[:, None] + torch.arange(count)  # [n, count]
+        return self.cores[self._pos(h)[:, None], :, e // r, e % r].log()
 
     def contracted_cores(self, h):
         return self.cores[self._pos(h)].sum(1)

@@ -270,6 +270,53 @@ def test_the_fast_path_chooses_the_best_positions_by_the_exact_marginals():
     assert all(set(row.nonzero().flatten().tolist()) == want for row in state.committed)
     eb = make_run(ExplicitTT(cores), 4, 4, seed=0, eb_gamma=0.0, adaptive_path="fast")
     assert all(int(row.sum()) == 1 for row in eb.step().committed)  # gamma 0: one token a step
-    assert run.sampler.adaptive and type(run.sampler).__name__ == "FastAdaptiveStep"
+    assert run.sampler.chooses and not run.sampler.adaptive and type(run.sampler).__name__ == "FastAdaptiveStep"
     with pytest.raises(ValueError, match="adaptive_path"):
         make_run(ExplicitTT(cores), 1, 1, adaptive_path="approximate")
+
+
+@pytest.mark.parametrize("fmt", ["tt", "cp"])
+def test_component_weights_mix_the_head_outputs_into_the_enumerated_marginals(fmt):
+    """Decomposition.component_weights (what the fast step chooses by): sum_e w_e softmax(output e) is each
+    position's single-position marginal, against enumeration of the whole joint (TT, CP)."""
+    from ttcore.decompositions import get_decomposition
+    from ttcore.sampling.steps.fast_adaptive import chooser_marginals
+
+    seqs = all_sequences(L, V).numpy()
+    if fmt == "tt":
+        cores = _tt_cores(6)
+        model, p = ExplicitTT(cores), dense_tt(cores.numpy(), seqs)
+    else:
+        g = torch.Generator().manual_seed(6)
+        w = torch.softmax(torch.randn(R, generator=g, dtype=torch.float64), -1)
+        f = torch.softmax(2 * torch.randn(L, R, V, generator=g, dtype=torch.float64), -1)
+        model, p = ExplicitCP(w, f), dense_cp(w.numpy(), f.numpy(), seqs)
+    marg = np.stack([[p[seqs[:, i] == x].sum() for x in range(V)] for i in range(L)])  # [l, v]
+    x = torch.full((1, L), V)
+    masked = torch.ones(1, L, dtype=torch.bool)
+    h = model.features(x)
+    weights = get_decomposition(fmt).component_weights(model, h, masked, 1.0)
+    assert weights.shape == (L, R * R if fmt == "tt" else R)
+    assert torch.allclose(weights.sum(-1), torch.ones(L, dtype=weights.dtype))
+    got = chooser_marginals(model, h, masked, 1.0)[0].double().numpy()  # c = E here: every output
+    assert np.allclose(got, marg, atol=1e-6)
+
+
+def test_the_fast_path_at_one_output_per_position_chooses_by_the_heaviest_output(monkeypatch):
+    """With c = 1 (text size: V-sized outputs cost what a rank-1 step does) each masked position is scored by
+    its heaviest output alone, w_(j,k) = pi_j Gbar_jk, enumerated here from the cores."""
+    from ttcore.sampling.steps import fast_adaptive
+
+    monkeypatch.setattr(fast_adaptive, "CHOOSER_OUTPUTS", 1)
+    cores = _tt_cores(7).numpy()  # [l, v, r, r]
+    pi, scores = np.ones(R) / R, []
+    for i in range(L):
+        gbar = cores[i].sum(0)
+        w = pi[:, None] * gbar
+        j, k = np.unravel_index(np.argmax(w), w.shape)
+        q = cores[i, :, j, k] / cores[i, :, j, k].sum()
+        scores.append(q.max())
+        pi = pi @ gbar
+    want = set(np.argsort(-np.array(scores), kind="stable")[:2].tolist())
+    run = make_run(ExplicitTT(torch.from_numpy(cores)), 8, 2, seed=0, ordering="top_prob", adaptive_path="fast")
+    assert all(set(row.nonzero().flatten().tolist()) == want for row in run.step().committed)

@@ -9,6 +9,7 @@ import torch
 
 from service.admission import Speed, TooLarge, calibrate, plan
 from ttcore.models import DiTConfig, JointModel, ModelConfig
+from ttcore.sampling import SamplerConfig
 
 
 def _model(decomposition="tt"):
@@ -20,22 +21,28 @@ def _model(decomposition="tt"):
 
 def test_the_estimate_is_the_median_of_recent_observations_so_a_slow_calibration_is_outvoted():
     speed = Speed(predetermined_step=1.0, exact_step=2.0, chain_rule=10.0)
-    speed.observe(adaptive=False, exact=False, rows=4, steps=8, seconds=4 * 8 * 0.01)
+    speed.observe(kind="predetermined_step", rows=4, steps=8, seconds=4 * 8 * 0.01)
     assert speed.predetermined_step == pytest.approx((1.0 + 0.01) / 2)  # one each: their mean
-    speed.observe(adaptive=False, exact=False, rows=2, steps=5, seconds=2 * 5 * 0.02)
+    speed.observe(kind="predetermined_step", rows=2, steps=5, seconds=2 * 5 * 0.02)
     assert speed.predetermined_step == pytest.approx(0.02)  # two of three now say ~0.01-0.02 s
-    assert speed.exact_step == 2.0 and speed.chain_rule == 10.0  # other kinds untouched
-    speed.observe(adaptive=True, exact=False, rows=1, steps=4, seconds=4 * 0.02 + 0.5)
-    speed.observe(adaptive=True, exact=False, rows=1, steps=4, seconds=4 * 0.02 + 0.7)
+    assert speed.exact_step == 2.0 and speed.chain_rule == 10.0 and speed.chooser_step == 1.0  # others untouched
+    speed.observe(kind="chain_rule", rows=1, steps=4, seconds=4 * 0.02 + 0.5)
+    speed.observe(kind="chain_rule", rows=1, steps=4, seconds=4 * 0.02 + 0.7)
     assert speed.chain_rule == pytest.approx(0.7, abs=1e-9)  # median of 10, 0.5, 0.7
     for _ in range(20):  # a machine that turns busy raises it as fast
-        speed.observe(adaptive=False, exact=False, rows=1, steps=1, seconds=3.0)
+        speed.observe(kind="predetermined_step", rows=1, steps=1, seconds=3.0)
     assert speed.predetermined_step == 3.0
+    speed.observe(kind="chooser_step", rows=2, steps=4, seconds=2 * 4 * 0.03)  # the fast adaptive path's own
+    speed.observe(kind="chooser_step", rows=2, steps=4, seconds=2 * 4 * 0.05)
+    assert speed.chooser_step == pytest.approx(0.05) and speed.predetermined_step == 3.0
+    with pytest.raises(ValueError, match="kind"):
+        speed.observe(kind="approximate", rows=1, steps=1, seconds=1.0)
 
 
 def test_calibration_is_a_few_short_timings():
     speed = calibrate(_model())
     assert 0 < speed.predetermined_step < 1 and 0 < speed.exact_step < 1 and 0 <= speed.chain_rule < 5
+    assert 0 < speed.chooser_step < 1
 
 
 def _admitted(model, speed, **kw):
@@ -55,7 +62,8 @@ def test_every_hint_is_a_setting_that_is_admitted(adaptive):
     checked = 0
     for n, k, timeout, limit in itertools.product((1, 8, 64), (1, 2, 8, 35, 1000), (0.001, 0.05, 1.5, 30.0),
                                                   (0.05, 60.0)):
-        kw = dict(num_samples=n, steps=k, adaptive=adaptive, exact=False, timeout_s=timeout, step_limit_s=limit)
+        config = SamplerConfig(ordering="top_prob" if adaptive else "random")
+        kw = dict(num_samples=n, steps=k, config=config, timeout_s=timeout, step_limit_s=limit)
         try:
             plan(model, speed, memory_budget=1 << 30, **kw)
             continue

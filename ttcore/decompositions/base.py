@@ -105,6 +105,15 @@ class Decomposition(Protocol):
         the draw needs. -> [b, l], -1 off T."""
         ...
 
+    def component_weights(self, model: Denoiser, h: torch.Tensor, masked: torch.Tensor,
+                          temperature: float) -> torch.Tensor:
+        """The single-position marginal of every masked position as a mixture of its E head outputs:
+        p(x^i | x_t) = sum_e w_{i,e} softmax_x(output e of position i), S = the known positions (Eqs. 14-17).
+        Returns w [m, E] (rows sum to 1, float64, row-major over ``masked``), computed without the head's
+        E x V outputs; exact for rank 1 and CP, for TT with respect to the joint whose summed cores are
+        the contracted-core head's Gbar_j (temperature 1). The fast adaptive step chooses by it."""
+        ...
+
     def chosen_marginals(self, model: Denoiser, h: torch.Tensor, masked: torch.Tensor, chosen: torch.Tensor,
                          temperature: float, contraction: str) -> torch.Tensor:
         """p(x^i | x_t) at the ``chosen`` [b, l] positions only, float64: the exact single-position marginals

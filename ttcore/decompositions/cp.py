@@ -83,6 +83,12 @@ class CPDecomposition(SumsNothing):
         return draw_from_components(model, h, x, chosen, component, temperature, generator)
 
     @staticmethod
+    def component_weights(model, h, masked, temperature) -> torch.Tensor:
+        """The mixture weights w_a of each masked position's sequence (Eqs. 14-15: the known positions'
+        one-hot factors equal 1), tempered as ``predetermined_step`` draws the component."""
+        return softmax64(model.cp_weight_logits(h), temperature)[masked.nonzero()[:, 0]]  # [m, r]
+
+    @staticmethod
     def chosen_marginals(model, h, masked, chosen, temperature, contraction) -> torch.Tensor:
         """sum_a w_a p^(a,i)(x) (Eqs. 14-15, S = the known positions: their one-hot factors equal 1), the
         r factors of the chosen positions only."""

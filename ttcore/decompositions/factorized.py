@@ -69,6 +69,11 @@ class Rank1(SumsNothing):
         return draw_from_components(model, h, x, chosen, component, temperature, generator)
 
     @staticmethod
+    def component_weights(model, h, masked, temperature) -> torch.Tensor:
+        """One output per position, the marginal itself (Eq. 2)."""
+        return torch.ones(int(masked.sum()), 1, dtype=torch.float64, device=h.device)
+
+    @staticmethod
     def chosen_marginals(model, h, masked, chosen, temperature, contraction) -> torch.Tensor:
         """Eq. 2's factors themselves."""
         start = torch.zeros(int(chosen.sum()), dtype=torch.long, device=h.device)

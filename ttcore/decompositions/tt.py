@@ -197,6 +197,21 @@ class TTDecomposition:
         return tt_sample_path(contracted, chosen, core_rows, generator)
 
     @staticmethod
+    def component_weights(model, h, masked, temperature) -> torch.Tensor:
+        """w_{i,(j,k)} = pi_{i,j} Gbar_{i,jk}, output e = j * r + k: p(x^i) = pi_i^T G_i(x^i) 1 (Eqs. 16-17) and
+        row j of G_i(x) splits as sum_k Gbar_{jk} softmax_x(output (j, k)), since Gbar_{jk} = sum_x G_i(x)_{jk}
+        (Eq. 10's row normalization). pi_i and Gbar come from the contracted-core head (``tt_state_marginals``;
+        known positions contract to the identity), so no V x r x r core is computed; the head predicts the
+        untempered sums, so at another temperature the weights are those of temperature 1."""
+        b, l = masked.shape
+        r = model.cfg.rank
+        contracted = torch.eye(r, dtype=torch.float64, device=h.device).repeat(b, l, 1, 1)  # known: I
+        gbar = model.contracted_cores(h[masked]).to(contracted.dtype)  # [m, r, r]
+        contracted[masked] = gbar
+        pi = tt_state_marginals(contracted)[masked]  # [m, r]
+        return (pi[:, :, None] * gbar).reshape(len(pi), r * r)
+
+    @staticmethod
     def chosen_marginals(model, h, masked, chosen, temperature, contraction) -> torch.Tensor:
         if contraction not in CONTRACTIONS:
             raise ValueError(f"contraction must be one of {CONTRACTIONS}, got {contraction!r}")

@@ -71,5 +71,16 @@ class SamplerConfig:
                                                                          self.joint, adaptive)
         return adaptive, exact
 
+    def work_kind(self, model_cfg) -> str:
+        """What one step costs, as admission times it: ``chain_rule`` (adaptive picks over full outputs),
+        ``exact_step`` (a TT step summing the cores), ``chooser_step`` (a predetermined draw after a cheap
+        choice over every masked position) or ``predetermined_step``."""
+        adaptive, exact = self.step_kind(model_cfg)
+        if adaptive:
+            return "chain_rule"
+        if exact:
+            return "exact_step"
+        return "chooser_step" if getattr(self.step, "chooses", False) else "predetermined_step"
+
     def to_dict(self) -> dict:
         return asdict(self)

@@ -29,6 +29,16 @@ def predetermined_row_bytes(cfg) -> int:
     return 2 * l * v * 8 + l * r * r * 8 + ROW_SLACK_BYTES
 
 
+def chooser_row_bytes(cfg) -> int:
+    """One sequence of the fast adaptive step's choice (``steps.fast_adaptive``): c head outputs of every
+    position (logits and float32 probabilities) and the [l, v] marginals it scores."""
+    from .steps.fast_adaptive import chooser_outputs  # the step module owns c
+
+    l, v = cfg.dit.length, cfg.dit.out_vocab
+    c = chooser_outputs(get_decomposition(cfg.decomposition).outputs_per_position(cfg.rank), v)
+    return l * v * (c * 8 + 4)
+
+
 def exact_contraction_bytes(cfg) -> int:
     """A step that sums every masked position's full head outputs (TT's exact contraction): what its format
     holds for that, independent of the number of sequences (``Decomposition.exact_contraction_bytes``)."""
@@ -40,21 +50,34 @@ def forward_row_bytes(cfg) -> int:
     return FORWARD_BYTES_PER_TOKEN_WIDTH * cfg.dit.length * cfg.dit.hidden_dim
 
 
-def step_row_bytes(cfg, adaptive: bool) -> int:
-    """Peak bytes per sequence of one step."""
-    return forward_row_bytes(cfg) + (chain_rule_row_bytes(cfg) if adaptive else predetermined_row_bytes(cfg))
+def step_row_bytes(cfg, adaptive: bool, chooses: bool = False) -> int:
+    """Peak bytes per sequence of one step (``chooses``: the fast adaptive step's choice comes first)."""
+    if adaptive:
+        return forward_row_bytes(cfg) + chain_rule_row_bytes(cfg)
+    return forward_row_bytes(cfg) + predetermined_row_bytes(cfg) + (chooser_row_bytes(cfg) if chooses else 0)
 
 
-def rows_per_pass(cfg, adaptive: bool, budget_bytes: int, exact: bool = False) -> int:
+def rows_per_pass(cfg, adaptive: bool, budget_bytes: int, exact: bool = False, chooses: bool = False) -> int:
     """How many sequences one pass of a step may hold within ``budget_bytes``; 0 when not even one fits.
     ``exact``: a TT step that sums the cores (counted for predetermined steps only)."""
     fixed = exact_contraction_bytes(cfg) if exact and not adaptive else 0
-    return max(0, (budget_bytes - fixed) // step_row_bytes(cfg, adaptive))
+    return max(0, (budget_bytes - fixed) // step_row_bytes(cfg, adaptive, chooses))
+
+
+def sampler_config(**settings) -> SamplerConfig:
+    """The SamplerConfig of flat settings (a run's own, such as the seed, ignored)."""
+    names = {f.name for f in fields(SamplerConfig)}
+    return SamplerConfig(**{k: v for k, v in settings.items() if k in names})
 
 
 def step_kind(cfg, **settings) -> tuple[bool, bool]:
-    """``(adaptive, exact)`` of a run's steps on a model with ``cfg``, from flat settings (a run's own, such
-    as the seed, ignored): the sampler's step class and the model's format answer
-    (``SamplerConfig.step_kind``)."""
-    names = {f.name for f in fields(SamplerConfig)}
-    return SamplerConfig(**{k: v for k, v in settings.items() if k in names}).step_kind(cfg)
+    """``(adaptive, exact)`` of a run's steps on a model with ``cfg``, from flat settings: the sampler's step
+    class and the model's format answer (``SamplerConfig.step_kind``)."""
+    return sampler_config(**settings).step_kind(cfg)
+
+
+def rows_for(cfg, budget_bytes: int, **settings) -> int:
+    """``rows_per_pass`` of a run with these flat settings (its step class says what a step holds)."""
+    config = sampler_config(**settings)
+    adaptive, exact = config.step_kind(cfg)
+    return rows_per_pass(cfg, adaptive, budget_bytes, exact, config.work_kind(cfg) == "chooser_step")

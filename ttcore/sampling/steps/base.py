@@ -8,6 +8,8 @@ import torch
 class ConfiguredStep:
     """What every step class starts from: the run's ``SamplerConfig``."""
 
+    chooses = False
+
     def __init__(self, config):
         self.config = config
 
@@ -15,9 +17,12 @@ class ConfiguredStep:
 class Step(Protocol):
     """One algorithm for a denoising step's tokens.
 
-    ``adaptive``: it chooses positions from the model's outputs (so it holds every position's full head
-    outputs per sequence: admission's memory and compute rule); ``batchable``: runs with these settings may
-    share one joint draw (``step_together``), because the step's set is fixed before the head runs."""
+    ``adaptive``: it picks positions by the chain rule over the model's full outputs (so it holds every
+    position's full head outputs per sequence: admission's memory and compute rule); ``chooses`` (optional,
+    default False): it chooses its set from a cheap marginal pass over every masked position, then draws like
+    a predetermined step (``fast_adaptive``: a few head outputs per position); ``batchable``: runs with these
+    settings may share one joint draw (``step_together``), because the step's set is fixed before the head
+    runs."""
 
     adaptive: bool
     batchable: bool

@@ -1,14 +1,22 @@
-"""Adaptive orderings and EB-Sampler at about the cost of one marginal inference per step (the fast path;
+"""Adaptive orderings and EB-Sampler at about the cost of a predetermined step (the fast path;
 ``SamplerConfig(adaptive_path="fast")``), beside the exact chain rule (``chain_rule``, ``eb``) that stays the
 reference.
 
-A step computes every masked position's single-position marginal p(x^i | x_t) once (Eqs. 14-17, S = the
-known positions), chooses its set T from them (fixed samplers: the ``counts`` best by the ordering's score;
-EB: positions ranked by the error proxy, the largest prefix whose marginal entropies satisfy
-sum H - max H <= gamma, at least one), then draws x_T jointly with the format's predetermined draw
-(Sec. 4.3). The draw is exact with respect to the joint the predetermined step draws from (the head's
-contraction, or the cores with ``contraction="exact"``); only the choice of T differs from the chain rule,
-which re-ranks after every pick with the marginals conditional on the step's earlier picks.
+A step chooses its set T from every masked position's single-position marginal, computed once per step
+(not once per pick) and cheaply, then draws x_T jointly with the format's predetermined draw (Sec. 4.3).
+The draw is exact with respect to the joint the predetermined step draws from (the head's contraction, or
+the cores with ``contraction="exact"``); only the choice of T is approximate.
+
+The marginals it chooses by: each format writes p(x^i | x_t) as a mixture of its E head outputs with
+weights that cost no V-sized output (``Decomposition.component_weights``: rank 1 one output; CP the
+mixture weights, Eqs. 14-15; TT pi_{i,j} Gbar_{i,jk} from the contracted-core head, Eqs. 16-17). The step
+evaluates only the ``c`` heaviest outputs of each masked position, c = CHOOSER_OUTPUTS // V (at least 1,
+at most E), and chooses by their renormalized mixture: at QM9 size (V = 31) c = E and the marginals are
+exact (w.r.t. that joint); at text size (V = 8192) c = 1, one V-sized output per masked position, what
+a rank-1 model computes for an adaptive step. Scores then rank positions as the chain rule's first pick
+does (fixed samplers: the ``counts`` best; EB: positions by the error proxy, the largest prefix whose
+entropies satisfy sum H - max H <= gamma, at least one); the chain rule re-ranks after every pick with
+marginals conditional on the step's earlier picks, this step does not.
 
 What EB's rule means here: for independent draws, sum H - max H bounds the error of drawing T from the
 product of its marginals instead of the joint (their total correlation); a joint draw does not make that
@@ -18,14 +26,44 @@ trade-off), not as a bound.
 
 import torch
 
+from ttcore.decompositions import get_decomposition
+
 from ..eb import eb_accepts, eb_score
-from ..joint_step import joint_distribution, predetermined_step
+from ..joint_step import predetermined_step
 from ..orderings import ADAPTIVE, entropy
 from .base import ConfiguredStep
 
+CHOOSER_OUTPUTS = 8192  # V-sized values per masked position the choice may compute (c = this // V outputs)
+
+
+def chooser_outputs(e: int, vocab: int) -> int:
+    """c, the head outputs per masked position the fast step evaluates: CHOOSER_OUTPUTS // V, in [1, E]."""
+    return max(1, min(e, CHOOSER_OUTPUTS // vocab))
+
+
+def chooser_marginals(model, h: torch.Tensor, masked: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The marginals the fast step chooses by: for each masked position, the renormalized mixture of its c
+    heaviest head outputs (``Decomposition.component_weights``), float32. -> [b, l, v] (zero off ``masked``)."""
+    b, l = masked.shape
+    weights = get_decomposition(model.cfg.decomposition).component_weights(model, h, masked, temperature)  # [m, E]
+    m, e = weights.shape
+    hm = h[masked]
+    c = chooser_outputs(e, model.cfg.dit.vocab_size - 1)
+    if c == e:  # every output: one head pass over the masked positions
+        top_w = weights
+        logits = model.select_logits(hm, torch.zeros(m, dtype=torch.long, device=h.device), e)  # [m, e, v]
+    else:  # the c heaviest outputs of each position
+        top_w, top_e = weights.topk(c, dim=-1)  # [m, c]
+        logits = model.select_logits(hm.repeat_interleave(c, 0), top_e.flatten(), 1)  # [m * c, 1, v]
+    q = torch.softmax(logits.float() / temperature, -1).view(m, c, -1)
+    top_w = (top_w / top_w.sum(-1, keepdim=True).clamp_min(1e-300)).float()
+    marg = q.new_zeros(b, l, q.shape[-1])
+    marg[masked] = (top_w[:, :, None] * q).sum(1)  # float32 (an einsum would run in bf16 under autocast)
+    return marg
+
 
 class FastAdaptiveStep(ConfiguredStep):
-    adaptive, batchable = True, False  # it holds every masked position's marginals, as the chain rule does
+    adaptive, batchable, chooses = False, False, True  # holds c outputs per position, not the full joint
 
     @classmethod
     def accepts(cls, config) -> bool:
@@ -35,8 +73,7 @@ class FastAdaptiveStep(ConfiguredStep):
     def draw(self, run, h, tokens, masked, chosen, counts):
         c = self.config
         b, l = tokens.shape
-        x_cond = torch.where(masked, torch.full_like(tokens, -1), tokens)
-        marg = joint_distribution(run.model, h, tokens, masked, c.temperature).marginals(x_cond)  # [b, l, v]
+        marg = chooser_marginals(run.model, h, masked, c.temperature)  # [b, l, v]
         score_fn = ADAPTIVE[c.ordering] if c.eb_gamma is None else eb_score(c.eb_proxy)
         score = torch.where(masked, score_fn(marg).double(),
                             torch.full((b, l), -float("inf"), dtype=torch.float64, device=tokens.device))
