@@ -34,8 +34,8 @@ def test_sampling_overhead_smoke():
     out = _bench(ROOT / "benchmarks" / "sampling_overhead.py", "--size", "smoke", "--reps", "1")
     rows = [line for line in out.splitlines() if re.match(r"\s*(random|top_prob|eb g=0.5)\s+\d+ \|", line)]
     assert len(rows) == 5 and all(line.count(" x") == 3 for line in rows), out
-    fast = [line for line in out.splitlines() if re.match(r"\s*(top_prob fast|eb fast)\s+\d+ \|", line)]
-    assert len(fast) == 3 and all(line.count(" x") == 3 for line in fast), out
+    fast = [line for line in out.splitlines() if re.match(r"\s*(top_prob|margin|entropy|eb) fast.*\s+\d+ \|", line)]
+    assert len(fast) == 9 and all(line.count(" x") == 3 and line.count(" /rnd ") == 3 for line in fast), out
     vadd = _bench(ROOT / "benchmarks" / "sampling_overhead.py", "--size", "smoke", "--reps", "1", "--latent-dim", "4",
                   "--steps", "2")
     assert "smoke VADD (latent 4)" in vadd and "vadd+tt2" in vadd, vadd

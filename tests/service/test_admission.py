@@ -82,3 +82,29 @@ def test_every_hint_is_a_setting_that_is_admitted(adaptive):
             assert field == "timeout_s" and "no num_samples or steps fits" in message, message
             assert not any(_admitted(model, speed, **dict(kw, num_samples=1, steps=s)) for s in range(1, 13))
     assert checked > 20
+
+
+def test_a_text_eb_request_of_64_samples_and_16_steps_is_admitted_on_the_default_budget():
+    """The bundled text TT, calibrated on this machine: EB-Sampler with the default fast adaptive path fits the
+    server's defaults (memory budget, deadline, step limit) in one pass; by the exact chain rule the same
+    request needs micro-batches of full cores (its estimate is the chain rule's)."""
+    from pathlib import Path
+
+    from service.config import ServiceArgs
+    from service.schema import GenerateRequest
+    from ttcore.models import load_for_inference
+
+    model, _, _ = load_for_inference(Path(__file__).resolve().parents[2] / "checkpoints" / "text-tt-r4", "cpu", "auto")
+    speed, args = calibrate(model), ServiceArgs()
+    limits = dict(num_samples=64, steps=16, timeout_s=args.max_timeout_s, memory_budget=args.memory_budget_mb << 20,
+                  step_limit_s=args.stall_s / 2)
+    fast = GenerateRequest(model="text", sampler="eb", num_samples=64, steps=16).to_sampler_config()
+    assert fast.adaptive_path == "fast" and fast.work_kind(model.cfg) == "chooser_step"
+    admitted = plan(model, speed, config=fast, **limits)
+    assert admitted.max_rows_per_pass is None and admitted.seconds <= args.max_timeout_s
+    exact = GenerateRequest(model="text", sampler="eb", num_samples=64, steps=16, adaptive_path="exact")
+    try:
+        slow = plan(model, speed, config=exact.to_sampler_config(), **limits)
+        assert slow.max_rows_per_pass is not None and slow.seconds > admitted.seconds
+    except TooLarge as e:  # on a slow machine the chain rule does not fit at all
+        assert e.field in ("num_samples", "steps", "timeout_s")
