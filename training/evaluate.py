@@ -34,6 +34,7 @@ checkpoint) plus ``eb.png`` under ``--out`` and prints the tables.
 
 import argparse
 import csv
+import itertools
 import json
 import sys
 import time
@@ -118,6 +119,7 @@ def _series(r: dict) -> str:
             + ("" if r.get("joint", True) else " rank-1 view")
             + ("" if r.get("schedule", "loglinear") == "loglinear" else f" {r['schedule']}")
             + ("" if r.get("temperature", 1.0) == 1.0 else f" T={r['temperature']:g}")
+            + ("" if r.get("sampler", "random") == "random" else f" {r['sampler']}")
             + (" fast" if r.get("adaptive_path", "exact") == "fast" else ""))
 
 
@@ -348,17 +350,23 @@ def evaluate_text(args, out: Path) -> None:
         has_view = get_decomposition(model.cfg.decomposition).joint_head  # a joint has a rank-1 view
         views = [True] if args.rank_one_view != "only" or not has_view else []
         views += [False] if args.rank_one_view and has_view else []
-        for joint in views:
-            for steps in args.steps:
-                res = run_setting(model, tok, args.samples, steps, args.batch, args.seed, args.memory_mb, joint=joint)
-                texts = res["texts"]
-                row = {"checkpoint": path.name, "decomposition": model.cfg.decomposition, "rank": model.cfg.rank,
-                       "joint": joint, "steps": steps, "genppl": generative_perplexity(texts, judge),
-                       "entropy": unigram_entropy(res["ids"]), "samples": len(texts), "seconds": res["seconds"],
-                       "example": texts[0][:200]}
-                rows.append(row)
-                print(f"{_series(row):>16} K={steps:<4} GenPPL {row['genppl']:.1f} entropy {row['entropy']:.2f} "
-                      f"({row['seconds']:.0f} s)", flush=True)
+        samplers = [(s, p) for s in args.text_samplers for p in args.adaptive_paths
+                    if p == "exact" or (has_view and s != "random")]  # the path matters to adaptive joints
+        for joint, (sampler, path_kind), steps in itertools.product(views, samplers, args.steps):
+            if not joint and (sampler != "random" or path_kind != "exact"):
+                continue  # the rank-1 view: random order
+            kw = ({"eb_gamma": float(sampler[3:])} if sampler.startswith("eb=") else {"ordering": sampler})
+            res = run_setting(model, tok, args.samples, steps, args.batch, args.seed, args.memory_mb, joint=joint,
+                              adaptive_path=path_kind, **kw)
+            texts = res["texts"]
+            row = {"checkpoint": path.name, "decomposition": model.cfg.decomposition, "rank": model.cfg.rank,
+                   "joint": joint, "steps": steps, "sampler": sampler, "adaptive_path": path_kind,
+                   "avg_steps": res["avg_steps"], "genppl": generative_perplexity(texts, judge),
+                   "entropy": unigram_entropy(res["ids"]), "samples": len(texts), "seconds": res["seconds"],
+                   "example": texts[0][:200]}
+            rows.append(row)
+            print(f"{_series(row):>16} K={steps:<4} GenPPL {row['genppl']:.1f} entropy {row['entropy']:.2f} "
+                  f"({row['seconds']:.0f} s)", flush=True)
     if args.cards:
         _update_cards(rows, paths, _this_command(), TEXT_COLUMNS, _text_cells)  # merged rows of these too
     report_text(rows, out, args.steps)
@@ -372,7 +380,7 @@ def report_text(rows: list[dict], out: Path, steps: list[int]) -> None:
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     _save(fig, ax, out / "genppl.png", "denoising steps K", "generative perplexity")
-    print("\nGenPPL (entropy), random order")
+    print("\nGenPPL (entropy); EB rows at K = the cap on steps")
     print(f"{'checkpoint':>16} | " + " | ".join(f"{'K=' + str(k):>14}" for k in steps))
     for name in dict.fromkeys(map(_series, rows)):
         cells = [next((f"{r['genppl']:7.1f} ({r['entropy']:.2f})" for r in rows if _series(r) == name
@@ -401,6 +409,8 @@ def main():
     ap.add_argument("--cards", action="store_true", help="write each checkpoint's rows into its model card")
     ap.add_argument("--adaptive-paths", nargs="+", default=["exact"], choices=["exact", "fast"],
                     help="adaptive orderings and EB by the exact chain rule and/or the fast path (a line each)")
+    ap.add_argument("--text-samplers", nargs="+", default=["random"],
+                    help="text: samplers, a line each: an ordering (random, top_prob, margin, entropy) or eb=GAMMA")
     ap.add_argument("--contractions", nargs="+", default=["head"], choices=["head", "exact"],
                     help="TT, predetermined orderings: sample with each contraction")
     ap.add_argument("--distribution", action="store_true",

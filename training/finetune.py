@@ -22,6 +22,7 @@ from _common import config_from_args, dataset, parser, tensors
 from ttcore.decompositions import DECOMPOSITIONS, get_decomposition
 from ttcore.models import JointHead, JointModel, load_checkpoint, load_train_state
 from ttcore.models.mdlm_compat import is_mdlm_checkpoint, load_mdlm
+from ttcore.parallel import is_main_process
 from ttcore.training import fit
 
 
@@ -57,8 +58,9 @@ def main():
     title = f"{cfg.data} {head.decomposition} r={head.rank} fine-tune of {Path(args.base).name}"
     meta = fit(model, tokenizer, train, val, cfg, args.out, resume=resuming, max_steps=args.max_steps,
                max_minutes=args.max_minutes, title=title, quiet=args.quiet)
-    print(f"wrote {args.out}: step {meta['step']}, val {meta['val']}, {meta['seconds_per_step']:.3f} s/step, "
-          f"peak RSS {meta['peak_rss_mb']:.0f} MB")
+    if is_main_process():
+        print(f"wrote {args.out}: step {meta['step']}, val {meta['val']}, {meta['seconds_per_step']:.3f} s/step, "
+              f"peak RSS {meta['peak_rss_mb']:.0f} MB")
 
 
 def check_same_joint(base: JointModel, head) -> None:

@@ -13,6 +13,7 @@ import torch
 from _common import config_from_args, dataset, parser, tensors
 
 from ttcore.models import JointModel, ModelConfig, load_checkpoint, load_train_state
+from ttcore.parallel import is_main_process
 from ttcore.tokenizers import load_tokenizer
 from ttcore.training import fit
 
@@ -39,8 +40,9 @@ def main():
     title = f"{cfg.data} base {'VADD' if model.latent_dim else 'MDM'} (rank 1)"
     meta = fit(model, tokenizer, train, val, cfg, args.out, resume=resuming, max_steps=args.max_steps,
                max_minutes=args.max_minutes, title=title, quiet=args.quiet)
-    print(f"wrote {args.out}: step {meta['step']}, val {meta['val']}, {meta['seconds_per_step']:.3f} s/step, "
-          f"peak RSS {meta['peak_rss_mb']:.0f} MB")
+    if is_main_process():
+        print(f"wrote {args.out}: step {meta['step']}, val {meta['val']}, {meta['seconds_per_step']:.3f} s/step, "
+              f"peak RSS {meta['peak_rss_mb']:.0f} MB")
 
 
 if __name__ == "__main__":

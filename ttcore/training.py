@@ -24,6 +24,7 @@ from tqdm import tqdm
 from ttcore.decompositions import get_decomposition
 from ttcore.losses import mdlm_loss, vadd_loss
 from ttcore.models import DiTConfig, JointModel, load_train_state, save_checkpoint
+from ttcore.parallel import Workers
 
 SPLIT_SEED_STRIDE = 100_003  # BatchOrder: seed * stride + epoch seeds each epoch's permutation
 RESEED_STRIDE = 1_000_003  # a run moved between CPU and CUDA reseeds its mask stream from seed + stride * step
@@ -317,15 +318,21 @@ def model_card(title: str, cfg: TrainConfig, model: JointModel, meta: dict) -> s
 def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: torch.Tensor, cfg: TrainConfig,
         out: str | Path, *, resume: bool = False, max_steps: int | None = None, max_minutes: float | None = None,
         title: str = "ttcore model", quiet: bool = False) -> dict:
-    """Train ``model`` until ``max_steps`` (default cfg.total_steps) or ``max_minutes``; checkpoint to ``out``."""
+    """Train ``model`` until ``max_steps`` (default cfg.total_steps) or ``max_minutes``; checkpoint to ``out``.
+    Under torchrun, data-parallel across the processes (``ttcore.parallel``): the same global batches, process 0
+    writes."""
     if getattr(model, "latent_dim", 0) and cfg.marginal_weight:
         raise ValueError("marginal_weight is not applied to VADD models (Eq. 21 has no marginal-consistency "
                          "term here): leave it at 0 for a model with a latent")
     device = pick_device(cfg.device)
+    workers = Workers.from_env(device)
+    workers.check_batch(cfg.batch_size)
+    device = workers.device(device)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     model.to(device).train()
+    workers.broadcast_parameters(model)
     if cfg.compile:
         model.backbone.compile()  # in place: parameter names (and checkpoints) are unchanged
     params = [p for p in model.parameters() if p.requires_grad]
@@ -335,14 +342,17 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
               {"params": [p for p in params if id(p) not in in_backbone], "lr_scale": cfg.head_lr_ratio}]
     opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, betas=(0.9, cfg.beta2),
                             weight_decay=cfg.weight_decay)
-    gen = torch.Generator(device).manual_seed(cfg.seed)
+    gen = torch.Generator(device).manual_seed(cfg.seed + RESEED_STRIDE * workers.rank)  # masks differ per process
     order = BatchOrder(len(train_tokens), cfg.batch_size, cfg.seed)
     meta = {"step": 0, "wall_seconds": 0.0, "commands": [], "val": {}, "device": str(device)}
     saved = load_train_state(out) if resume and Path(out).exists() else None
     if saved is not None:
         tensors, meta = saved
         _load_optimizer_state(opt, tensors, meta.pop("optimizer"))
-        _restore_generator(gen, tensors["rng.generator"], meta, cfg.seed)
+        if workers.main:  # the checkpoint holds process 0's mask stream; the others reseed from (seed, rank, step)
+            _restore_generator(gen, tensors["rng.generator"], meta, cfg.seed)
+        else:
+            gen.manual_seed(cfg.seed + RESEED_STRIDE * (meta["step"] + workers.rank * 1_000_003))
         torch.set_rng_state(tensors["rng.torch"])
         meta["device"] = str(device)
         order = BatchOrder(len(train_tokens), cfg.batch_size, cfg.seed, meta["epoch"], meta["index"])
@@ -379,16 +389,18 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
                             train_state=(tensors, dict(meta, optimizer=opt_meta, config=asdict(cfg))),
                             train_config=asdict(cfg))
 
+    quiet = quiet or not workers.main
     bar = tqdm(total=max_steps, initial=meta["step"], disable=quiet, dynamic_ncols=True, mininterval=5)
     tokens_seen, t0 = 0, time.time()
     stop = _StopOnSignal()  # SIGTERM / SIGINT: finish the step, checkpoint, return
-    while meta["step"] < max_steps and not stop.requested:
-        if max_minutes is not None and time.time() - start_time > 60 * max_minutes:
+    while meta["step"] < max_steps:
+        out_of_time = max_minutes is not None and time.time() - start_time > 60 * max_minutes
+        if workers.any(out_of_time or stop.requested, device):  # every process stops on the same step
             break
         step = meta["step"]
         for group in opt.param_groups:
             group["lr"] = group["lr_scale"] * lr_at(step, cfg.lr, cfg.warmup_steps, cfg.total_steps, cfg.min_lr_ratio)
-        x0 = train_tokens[order.next()].to(device)
+        x0 = train_tokens[workers.share(order.next())].to(device)
         with _autocast(device, cfg.precision):
             if model.latent_dim:
                 losses = vadd_loss(model, x0, mask_id, cfg.kl_weight, cfg.eps, generator=gen)
@@ -396,6 +408,7 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
                 losses = mdlm_loss(model, x0, mask_id, cfg.eps, generator=gen, marginal_weight=cfg.marginal_weight)
         opt.zero_grad(set_to_none=True)
         losses["loss"].backward()
+        workers.average_gradients(params)  # the global batch's mean gradient on every process
         if step < cfg.freeze_backbone_steps:  # no gradient: AdamW leaves these weights and their moments alone
             for p in backbone:
                 p.grad = None
@@ -404,13 +417,15 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
         if ema is not None:
             ema.update(model)
         meta["step"] = step + 1
-        tokens_seen += x0.numel()
+        tokens_seen += x0.numel() * workers.world
         if meta["step"] % cfg.log_every == 0:
             rate = tokens_seen / (time.time() - t0)
             bar.set_postfix(loss=f"{losses['nll'].item():.4f}", lc=f"{losses['lc'].item():.2e}",
                             gn=f"{grad_norm.item():.2f}", lr=f"{opt.param_groups[0]['lr']:.2e}", tok_s=f"{rate:.0f}")
             tokens_seen, t0 = 0, time.time()
         bar.update(1)
+        if not workers.main:
+            continue  # process 0 validates and checkpoints; the others meet it at the next all-reduce
         if meta["step"] % cfg.val_every == 0 or meta["step"] == max_steps:
             meta["val"] = validate()
             if not quiet:
@@ -420,7 +435,11 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
             last_ckpt = time.time()
     bar.close()
     stop.restore()
-    if not meta["val"]:
-        meta["val"] = validate()
-    checkpoint()
+    workers.check_replicas(model)
+    if workers.main:
+        if not meta["val"]:
+            meta["val"] = validate()
+        meta["processes"] = workers.world
+        checkpoint()
+    workers.close()
     return meta
