@@ -2,6 +2,8 @@
 # TTCORE_MODE=embedded runs the same app under plain uvicorn; TTCORE_MODE=worker joins a Ray head.
 #   docker build -t ttcore .                       (GPU: --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128)
 #   docker run -p 8000:8000 --shm-size=2g ttcore
+# Without a registry (Debian's Python as the base, a local torch wheel, a CA bundle for a TLS-intercepting
+# proxy as a BuildKit secret): deploy/local-images.sh.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
@@ -10,16 +12,28 @@ ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
-# torch first and pinned (as dev.sh does): an unpinned torch would pull a multi-GB CUDA build
-RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}"
+# torch first and pinned (as dev.sh does): an unpinned torch would pull a multi-GB CUDA build. A torch wheel
+# in deploy/wheelhouse/ is used instead of the index. The secret pip_ca (optional) is the CA bundle pip trusts.
+COPY deploy/wheelhouse /wheelhouse
+RUN --mount=type=secret,id=pip_ca \
+    if [ -s /run/secrets/pip_ca ]; then export PIP_CERT=/run/secrets/pip_ca; fi; \
+    if ls /wheelhouse/torch-*.whl >/dev/null 2>&1; then \
+      pip install /wheelhouse/torch-"${TORCH_VERSION}"*.whl; \
+    else pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}"; fi
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY ttcore ttcore
 COPY service service
 # hadolint ignore=DL3013
-RUN pip install ".[chem,serve,text]"  # the project itself; its dependency ranges live in pyproject.toml
+RUN --mount=type=secret,id=pip_ca \
+    if [ -s /run/secrets/pip_ca ]; then export PIP_CERT=/run/secrets/pip_ca; fi; \
+    pip install ".[chem,serve,text]"  # the project itself; its dependency ranges live in pyproject.toml
 
 FROM ${PYTHON_IMAGE}
+# RDKit's wheel links libXrender and libXext (without them every SMILES answer says valid=null)
+# hadolint ignore=DL3008
+RUN apt-get update && apt-get install -y --no-install-recommends libxrender1 libxext6 \
+    && rm -rf /var/lib/apt/lists/*
 RUN useradd --create-home --uid 1000 ttcore && install -d -o ttcore -g ttcore -m 700 /home/ttcore/ray-auth
 COPY --from=build /opt/venv /opt/venv
 WORKDIR /app
