@@ -298,7 +298,7 @@ def test_component_weights_mix_the_head_outputs_into_the_enumerated_marginals(fm
     weights = get_decomposition(fmt).component_weights(model, h, masked, 1.0)
     assert weights.shape == (L, R * R if fmt == "tt" else R)
     assert torch.allclose(weights.sum(-1), torch.ones(L, dtype=weights.dtype))
-    got = chooser_marginals(model, h, masked, 1.0)[0].double().numpy()  # c = E here: every output
+    got = chooser_marginals(model, h, masked, 1.0).double().numpy()  # [l, v]; c = E here: every output
     assert np.allclose(got, marg, atol=1e-6)
 
 

@@ -43,8 +43,7 @@ def chooser_outputs(e: int, vocab: int) -> int:
 
 def chooser_marginals(model, h: torch.Tensor, masked: torch.Tensor, temperature: float) -> torch.Tensor:
     """The marginals the fast step chooses by: for each masked position, the renormalized mixture of its c
-    heaviest head outputs (``Decomposition.component_weights``), float32. -> [b, l, v] (zero off ``masked``)."""
-    b, l = masked.shape
+    heaviest head outputs (``Decomposition.component_weights``), float32. -> [m, v], row-major over ``masked``."""
     weights = get_decomposition(model.cfg.decomposition).component_weights(model, h, masked, temperature)  # [m, E]
     m, e = weights.shape
     hm = h[masked]
@@ -56,10 +55,10 @@ def chooser_marginals(model, h: torch.Tensor, masked: torch.Tensor, temperature:
         top_w, top_e = weights.topk(c, dim=-1)  # [m, c]
         logits = model.select_logits(hm.repeat_interleave(c, 0), top_e.flatten(), 1)  # [m * c, 1, v]
     q = torch.softmax(logits.float() / temperature, -1).view(m, c, -1)
+    if c == 1:
+        return q[:, 0]
     top_w = (top_w / top_w.sum(-1, keepdim=True).clamp_min(1e-300)).float()
-    marg = q.new_zeros(b, l, q.shape[-1])
-    marg[masked] = (top_w[:, :, None] * q).sum(1)  # float32 (an einsum would run in bf16 under autocast)
-    return marg
+    return (top_w[:, :, None] * q).sum(1)  # float32 (an einsum would run in bf16 under autocast)
 
 
 class FastAdaptiveStep(ConfiguredStep):
@@ -73,14 +72,16 @@ class FastAdaptiveStep(ConfiguredStep):
     def draw(self, run, h, tokens, masked, chosen, counts):
         c = self.config
         b, l = tokens.shape
-        marg = chooser_marginals(run.model, h, masked, c.temperature)  # [b, l, v]
+        marg = chooser_marginals(run.model, h, masked, c.temperature)  # [m, v]: the masked positions only
         score_fn = ADAPTIVE[c.ordering] if c.eb_gamma is None else eb_score(c.eb_proxy)
-        score = torch.where(masked, score_fn(marg).double(),
-                            torch.full((b, l), -float("inf"), dtype=torch.float64, device=tokens.device))
+        score = torch.full((b, l), -float("inf"), dtype=torch.float64, device=tokens.device)
+        score[masked] = score_fn(marg).double()
         order = score.argsort(dim=-1, descending=True, stable=True)  # [b, l]
         rank = order.argsort(dim=-1, stable=True)
         if counts is None:  # EB (not its last step): the largest prefix within the budget, at least one
-            ent = torch.gather(entropy(marg).double(), 1, order)  # [b, l] in rank order
+            ent = torch.zeros((b, l), dtype=torch.float64, device=tokens.device)
+            ent[masked] = entropy(marg).double()
+            ent = torch.gather(ent, 1, order)  # [b, l] in rank order
             ok = eb_accepts(torch.where(torch.gather(masked, 1, order), ent, torch.zeros_like(ent)), c.eb_gamma)
             counts = (ok.cumprod(-1).sum(-1)).clamp(min=1)
         k = torch.minimum(counts, masked.sum(1))
