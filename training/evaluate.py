@@ -255,7 +255,8 @@ TEXT_COLUMNS = ["ordering", "K", "GenPPL", "unigram entropy", "samples"]
 
 def _text_cells(r: dict) -> list:
     view = "" if r.get("joint", True) else " (rank-1 view, joint: false)"
-    return ["random" + view, r["steps"], f"{r['genppl']:.1f}", f"{r['entropy']:.2f}", r["samples"]]
+    sampler = r.get("sampler", "random") + (" (fast)" if r.get("adaptive_path", "exact") == "fast" else "")
+    return [sampler + view, r["steps"], f"{r['genppl']:.1f}", f"{r['entropy']:.2f}", r["samples"]]
 
 
 def replace_section(card: str, title: str, body: str) -> str:

@@ -84,6 +84,17 @@ def test_evaluate_text_writes_genppl(tmp_path):
     merged = json.loads((tmp_path / "res2" / "text_results.json").read_text())
     assert [(r["checkpoint"], r["joint"], r["genppl"]) for r in merged] == [
         (r["checkpoint"], r["joint"], r["genppl"]) for r in rows]
+    # adaptive samplers on both paths: a line each for the joint, one (exact = fast in law) for rank 1
+    third = subprocess.run([sys.executable, "training/evaluate.py", "--data", "text", "--checkpoints",
+                            str(tmp_path / "b"), str(tmp_path / "tt"), "--out", str(tmp_path / "res3"), "--samples",
+                            "4", "--batch", "4", "--steps", "4", "--precision", "fp32", "--text-samplers", "top_prob", "eb=0.5",
+                            "--adaptive-paths", "exact", "fast"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert third.returncode == 0, third.stderr[-3000:]
+    adaptive = json.loads((tmp_path / "res3" / "text_results.json").read_text())
+    assert sorted((r["checkpoint"], r["sampler"], r["adaptive_path"]) for r in adaptive) == [
+        ("b", "eb=0.5", "exact"), ("b", "top_prob", "exact"), ("tt", "eb=0.5", "exact"), ("tt", "eb=0.5", "fast"),
+        ("tt", "top_prob", "exact"), ("tt", "top_prob", "fast")]
+    assert "tt top_prob fast |" in third.stdout and all(1 < r["genppl"] < 1e7 for r in adaptive)
 
 
 def test_count_schedule_identifies_runs_that_only_differ_by_idle_steps():
