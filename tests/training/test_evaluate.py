@@ -88,7 +88,8 @@ def test_evaluate_text_writes_genppl(tmp_path):
     third = subprocess.run([sys.executable, "training/evaluate.py", "--data", "text", "--checkpoints",
                             str(tmp_path / "b"), str(tmp_path / "tt"), "--out", str(tmp_path / "res3"), "--samples",
                             "4", "--batch", "4", "--steps", "4", "--precision", "fp32", "--text-samplers", "top_prob",
-                            "eb=0.5", "--adaptive-paths", "exact", "fast"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                            "eb=0.5", "--adaptive-paths", "exact", "fast"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert third.returncode == 0, third.stderr[-3000:]
     adaptive = json.loads((tmp_path / "res3" / "text_results.json").read_text())
     assert sorted((r["checkpoint"], r["sampler"], r["adaptive_path"]) for r in adaptive) == [
