@@ -72,7 +72,6 @@ def halton_priority(b: int, l: int, device, generator=None) -> torch.Tensor:
 
 
 PREDETERMINED = {"random": random_priority, "left_to_right": left_to_right_priority, "halton": halton_priority}
-ORDERINGS = tuple(PREDETERMINED) + tuple(ADAPTIVE)
 
 
 def top_k_mask(priority: torch.Tensor, candidates: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
