@@ -3,9 +3,12 @@
     python benchmarks/service_load.py                          # bundled checkpoints/ (qm9)
     python benchmarks/service_load.py --checkpoints DIR --requests-per-client 4
     python benchmarks/service_load.py --clients 1 2 --requests-per-client 1    # smoke size (the tests run it)
+    python benchmarks/service_load.py --model text --clients 8 --requests-per-client 1 \
+        --request '{"sampler": "eb", "eb_gamma": 0.5, "steps": 16, "adaptive_path": "fast"}'   # EB on text
 
 Starts `python -m service` (uvicorn) in a subprocess on a free port. For C in {1, 8, 32} concurrent
-clients, each sends R requests in a row (2 molecules, 8 steps, random order); the baseline sends the
+clients, each sends R requests in a row (2 sequences, 8 steps, random order, unless ``--request`` sets other
+fields); the baseline sends the
 same C * R requests one at a time. Prints molecules/s, p50/p99 latency, the speed-up, the share
 of server wall time spent in the backbone's forward pass, and the share the engine's worker was busy
 with steps at all (forward, heads, joint draws, the copy to the host), from the server's own metrics:
@@ -14,6 +17,7 @@ the rest is HTTP, events and the event loop.
 
 import argparse
 import asyncio
+import json
 import os
 import re
 import socket
@@ -68,6 +72,7 @@ def main():
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32], help="concurrency levels to measure")
+    ap.add_argument("--request", default="{}", help="JSON fields that replace the request's defaults")
     args = ap.parse_args()
     port = _port()
     url = f"http://127.0.0.1:{port}"
@@ -83,19 +88,20 @@ def main():
                 time.sleep(0.2)
         else:
             raise SystemExit(f"server did not start: {proc.stderr.read().decode()[-2000:]}")
-        body = {"model": args.model, "num_samples": 2, "steps": 8, "ordering": "random"}
+        body = {"model": args.model, "num_samples": 2, "steps": 8, "ordering": "random", **json.loads(args.request)}
         if args.decomposition:
             body["decomposition"] = args.decomposition
         info = httpx.post(url + "/generate", json=body, timeout=600).json()  # warm-up
-        print(f"checkpoint {info['checkpoint']} ({info['decomposition']} r={info['rank']}), 2 molecules x 8 steps "
-              f"per request, {args.requests_per_client} requests per client, {args.precision}")
-        print(f"{'clients':>7} | {'mol/s':>7} {'p50 s':>7} {'p99 s':>7} | {'1-at-a-time mol/s':>17} | "
+        settings = {k: v for k, v in body.items() if k not in ("model", "decomposition")}
+        print(f"checkpoint {info['checkpoint']} ({info['decomposition']} r={info['rank']}), requests {settings}, "
+              f"{args.requests_per_client} requests per client, {args.precision}")
+        print(f"{'clients':>7} | {'seq/s':>7} {'p50 s':>7} {'p99 s':>7} | {'1-at-a-time seq/s':>17} | "
               f"{'speed-up':>8} | {'forward share':>13} | {'engine busy':>11}")
         for clients in args.clients:
             n = clients * args.requests_per_client
             wall, lat, fwd, busy = asyncio.run(_run(url, body, clients, args.requests_per_client))
             wall1, _, _, _ = asyncio.run(_run(url, body, 1, n))
-            rate, rate1 = 2 * n / wall, 2 * n / wall1
+            rate, rate1 = body["num_samples"] * n / wall, body["num_samples"] * n / wall1
             p99 = statistics.quantiles(lat, n=100)[98] if len(lat) > 1 else lat[0]
             print(f"{clients:>7} | {rate:>7.1f} {statistics.median(lat):>7.3f} {p99:>7.3f} | {rate1:>17.1f} | "
                   f"{rate / rate1:>7.2f}x | {fwd / wall:>12.0%} | {busy / wall:>10.0%}", flush=True)

@@ -51,6 +51,9 @@ def test_service_load_smoke():
                  timeout=600)  # without 1: the forward bound still times its batch-2 reference
     assert re.search(r"^\s+2 \|.*x \|\s+\d+% \|\s+\d+%$", out, re.M), out  # forward share, engine busy
     assert "speed-up bound if only the forward counted: 2 clients" in out and "batch 2:" in out, out
+    eb = _bench(ROOT / "benchmarks" / "service_load.py", "--clients", "2", "--requests-per-client", "1", "--request",
+                '{"sampler": "eb", "adaptive_path": "fast", "num_samples": 1}', timeout=600)
+    assert "'sampler': 'eb'" in eb and re.search(r"^\s+2 \|.*x \|", eb, re.M), eb
 
 
 def test_cold_start_smoke():
