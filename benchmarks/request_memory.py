@@ -7,6 +7,7 @@ does). ``measured / estimated`` must stay below 1 for the budget to hold.
 
     python benchmarks/request_memory.py                      # the bundled checkpoints (a few minutes)
     python benchmarks/request_memory.py --smoke              # QM9 only, small cases (the test)
+    python benchmarks/request_memory.py --path fast          # the fast adaptive path's cases only
 """
 
 import argparse
@@ -63,6 +64,7 @@ def main():
     ap.add_argument("--checkpoints", default=str(ROOT / "checkpoints"))
     ap.add_argument("--budget-mb", type=int, default=2048, help="the server's --memory-budget-mb")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--path", choices=["exact", "fast"], help="only the cases of this adaptive path")
     ap.add_argument("--case", help=argparse.SUPPRESS)  # internal: run one case in this process
     args = ap.parse_args()
     if args.case:
@@ -75,6 +77,8 @@ def main():
     worst = 0.0
     for name, n, steps, ordering, contraction, *rest in (SMOKE if args.smoke else CASES):
         joint, path = (list(rest) + [True, "exact"][len(rest):])[:2]
+        if args.path and path != args.path:
+            continue
         case = json.dumps([str(Path(args.checkpoints) / name), n, steps, ordering, contraction, joint, path])
         out = subprocess.run([sys.executable, __file__, "--case", case, "--budget-mb", str(args.budget_mb)],
                              capture_output=True, text=True, check=True, cwd=ROOT)
