@@ -7,8 +7,9 @@ import time
 import httpx
 import torch
 
+from service.schema import GenerateRequest
 from ttcore.models import load_for_inference
-from ttcore.sampling import generate
+from ttcore.sampling import GenerationRun
 
 
 def stream_events(url: str, body: dict, timeout: float = 120) -> list[tuple[float, str, dict]]:
@@ -27,19 +28,20 @@ def stream_events(url: str, body: dict, timeout: float = 120) -> list[tuple[floa
 
 
 def lone_run_texts(checkpoint_dir, body: dict, precision: str = "fp32") -> list[str]:
-    """What the same request gives when run alone through ttcore.sampling.generate."""
+    """What the same request gives when run alone through the library (``GenerationRun`` with the request's
+    own ``SamplerConfig``: the schema's defaults, typed once)."""
     model, tok, _ = load_for_inference(checkpoint_dir, "cpu", precision)
-    settings = dict(ordering=body.get("ordering", "random"), seed=body["seed"],
-                    eb_gamma=body.get("eb_gamma", 0.5) if body.get("sampler") == "eb" else None,
-                    temperature=body.get("temperature", 1.0), contraction=body.get("contraction", "head"))
+    config = GenerateRequest(**{k: v for k, v in body.items() if k != "stream"}).to_sampler_config()
     prompt = None
     if body.get("prompt"):
         ids = tok.tokenize(body["prompt"], allow_mask=True)
         prompt = torch.tensor(ids + [tok.mask_id] * (tok.length - len(ids)))
     torch.set_num_threads(1)
+    run = GenerationRun(model, body["num_samples"], body["steps"], config, seed=body["seed"], prompt=prompt)
     with model.compute_context():
-        *_, last = generate(model, body["num_samples"], body["steps"], prompt=prompt, **settings)
-    return [tok.decode(row) for row in last.tokens.tolist()]
+        while not run.done:
+            run.step()
+    return [tok.decode(row) for row in run.tokens.tolist()]
 
 
 def metric(text: str, name: str, labels: str = "") -> float:
