@@ -21,6 +21,8 @@ def test_health_ready_models(server):
         ("qm9", "none", 1), ("qm9", "tt", 2), ("qm9", "cp", 3), ("text", "none", 1)}
     assert all(m["length"] > 0 and m["vocab_size"] > 0 and m["card_url"] for m in models)
     assert all(any(line.startswith("steps:") for line in m["summary"]) for m in models)
+    assert all(m["adaptive_paths"] == ["fast", "exact"] and m["estimated_seconds"]["chooser_step"] > 0
+               for m in models)  # what each checkpoint serves, and the fast step's current estimate
     card = httpx.get(server + models[0]["card_url"])  # the card itself, served apart (was inlined: 13 KB each)
     assert card.status_code == 200 and card.text.startswith("# ") and card.headers["content-type"].startswith(
         "text/markdown")

@@ -50,6 +50,14 @@ def _check_api(url: str):
     # a template: the completion is the whole filled sequence
     filled = client.completions.create(model="qm9", prompt="C[MASK]C", seed=0, extra_body={"steps": 4})
     assert filled.choices[0].text.startswith("C")
+    # the adaptive path is an extension: both values served, seeded alike; anything else is refused by name
+    for path in ("fast", "exact"):
+        eb = client.completions.create(model="qm9-tt-r2", prompt="CC", n=2, seed=3, extra_body={
+            "steps": 4, "sampler": "eb", "adaptive_path": path})
+        assert len(eb.choices) == 2
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="qm9", prompt="CC", extra_body={"adaptive_path": "approximate"})
+    assert e.value.body["param"] == "adaptive_path"
     # errors arrive as openai exceptions with OpenAI's error object
     with pytest.raises(openai.NotFoundError) as e:
         client.completions.create(model="gpt-9", prompt="x")
