@@ -29,9 +29,12 @@ run() {  # name base decomposition rank
   echo "$1 exit $?"; tail -n 1 "$OUT/$1.log"
 }
 run qm9-tt-r32 "$BASE" tt 32 &
+A=$!
 run qm9-cp-r256 "$BASE" cp 256 &
+B=$!
 run qm9-tt-r16-x2 "$CONT" tt "$CONT_RANK" &
-wait
+C=$!
+wait $A $B $C  # by PID: a bare `wait` also waits for the log's process substitution (tee), which never ends
 for name in qm9-tt-r32 qm9-cp-r256 qm9-tt-r16-x2; do
   "$PY" training/export.py --src "$RUNS/$name" --out "$RUNS/export/$name" --family qm9
 done
