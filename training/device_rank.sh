@@ -7,7 +7,7 @@
 #   qm9-tt-r16-x2  the TT r=16 fine-tune (.lease/qm9-tt-r16, trained at that budget on an earlier lease)
 #                  continued 6362 more steps: the "longer fine-tune" lever at twice the budget
 #   MINUTES=6 bash training/device_rank.sh        (device: OUT set by the tool; start-up and data loading
-#                                                  take 1-2 min there: MINUTES=7 ran past a 600 s call)
+#                                                  take 1-2 min there, exports ~15 s)
 #   SMOKE=1 OUT=/tmp/rank PYTHON=.venv/bin/python bash training/device_rank.sh   (rehearsal, CPU)
 # Prepared: .lease/cache/qm9-*.json.gz (the QM9 cache), .lease/qm9-base, .lease/qm9-tt-r16 (carried);
 # checkpoints/ moved out of the tree for the call (64 MiB travel). BASE, CONT and CONT_RANK override the
