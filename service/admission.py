@@ -55,28 +55,21 @@ class Speed:
                      chooser_step=predetermined_step if chooser_step is None else chooser_step)
         self._seen = {k: deque([first[k]], maxlen=WINDOW) for k in self.KINDS}
 
-    @property
-    def predetermined_step(self) -> float:
-        return statistics.median(self._seen["predetermined_step"])
+    def estimate(self, kind: str) -> float:
+        """The current estimate of a kind of work: the median of its recent observations."""
+        return statistics.median(self._seen[kind])
 
-    @property
-    def exact_step(self) -> float:
-        return statistics.median(self._seen["exact_step"])
-
-    @property
-    def chooser_step(self) -> float:
-        return statistics.median(self._seen["chooser_step"])
-
-    @property
-    def chain_rule(self) -> float:
-        return statistics.median(self._seen["chain_rule"])
+    predetermined_step = property(lambda self: self.estimate("predetermined_step"))
+    exact_step = property(lambda self: self.estimate("exact_step"))
+    chooser_step = property(lambda self: self.estimate("chooser_step"))
+    chain_rule = property(lambda self: self.estimate("chain_rule"))
 
     def step_seconds(self, kind: str) -> float:
         """One step of a run of this kind, per sequence (a chain-rule run's steps: the predetermined step's,
         its picks are ``chain_rule``)."""
         if kind not in self.KINDS:
             raise ValueError(f"kind must be one of {self.KINDS}, got {kind!r}")
-        return self.predetermined_step if kind == "chain_rule" else statistics.median(self._seen[kind])
+        return self.estimate("predetermined_step" if kind == "chain_rule" else kind)
 
     def observe(self, *, kind: str, rows: int, steps: int, seconds: float) -> None:
         """A finished request of this kind of work: ``rows`` sequences, ``steps`` engine steps, ``seconds``

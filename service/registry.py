@@ -104,7 +104,7 @@ class ModelRegistry:
         return bool(self.models)
 
     def model_infos(self) -> list[ModelInfo]:
-        return [lm.info.model_copy(update={"estimated_seconds": {k: getattr(lm.speed, k) for k in Speed.KINDS}})
+        return [lm.info.model_copy(update={"estimated_seconds": {k: lm.speed.estimate(k) for k in Speed.KINDS}})
                 for lm in self.models]
 
     def resolve(self, family: str | None, decomposition: str | None, rank: int | None) -> LoadedModel:

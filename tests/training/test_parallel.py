@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from safetensors.torch import load_file, save_file
 
 from ttcore.parallel import Workers
 
@@ -34,7 +35,7 @@ def _averaged_gradient(rank: int, world: int, port: int, out: str) -> None:
     loss = (model(workers.share(x)) - workers.share(y)).pow(2).mean()
     loss.backward()
     workers.average_gradients(list(model.parameters()))
-    torch.save({n: p.grad for n, p in model.named_parameters()}, f"{out}/{rank}.pt")
+    save_file({n: p.grad.contiguous() for n, p in model.named_parameters()}, f"{out}/{rank}.safetensors")
     dist.destroy_process_group()
 
 
@@ -47,7 +48,7 @@ def test_averaged_shares_give_the_full_batch_gradient(tmp_path):
     x, y = torch.randn(8, 5, generator=torch.Generator().manual_seed(1)), torch.randn(8, 3)
     (model(x) - y).pow(2).mean().backward()
     for rank in (0, 1):
-        grads = torch.load(tmp_path / f"{rank}.pt")
+        grads = load_file(tmp_path / f"{rank}.safetensors")
         for n, p in model.named_parameters():
             assert torch.allclose(grads[n], p.grad, atol=1e-6), (rank, n)
 
