@@ -104,7 +104,7 @@ def openai_router(serving: Serving) -> APIRouter:
     async def models():
         return OpenAIModelList(data=[OpenAIModel(id=model_id(lm), ttcore={
             "checkpoint": lm.name, "family": lm.family, "decomposition": lm.info.decomposition, "rank": lm.info.rank,
-            "length": lm.info.length, "domain": lm.domain}) for lm in registry.models])
+            "length": lm.info.length, "domain": lm.domain, "metrics": lm.info.metrics}) for lm in registry.models])
 
     @router.post("/completions", response_model=Completion, responses={
         200: {"description": "A completion; with `stream: true`, `data: {chunk}` events then `data: [DONE]`",

@@ -70,7 +70,7 @@ class OpenAIModel(BaseModel):
     object: Literal["model"] = "model"
     created: int = 0
     owned_by: str = "ttcore"
-    ttcore: dict = Field(description="Extension: checkpoint, family, decomposition, rank, length, domain.")
+    ttcore: dict = Field(description="Extension: checkpoint, family, decomposition, rank, length, domain, metrics.")
 
 
 class OpenAIModelList(BaseModel):

@@ -31,12 +31,17 @@ class PromptError(ValueError):
 class LoadedModel:
     name: str  # the checkpoint's directory name
     family: str
-    domain: str  # the tokenizer's kind: smiles or text
+    domain: str  # the tokenizer's kind: smiles, char or text
     model: torch.nn.Module
     tokenizer: object
     info: ModelInfo
     speed: Speed  # this machine's timings of the model (admission's compute estimates)
     card: str | None = None  # the model card's markdown (GET /models/{checkpoint}/card)
+
+    @property
+    def molecules(self) -> bool:
+        """Its family's metrics are molecules: answers carry RDKit's fields, valid_only applies."""
+        return self.info.metrics == "molecules"
 
 
 _ABSOLUTE_PATH = re.compile(r"(?<![\w./-])/(?:[\w.+-]+/)+([\w.+-]+)")
@@ -84,10 +89,14 @@ class ModelRegistry:
     def _load(self, d: Path) -> LoadedModel:
         model, tok, _ = load_for_inference(d, self.device, self.precision)
         cfg = model.cfg
+        # the family's name and metrics (the data section's, recorded by the recipes); checkpoints written
+        # before the data section: SMILES models are QM9 molecules, text models text
         family = cfg.extra.get("family", "qm9" if tok.kind == "smiles" else tok.kind)
+        metrics = cfg.extra.get("metrics", {"smiles": "molecules", "text": "text"}.get(tok.kind, "none"))
         card = _read_card(d / "model_card.md")
-        info = ModelInfo(model=family, checkpoint=d.name, domain=tok.kind, decomposition=cfg.decomposition,
-                         rank=cfg.rank, head=cfg.head if get_decomposition(cfg.decomposition).joint_head else "base",
+        info = ModelInfo(model=family, checkpoint=d.name, domain=tok.kind, metrics=metrics,
+                         decomposition=cfg.decomposition, rank=cfg.rank,
+                         head=cfg.head if get_decomposition(cfg.decomposition).joint_head else "base",
                          length=cfg.dit.length, vocab_size=cfg.dit.out_vocab,
                          parameters=sum(p.numel() for p in model.parameters()),
                          card_url=f"/models/{d.name}/card" if card is not None else None,

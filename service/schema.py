@@ -290,7 +290,10 @@ class ModelInfo(BaseModel):
                                                               "(a latent z ~ N(0, I) per sequence, fixed through "
                                                               "the steps; paper Sec. 4.4).")
     latent_dim: int = Field(0, description="VADD: the dimension of z (0 for mdlm).")
-    domain: str
+    domain: str = Field(description="The tokenizer's kind: `smiles`, `char` or `text` (BPE).")
+    metrics: Literal["molecules", "text", "none"] = Field(
+        "none", description="What its family is measured by: `molecules` (answers carry RDKit's fields, "
+        "`valid_only` applies), `text`, or `none` (the sequences only).")
     decomposition: str
     rank: int
     head: str

@@ -85,7 +85,7 @@ class Serving:
         self.registry, self.engine, self.metrics = registry, engine, engine.metrics
         self.memory_budget, self.max_timeout_s = args.memory_budget_mb << 20, args.max_timeout_s
         self.max_step_s = engine.stall_s / 2 if args.max_step_s is None else args.max_step_s
-        if any(lm.domain == "smiles" for lm in registry.models):
+        if any(lm.molecules for lm in registry.models):
             smiles_checker()  # says at start-up, not at the first answer, when RDKit is missing
 
     def submit(self, request: GenerateRequest) -> Ticket:
@@ -94,8 +94,9 @@ class Serving:
         lm = self.registry.resolve(request.model, request.decomposition, request.rank)
         prompt = self.registry.encode_prompt(lm, request.prompt) if request.prompt else None
         timeout = min(request.timeout_s or self.max_timeout_s, self.max_timeout_s)
-        if request.valid_only and lm.domain != "smiles":
-            raise Unsupported("valid_only", f"valid_only needs a SMILES model; {lm.name} is {lm.domain}")
+        if request.valid_only and not lm.molecules:
+            raise Unsupported("valid_only", f"valid_only needs a molecule model; {lm.name}'s family "
+                                            f"{lm.family} is measured by {lm.info.metrics}")
         if not request.joint and request.sampler == "eb":
             raise Unsupported("joint", "joint: false draws from the marginals with a fixed sampler, not eb")
         config = request.to_sampler_config()
@@ -286,7 +287,7 @@ class Serving:
 
     def answer(self, job: Ticket, out: StepOutput) -> GenerateResponse:
         lm, t0 = job.lm, time.perf_counter()
-        check = smiles_checker() if lm.domain == "smiles" else None
+        check = smiles_checker() if lm.molecules else None
         samples = []
         for row in out.tokens.tolist():
             text = lm.tokenizer.decode(row)

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import torch
 
-from ttcore.data import SmilesDataset, load_qm9
+from ttcore.data import load_dataset
+from ttcore.parallel import is_main_process
 from ttcore.training import load_config
 
 
@@ -13,7 +14,7 @@ def parser(doc: str) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="qm9", help="YAML config: a path or a name in training/configs/")
     ap.add_argument("--out", required=True, help="checkpoint directory to write")
-    ap.add_argument("--data", help="qm9, or a file with one SMILES per line")
+    ap.add_argument("--data", help="the data section's source: a corpus (qm9, moses, text) or a file of sequences")
     ap.add_argument("--resume", action="store_true", help="continue exactly from --out if it holds a train state")
     ap.add_argument("--max-steps", type=int, help="stop after this many optimizer steps")
     ap.add_argument("--max-minutes", type=float, help="stop (and checkpoint) after this much wall time")
@@ -40,9 +41,9 @@ def config_path(name_or_path: str) -> Path:
 
 def config_from_args(args, extra: dict | None = None):
     overrides = list(args.set)
-    for key in ("data", "seed", "device"):
+    for key, name in (("data", "data.source"), ("seed", "seed"), ("device", "device")):
         if getattr(args, key) is not None:
-            overrides.append(f"{key}={getattr(args, key)}")
+            overrides.append(f"{name}={getattr(args, key)}")
     for key, val in (extra or {}).items():
         if val is not None:
             overrides.append(f"{key}={val}")
@@ -50,20 +51,10 @@ def config_from_args(args, extra: dict | None = None):
 
 
 def dataset(cfg, tokenizer=None):
-    if cfg.data == "text":
-        from ttcore.data import load_text, training_texts
-        from ttcore.tokenizers.text import gpt2_bpe, train_bpe
-
-        if tokenizer is None:
-            tokenizer = (gpt2_bpe(cfg.length) if cfg.tokenizer == "gpt2"
-                         else train_bpe(training_texts(cfg.val_fraction), cfg.bpe_vocab, cfg.length))
-        return load_text(tokenizer, val_fraction=cfg.val_fraction)
-    if cfg.data == "qm9":
-        ds = load_qm9(val_fraction=cfg.val_fraction)
-    else:
-        ds = SmilesDataset.from_file(cfg.data, val_fraction=cfg.val_fraction)
-    if tokenizer is not None and tokenizer.to_dict() != ds.tokenizer.to_dict():
-        ds = SmilesDataset(ds.train, ds.val, tokenizer)  # re-encode with the base model's tokenizer
+    """The family of ``cfg.data``; with ``tokenizer`` (a base model's), encoded with it."""
+    ds = load_dataset(cfg.data, tokenizer)
+    if getattr(ds, "dropped", 0) and is_main_process():
+        print(f"data: left out {ds.dropped} sequences longer than {ds.tokenizer.length} tokens (data.length)")
     return ds
 
 

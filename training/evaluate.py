@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 from _common import dataset
 
-from ttcore.data import load_qm9
+from ttcore.data import CORPORA, DataSection
 from ttcore.decompositions import exact_contracted_cores, get_decomposition
 from ttcore.losses import forward_mask, sample_times
 from ttcore.metrics import molecule_metrics
@@ -160,6 +160,18 @@ def _plot(rows: list[dict], orderings: list[str], out: Path) -> None:
 CARD_SECTION = "## Few-step quality"
 
 
+def data_section(data: str | None, path: Path) -> DataSection:
+    """``--data`` (a corpus or a file, read as the checkpoint's tokenizer and metrics say), or the data section
+    the checkpoint was trained on; checkpoints without a recorded config: QM9."""
+    values = read_train_config(path)
+    trained = TrainConfig.from_dict(values).data if values is not None else DataSection()
+    if data is None or data == trained.source:
+        return trained
+    if data in CORPORA:
+        return DataSection(source=data)
+    return DataSection(source=data, tokenizer=trained.tokenizer, metrics=trained.metrics)
+
+
 def train_config(path: Path) -> TrainConfig:
     """The training config the checkpoint records (``train_config.json``)."""
     values = read_train_config(path)
@@ -207,7 +219,9 @@ def evaluate_likelihood(paths: list[Path], precision: str, cards: bool, out: Pat
     for path in paths:
         model, tok, _ = load_for_inference(path, device, precision)
         cfg = train_config(path)
-        cfg.precision, cfg.data = precision, data or cfg.data
+        cfg.precision = precision
+        if data is not None:  # a file of sequences instead of the data the checkpoint was trained on
+            cfg.data = DataSection(source=data, tokenizer=cfg.data.tokenizer, metrics=cfg.data.metrics)
         val = torch.from_numpy(dataset(cfg, tok).val_tokens)
         metrics = evaluate_loss(model, val, tok.mask_id, batch_size=cfg.batch_size, batches=cfg.val_batches,
                                 precision=precision, eps=cfg.eps, device=torch.device(device))
@@ -405,7 +419,8 @@ def main():
                     help="the most one step's pass may hold (sequences are micro-batched to it, as the server does)")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="bf16")
     ap.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
-    ap.add_argument("--data", default="qm9", help="qm9 (novelty against its training split), a SMILES file, or text")
+    ap.add_argument("--data", help="the data to measure against: a corpus (qm9, moses, text) or a file of sequences "
+                                   "(default: the data section the first checkpoint was trained on)")
     ap.add_argument("--judge", default=None, help="text: a local causal LM directory or .gguf (default SmolLM2)")
     ap.add_argument("--cards", action="store_true", help="write each checkpoint's rows into its model card")
     ap.add_argument("--adaptive-paths", nargs="+", default=["exact"], choices=["exact", "fast"],
@@ -432,24 +447,27 @@ def main():
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    paths = checkpoint_dirs(args.checkpoints)
     if args.likelihood:
-        data = args.data if args.data not in ("qm9", "text") else None  # a SMILES file overrides the cards' data
-        paths = checkpoint_dirs(args.checkpoints)
+        data = args.data if args.data not in ("qm9", "text") else None  # a file overrides the cards' data
         return evaluate_likelihood(paths, args.precision, args.cards, out, data, args.device)
-    if args.data == "text":
+    section = data_section(args.data, paths[0])
+    args.data = section.source
+    if section.metrics == "text":
         return evaluate_text(args, out)
-    if args.data == "qm9":
-        training = set(load_qm9().train)
-    else:
-        training = set(Path(args.data).read_text().split())
+    if section.metrics != "molecules":
+        raise SystemExit(f"family {section.family!r} has metrics {section.metrics!r}: sample quality is measured for "
+                         "molecules and text; --likelihood measures any family")
+    ds = dataset(TrainConfig(data=section))
+    training = set(ds.train)
     reference = None
-    if args.distribution:  # MOSES-style metrics against the held-out split (QM9's validation molecules)
+    if args.distribution:  # MOSES-style metrics against the held-out split (MOSES: test; QM9: validation)
         from ttcore.metrics.distribution import Reference
 
-        held_out = load_qm9().val if args.data == "qm9" else Path(args.data).read_text().split()
+        held_out = next(iter(ds.references.values()))
         reference = Reference(held_out, "cuda" if args.device.startswith("cuda") else "cpu")
         data_row = reference.compare(sorted(training)[:: max(1, len(training) // args.samples)][: args.samples])
-    rows, paths = [], checkpoint_dirs(args.checkpoints)
+    rows = []
     for path in paths:
         model, tok, config = load_for_inference(path, args.device, args.precision)
         cfg = model.cfg

@@ -4,7 +4,7 @@ fine-tuning (``--decomposition none``, the fair baseline at equal budget).
     python training/finetune.py --config qm9_finetune --base runs/qm9-base \
         --decomposition tt --rank 8 --head 1layer --out checkpoints/qm9-tt-r8 --max-minutes 60 --resume
     python training/finetune.py --config text_finetune --base /path/to/mdlm-owt \
-        --decomposition tt --rank 4 --head 2layer --out runs/owt-tt-r4 --set tokenizer=gpt2 length=1024
+        --decomposition tt --rank 4 --head 2layer --out runs/owt-tt-r4 --set data.tokenizer=gpt2 data.length=1024
 
 ``--base`` may also be a joint checkpoint of the same decomposition, rank and head: the fine-tune then
 continues from its weights (head included) with this recipe's fresh optimizer and schedule, e.g. to add
@@ -43,7 +43,7 @@ def main():
         model, tokenizer, _ = load_checkpoint(args.out)
     else:
         if is_mdlm_checkpoint(args.base):  # an official MDLM (e.g. mdlm-owt) directory
-            base, tokenizer = load_mdlm(args.base, length=cfg.length)
+            base, tokenizer = load_mdlm(args.base, length=cfg.data.length)
         else:
             base, tokenizer, _ = load_checkpoint(args.base)
         if not get_decomposition(base.cfg.decomposition).joint_head:
@@ -54,8 +54,9 @@ def main():
             check_same_joint(base, head)
             model = base
             model.cfg.extra["continued_from"] = Path(args.base).name
+    model.cfg.extra.update(cfg.data.model_extra())  # the family it is trained on now
     train, val = tensors(dataset(cfg, tokenizer))
-    title = f"{cfg.data} {head.decomposition} r={head.rank} fine-tune of {Path(args.base).name}"
+    title = f"{cfg.data.family} {head.decomposition} r={head.rank} fine-tune of {Path(args.base).name}"
     meta = fit(model, tokenizer, train, val, cfg, args.out, resume=resuming, max_steps=args.max_steps,
                max_minutes=args.max_minutes, title=title, quiet=args.quiet)
     if is_main_process():

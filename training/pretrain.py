@@ -35,9 +35,9 @@ def main():
         ds = dataset(cfg, load_tokenizer(args.tokenizer) if args.tokenizer else None)
         tokenizer = ds.tokenizer
         torch.manual_seed(cfg.seed)  # the initialization is part of the run's seed
-        model = JointModel(ModelConfig(cfg.model.dit_config(tokenizer), extra={"family": cfg.family}))
+        model = JointModel(ModelConfig(cfg.model.dit_config(tokenizer), extra=cfg.data.model_extra()))
     train, val = tensors(ds)
-    title = f"{cfg.data} base {'VADD' if model.latent_dim else 'MDM'} (rank 1)"
+    title = f"{cfg.data.family} base {'VADD' if model.latent_dim else 'MDM'} (rank 1)"
     meta = fit(model, tokenizer, train, val, cfg, args.out, resume=resuming, max_steps=args.max_steps,
                max_minutes=args.max_minutes, title=title, quiet=args.quiet)
     if is_main_process():

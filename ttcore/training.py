@@ -21,6 +21,7 @@ import torch
 import yaml
 from tqdm import tqdm
 
+from ttcore.data.section import DataSection
 from ttcore.decompositions import get_decomposition
 from ttcore.losses import mdlm_loss, vadd_loss
 from ttcore.models import DiTConfig, JointModel, load_train_state, save_checkpoint
@@ -75,23 +76,20 @@ class TrainConfig:
     kl_weight: float = 1.0  # VADD models (model.latent_dim > 0): lambda of Eq. 21
     head_lr_ratio: float = 1.0
     freeze_backbone_steps: int = 0
-    data: str = "qm9"  # qm9; text (the public-domain corpus); or a file with one SMILES per line
-    family: str = "qm9"  # the model family the service exposes (`model` in requests)
-    tokenizer: str = "bpe"  # text only: bpe (trained on the corpus) or gpt2
-    bpe_vocab: int = 8192  # text only: size of the trained BPE
-    length: int = 128  # text only: sequence length l
-    val_fraction: float = 0.05
+    data: DataSection = field(default_factory=DataSection)  # the family (ttcore.data.section)
 
 
     def __post_init__(self):
         if isinstance(self.model, dict):
             self.model = ModelSection(**self.model)
+        if not isinstance(self.data, DataSection):
+            self.data = DataSection.from_value(self.data)
 
     @classmethod
     def from_dict(cls, values: dict) -> "TrainConfig":
         """From a config's values: the ``model`` section nested, or its keys at the top level (as the
         model cards of earlier checkpoints record them). Unknown keys are an error that lists the known."""
-        values = dict(values)
+        values = _data_section(dict(values))
         section = dict(values.pop("model", None) or {})
         model_keys = {f.name for f in fields(ModelSection)}
         for key in [k for k in values if k in model_keys]:
@@ -101,6 +99,25 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"unknown config keys {unknown}; known: {sorted(known)} and model.{sorted(model_keys)}")
         return cls(model=ModelSection(**section), **values)
+
+
+_FLAT_DATA_KEYS = ("family", "tokenizer", "bpe_vocab", "length", "val_fraction")
+
+
+def _data_section(values: dict) -> dict:
+    """Configs written before the ``data:`` section kept ``data`` as a source name or path and its settings at the
+    top level (every key recorded, the text-only ones too): read them as the section they meant."""
+    flat = {k: values.pop(k) for k in _FLAT_DATA_KEYS if k in values}
+    data = values.get("data")
+    if isinstance(data, str) or (data is None and flat):
+        data = data or "qm9"
+        section = {"source": data, **{k: flat[k] for k in ("family", "val_fraction") if k in flat}}
+        if data == "text":  # the tokenizer keys meant something only for text
+            section.update({k: flat[k] for k in ("tokenizer", "bpe_vocab", "length") if k in flat})
+        values["data"] = section
+    elif flat:
+        values["data"] = {**(data or {}), **flat}
+    return values
 
 
 def load_config(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
@@ -113,6 +130,10 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
         key, _, raw = item.partition("=")
         if key.startswith("model."):
             values.setdefault("model", {})[key[len("model."):]] = yaml.safe_load(raw)
+        elif key.startswith("data."):
+            if not isinstance(values.get("data"), dict):
+                values["data"] = {} if values.get("data") is None else _data_section({"data": values["data"]})["data"]
+            values["data"][key[len("data."):]] = yaml.safe_load(raw)
         else:
             values[key] = yaml.safe_load(raw)
     return TrainConfig.from_dict(values)
@@ -304,7 +325,8 @@ def model_card(title: str, cfg: TrainConfig, model: JointModel, meta: dict) -> s
     lines = [f"# {title}", "", f"- decomposition: {model.cfg.decomposition}, rank {model.cfg.rank}, "
              f"head {model.cfg.head if get_decomposition(model.cfg.decomposition).joint_head else 'base'}",
              f"- parameters: {n_params / 1e6:.2f}M; length {model.cfg.dit.length}, vocab {model.cfg.dit.out_vocab}",
-             f"- data: {cfg.data} (validation fraction {cfg.val_fraction}, split seed 0)",
+             f"- data: {cfg.data.source} ({cfg.data.tokenizer} tokenizer, validation fraction {cfg.data.val_fraction}, "
+             f"split seed 0; family {cfg.data.family}, metrics {cfg.data.metrics})",
              f"- steps: {meta['step']}, wall time {meta['wall_seconds'] / 3600:.2f} h "
              f"({meta['seconds_per_step']:.3f} s/step, batch {cfg.batch_size}, {meta['device']})",
              "- validation: " + validation_summary(meta["val"]),

@@ -48,7 +48,7 @@ function request(checkpoint, rankOneView = false) {
   };
   if ($("seed").value !== "") body.seed = Number($("seed").value);
   if ($("prompt").value) body.prompt = $("prompt").value;
-  if ($("valid-only").checked && m.domain === "smiles") body.valid_only = true;
+  if ($("valid-only").checked && m.metrics === "molecules") body.valid_only = true;
   return [body, m];
 }
 
@@ -98,7 +98,7 @@ async function showAnswer(pane, answer, model) {
     return div;
   }));
   const took = `${answer.steps} steps, ${answer.model_calls} model calls, ${answer.timings.total_ms.toFixed(0)} ms`;
-  if (model.domain !== "smiles") {
+  if (model.metrics !== "molecules") {
     pane.querySelector(".summary").textContent = `${samples.length} samples; ${took}`;
     pane.dataset.done = "1";
     return;

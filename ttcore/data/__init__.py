@@ -1,7 +1,11 @@
-"""Datasets: QM9 SMILES (``chem`` extra) and public-domain English text (``text`` extra)."""
+"""Datasets: a family is a ``data:`` section (``DataSection``) that ``load_dataset`` reads: QM9 and MOSES
+SMILES (``chem`` extra; MOSES needs ``molsets``), public-domain English text (``text`` extra), or a file."""
 
 from .qm9 import SmilesDataset, load_qm9, read_qm9_smiles
+from .section import DataSection
+from .sources import CORPORA, SequenceDataset, load_dataset, moses_files, read_sequences
 from .text import TextDataset, corpus_documents, load_text, training_texts
 
-__all__ = ["SmilesDataset", "TextDataset", "corpus_documents", "load_qm9", "load_text", "read_qm9_smiles",
+__all__ = ["CORPORA", "DataSection", "SequenceDataset", "SmilesDataset", "TextDataset", "corpus_documents",
+           "load_dataset", "load_qm9", "load_text", "moses_files", "read_qm9_smiles", "read_sequences",
            "training_texts"]

