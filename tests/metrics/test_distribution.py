@@ -14,7 +14,7 @@ from ttcore.metrics.distribution import (
     scaffolds,
 )
 
-MOLS = ["CCO", "c1ccccc1C", "C1CC1CN", "CC(=O)O"]
+MOLS = ["CCO", "c1ccccc1C", "C1CC1CN", "CC(=O)O", "c1ccc2ccccc2c1C"]
 
 
 def _tanimoto(a: str, b: str) -> float:
@@ -36,9 +36,10 @@ def test_nearest_neighbour_similarity_takes_the_best_reference_per_molecule():
 
 
 def test_scaffold_counts_and_their_cosine():
-    counts = scaffolds(["c1ccccc1C", "c1ccccc1CC", "CCO", "C1CC1CN"])
-    assert counts == {"c1ccccc1": 2, "C1CC1": 1}  # the acyclic molecule has no scaffold
-    other = {"c1ccccc1": 1, "C1CCC1": 3}
+    counts = scaffolds(["c1ccc2ccccc2c1C", "c1ccc2ccccc2c1CC", "c1ccccc1C", "CCO", "C1CC1C1CC1N"])
+    assert counts == {"c1ccc2ccccc2c1": 2, "C1CC1C1CC1": 1}  # MOSES counts scaffolds of two rings or more
+    assert scaffolds(["c1ccccc1C", "CCO", "C1CC1CN"], min_rings=1) == {"c1ccccc1": 1, "C1CC1": 1}
+    other = {"c1ccc2ccccc2c1": 1, "C1CCC1": 3}
     assert cosine_similarity(counts, other) == pytest.approx(2 / (math.sqrt(5) * math.sqrt(10)))
     assert cosine_similarity(counts, {}) == 0.0
 
@@ -47,7 +48,7 @@ def test_scaffold_counts_and_their_cosine():
 def test_a_set_is_closest_to_itself_and_invalid_strings_are_dropped():
     ref = Reference(MOLS)
     same = ref.compare(MOLS + ["C1CC", "not smiles"])
-    assert same["n_valid"] == 4 and same["snn"] == pytest.approx(1.0) and same["frag"] == pytest.approx(1.0)
+    assert same["n_valid"] == 5 and same["snn"] == pytest.approx(1.0) and same["frag"] == pytest.approx(1.0)
     assert same["scaf"] == pytest.approx(1.0) and abs(same["fcd"]) < 1e-3
     far = ref.compare(["CCCCCCCCCCCCCCCC", "OC(=O)CCCCCCCCCCC(=O)O", "FC(F)(F)C(F)(F)F"])
     assert far["fcd"] > 1 and far["snn"] < 0.5

@@ -23,6 +23,23 @@ METRICS = ("molecules", "text", "none")
 PACKED = ("bpe", "gpt2")  # documents joined and cut into blocks of the length, as MDLM does for text
 
 
+def coerce_numbers(obj, where: str = "") -> None:
+    """Numbers typed as text become numbers (YAML 1.1 reads ``3e-4`` as a string); anything else that does not
+    match a numeric field's type is an error naming the key."""
+    for f in fields(obj):
+        value, kinds = getattr(obj, f.name), getattr(f.type, "__args__", (f.type,))
+        if value is None or not ({int, float} & set(kinds)) or isinstance(value, bool):
+            continue
+        kind = float if float in kinds else int
+        try:
+            number = kind(value) if isinstance(value, (str, int, float)) else None
+        except ValueError:
+            number = None
+        if number is None or (kind is int and isinstance(value, float) and value != number):
+            raise ValueError(f"{where}{f.name} must be {kind.__name__}, got {value!r}")
+        setattr(obj, f.name, number)
+
+
 @dataclass
 class DataSection:
     source: str = "qm9"
@@ -39,6 +56,7 @@ class DataSection:
     def __post_init__(self):
         from .sources import CORPORA
 
+        coerce_numbers(self, "data.")
         corpus = CORPORA.get(self.source)
         if self.tokenizer is None:
             self.tokenizer = corpus.tokenizer if corpus else "smiles"

@@ -6,17 +6,26 @@ Each follows MOSES's definition, computed on the *valid* generated molecules (ca
   (the ``fcd`` package, which bundles ChemNet's weights); lower is closer;
 - ``snn``: mean over generated molecules of the Tanimoto similarity to the nearest reference molecule
   (Morgan fingerprints, radius 2, 1024 bits);
-- ``frag``: cosine similarity of the BRICS-fragment count vectors of the two sets;
-- ``scaf``: cosine similarity of the Bemis-Murcko scaffold count vectors;
+- ``frag``: cosine similarity of the BRICS-fragment count vectors of the two sets (each molecule cut on
+  its BRICS bonds, every fragment counted, as often as it occurs);
+- ``scaf``: cosine similarity of the Bemis-Murcko scaffold count vectors (scaffolds with at least two
+  rings: MOSES's ``min_rings=2``);
 - ``int_div``: 1 - the mean Tanimoto similarity over all ordered pairs of generated molecules, pairs of a
   molecule with itself included (MOSES's IntDiv_1).
+
+And MOSES's counting metrics (``moses_counts``): ``unique@k``, distinct canonical SMILES among the first k
+valid samples; ``novelty``, the share of the *distinct* valid samples not in the training set (QM9's rows
+use MDLM's novelty instead: valid samples, repeats counted, ``ttcore.metrics.molecules``).
+
+Checked against molsets 0.3.1's own code on shared molecule sets (FCD through its ``fcd_torch``):
+``tests/metrics/test_moses_definitions.py``.
 """
 
 from collections import Counter
 
 import numpy as np
 from rdkit import Chem, DataStructs
-from rdkit.Chem import BRICS, rdFingerprintGenerator
+from rdkit.Chem import rdFingerprintGenerator
 from rdkit.Chem.Scaffolds import MurckoScaffold
 
 from .molecules import canonical
@@ -40,18 +49,43 @@ def internal_diversity(fps: list) -> float:
 
 
 def fragments(smiles: list[str]) -> Counter:
-    """BRICS fragments of each molecule, counted over the set."""
+    """The fragments of each molecule cut on its BRICS bonds (canonical SMILES with the bond labels as dummy
+    atoms), every occurrence counted over the set."""
     counts = Counter()
     for s in smiles:
-        counts.update(BRICS.BRICSDecompose(Chem.MolFromSmiles(s)))
+        counts.update(Chem.MolToSmiles(Chem.FragmentOnBRICSBonds(Chem.MolFromSmiles(s))).split("."))
     return counts
 
 
-def scaffolds(smiles: list[str]) -> Counter:
-    """Bemis-Murcko scaffolds (canonical SMILES; acyclic molecules have the empty scaffold, which MOSES drops)."""
-    counts = Counter(MurckoScaffold.MurckoScaffoldSmiles(mol=Chem.MolFromSmiles(s)) for s in smiles)
-    counts.pop("", None)
+def scaffold(smiles: str, min_rings: int = 2) -> str | None:
+    """The Bemis-Murcko scaffold's canonical SMILES, or None when it has fewer than ``min_rings`` rings."""
+    try:
+        mol = MurckoScaffold.GetScaffoldForMol(Chem.MolFromSmiles(smiles))
+    except (ValueError, RuntimeError):
+        return None
+    out = Chem.MolToSmiles(mol)
+    return out if out and mol.GetRingInfo().NumRings() >= min_rings else None
+
+
+def scaffolds(smiles: list[str], min_rings: int = 2) -> Counter:
+    """Scaffolds of at least ``min_rings`` rings, counted over the set."""
+    counts = Counter(scaffold(s, min_rings) for s in smiles)
+    counts.pop(None, None)
     return counts
+
+
+def moses_counts(generated: list[str], training: set[str], ks: tuple[int, ...] = (1000, 10000)) -> dict:
+    """MOSES's ``valid``, ``unique@k`` (for each k not above the valid count) and ``novelty`` (distinct valid
+    samples not in ``training``, canonical SMILES, over the distinct valid samples)."""
+    canon = [canonical(s) for s in generated]
+    valid = [c for c in canon if c is not None]
+    out = {"valid": len(valid) / max(1, len(generated))}
+    for k in ks:
+        if len(valid) >= k:
+            out[f"unique@{k}"] = len(set(valid[:k])) / k
+    distinct = set(valid)
+    out["novelty"] = len(distinct - training) / max(1, len(distinct))
+    return out
 
 
 def cosine_similarity(a: dict, b: dict) -> float:

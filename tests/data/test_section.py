@@ -1,0 +1,91 @@
+"""The data section: files in each format, char and SMILES tokenizers, splits, lengths, metrics defaults, and
+configs written before the section read as the section they meant."""
+
+import csv
+import gzip
+import importlib.util
+import json
+
+import pytest
+
+from ttcore.data import DataSection, load_dataset, read_sequences
+from ttcore.tokenizers import CharTokenizer, load_tokenizer
+from ttcore.training import TrainConfig, load_config
+
+SEQS = ["ACDK", "GGLK", "MKVLA", "WWY", "KRKRKRK", "AC"]
+
+
+def test_read_sequences_lines_csv_gzip(tmp_path):
+    (tmp_path / "a.txt").write_text("\n".join(SEQS) + "\n\n")
+    with open(tmp_path / "b.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "sequence"])
+        w.writerows([[i, s] for i, s in enumerate(SEQS)])
+    with gzip.open(tmp_path / "c.txt.gz", "wt") as f:
+        f.write("\n".join(SEQS))
+    assert read_sequences(tmp_path / "a.txt") == SEQS
+    assert read_sequences(tmp_path / "b.csv", "sequence") == SEQS
+    assert read_sequences(tmp_path / "b.csv") == [str(i) for i in range(len(SEQS))]  # the first column
+    assert read_sequences(tmp_path / "c.txt.gz") == SEQS
+    with pytest.raises(ValueError, match="column 'seq' is not a column"):
+        read_sequences(tmp_path / "b.csv", "seq")
+    with pytest.raises(FileNotFoundError, match="not found"):
+        read_sequences(tmp_path / "missing.txt")
+
+
+def test_char_family_splits_lengths_and_tokens(tmp_path):
+    (tmp_path / "pep.txt").write_text("\n".join(SEQS * 10))
+    section = DataSection(source=str(tmp_path / "pep.txt"), tokenizer="char", length=5, val_fraction=0.2)
+    assert section.metrics == "none" and section.family == "pep"
+    ds = load_dataset(section)
+    assert isinstance(ds.tokenizer, CharTokenizer) and ds.tokenizer.length == 5
+    assert ds.dropped == 10  # KRKRKRK (7 characters) x 10 is longer than 5
+    assert len(ds.train) + len(ds.val) == 50 and "KRKRKRK" not in ds.train + ds.val  # split first (12 held out)
+    assert all(ds.tokenizer.decode(row) == s for row, s in zip(ds.train_tokens.tolist(), ds.train))
+    assert ds.references == {"val": ds.val}
+    ds.tokenizer.save(tmp_path)
+    tok = load_tokenizer(tmp_path)
+    assert tok.to_dict() == ds.tokenizer.to_dict()
+    assert tok.tokenize("A[MASK]D[PAD]", allow_mask=True) == [tok.index["A"], tok.mask_id, tok.index["D"], 0]
+    with pytest.raises(ValueError, match="not in the vocabulary"):
+        tok.encode("AZ")
+
+
+def test_defaults_and_refusals():
+    assert DataSection().metrics == "molecules" and DataSection().family == "qm9"
+    text = DataSection(source="text")
+    assert (text.tokenizer, text.metrics, text.length) == ("bpe", "text", 128)
+    assert DataSection(source="x/peptides.csv.gz", tokenizer="char").family == "peptides"
+    with pytest.raises(ValueError, match="data.tokenizer must be one of"):
+        DataSection(tokenizer="words")
+    with pytest.raises(ValueError, match="molecules needs data.tokenizer: smiles"):
+        DataSection(source="p.txt", tokenizer="char", metrics="molecules")
+    with pytest.raises(ValueError, match="unknown data keys"):
+        TrainConfig.from_dict({"data": {"source": "p.txt", "tokeniser": "char"}})
+    with pytest.raises(ValueError, match="data.val_fraction must be float"):
+        TrainConfig.from_dict({"data": {"val_fraction": "a fifth"}})
+
+
+def test_configs_before_the_section(tmp_path):
+    """Flat keys (every checkpoint's train_config.json before the section records them all, text-only ones
+    too) and ``data`` as a bare name."""
+    old = {"data": "qm9", "family": "qm9", "tokenizer": "bpe", "bpe_vocab": 8192, "length": 128,
+           "val_fraction": 0.05}
+    assert TrainConfig.from_dict(old).data == DataSection()
+    text = TrainConfig.from_dict({**old, "data": "text", "family": "text", "bpe_vocab": 300, "length": 16}).data
+    assert (text.source, text.tokenizer, text.bpe_vocab, text.length, text.family) == ("text", "bpe", 300, 16, "text")
+    cfg = TrainConfig.from_dict(old)
+    from dataclasses import asdict
+    assert TrainConfig.from_dict(json.loads(json.dumps(asdict(cfg)))) == cfg  # what checkpoints now record
+    (tmp_path / "c.yaml").write_text("data: text\nfamily: text\nlr: 1.0e-3\n")
+    cfg = load_config(tmp_path / "c.yaml", ["data.source=p.txt", "data.tokenizer=char", "lr=3e-4"])
+    assert (cfg.data.source, cfg.data.tokenizer, cfg.data.family, cfg.lr) == ("p.txt", "char", "text", 3e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("moses") is None, reason="needs molsets (pip install --no-deps molsets)")
+def test_moses_is_a_corpus():
+    ds = load_dataset(DataSection(source="moses", val_fraction=0.01))
+    assert ds.tokenizer.kind == "smiles" and ds.tokenizer.length == 54 and ds.tokenizer.vocab_size == 25
+    assert len(ds.train) + len(ds.val) == 1_584_663 and ds.dropped == 0
+    assert {k: len(v) for k, v in ds.references.items()} == {"test": 176_074, "test_scaffolds": 176_225}

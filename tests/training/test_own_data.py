@@ -1,0 +1,104 @@
+"""docs/own-data.md, run as written: a family defined only by a config (2,000 peptide-like strings, a char
+tokenizer) is pretrained, fine-tuned (TT and rank 1), exported, measured and served, and the page's request
+gets peptides back. Only sizes shrink: the config's network and each run's wall time."""
+
+import json
+import os
+import random
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from servers import free_port, wait_ready
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "own-data.md"
+AMINO = "ACDEFGHIKLMNPQRSTVWY"
+
+pytestmark = pytest.mark.slow
+
+
+def page_blocks() -> tuple[str, list[str], dict]:
+    """The page's config, its commands, and the JSON body of its request."""
+    text = PAGE.read_text()
+    config = re.search(r'```yaml title="peptides.yaml"\n(.*?)```', text, re.S).group(1)
+    bash = re.findall(r"```bash\n(.*?)```", text, re.S)
+    commands = [line for line in bash[0].splitlines() if line.strip()]
+    body = json.loads(re.search(r"-d '(\{.*\})'", bash[1]).group(1))
+    return config, commands, body
+
+
+def peptides(n: int, seed: int = 0) -> list[str]:
+    """Peptide-like strings: a hydrophobic start, an amphipathic repeat, a charged end (lengths 8-24)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        core = "".join(rng.choice("LIVFAKR" if k % 3 else "GSEKD") for k in range(rng.randint(4, 18)))
+        out.append(rng.choice("GFMA") + rng.choice(AMINO) + core + rng.choice(["KK", "R", "KR", "DE"]))
+    return out
+
+
+def _argv(command: str) -> list[str]:
+    argv = shlex.split(command)
+    assert argv[0] == "python"
+    argv[0] = sys.executable
+    if len(argv) > 1 and argv[1].startswith("training/"):
+        argv[1] = str(ROOT / argv[1])
+    for k, arg in enumerate(argv):  # the smallest size: a few steps instead of minutes
+        if arg == "--max-minutes":
+            argv[k:k + 2] = ["--max-steps", "4"]
+    return argv
+
+
+def test_own_data_page_commands(tmp_path):
+    config, commands, body = page_blocks()
+    values = yaml.safe_load(config)
+    assert values["data"]["tokenizer"] == "char" and values["data"]["family"] == "peptides"
+    values["model"] = {"hidden_dim": 32, "cond_dim": 16, "n_blocks": 2, "n_heads": 2}
+    values.update(batch_size=32, warmup_steps=2, precision="fp32", val_every=4, val_batches=1, threads=1)
+    (tmp_path / "peptides.yaml").write_text(yaml.safe_dump(values))
+    train = peptides(2000)
+    (tmp_path / values["data"]["source"]).write_text("\n".join(train) + "\n")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+
+    *recipes, serve = commands
+    assert serve.startswith("python -m service")
+    for command in recipes:
+        done = subprocess.run(_argv(command), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, f"{command}\n{done.stderr[-3000:]}"
+
+    tok = json.loads((tmp_path / "served" / "peptides-tt-r8" / "tokenizer.json").read_text())
+    assert tok["type"] == "char" and set(tok["symbols"]) == set("".join(train))
+    rows = json.loads((tmp_path / "results" / "peptides" / "likelihood.json").read_text())
+    assert {r["checkpoint"] for r in rows} == {"peptides-tt-r8", "peptides-none-r1"}
+    assert all(0 < r["nll"] < 10 for r in rows)
+
+    port = free_port()
+    proc = subprocess.Popen([*_argv(serve), "--port", str(port), "--threads", "1", "--precision", "fp32",
+                             "--log-level", "warning"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, 180, proc)
+        models = httpx.get(url + "/models").json()["models"]
+        assert {(m["model"], m["decomposition"], m["domain"], m["metrics"]) for m in models} == {
+            ("peptides", "tt", "char", "none"), ("peptides", "none", "char", "none")}
+        r = httpx.post(url + "/generate", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        answer = r.json()
+        assert answer["model"] == "peptides" and answer["decomposition"] == "tt"
+        samples = answer["samples"]
+        assert len(samples) == body["num_samples"]
+        for s in samples:  # peptides over the data's alphabet; no molecule fields for metrics: none
+            assert set(s["text"]) <= set(tok["symbols"]) and len(s["text"]) <= 24
+            assert s["valid"] is None and s.get("qed") is None
+        refused = httpx.post(url + "/generate", json={**body, "valid_only": True}, timeout=30)
+        assert refused.status_code in (400, 422) and "valid_only" in refused.text and "none" in refused.text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
