@@ -1,6 +1,6 @@
 """Our MOSES metrics against molsets 0.3.1's own code on shared molecule sets (MOSES's test and
-scaffold-test molecules): FCD (its fcd_torch against our fcd), SNN, Frag, Scaf, IntDiv, valid, unique@k and
-novelty agree to float rounding.
+scaffold-test molecules): FCD (its fcd_torch against our fcd), SNN, Frag, Scaf, IntDiv_1, IntDiv_2, valid,
+unique@k and novelty agree to float rounding.
 
 molsets 0.3.1 does not import on today's stack as shipped: it calls ``DataFrame.append`` (removed in pandas 2)
 and its SA-score module imports ``rdkit.six`` (removed from RDKit). Both are supplied here, before its import,
@@ -50,16 +50,18 @@ def sets():
 
 
 def test_distribution_metrics_match_moses(moses_metrics, sets):
-    from ttcore.metrics.distribution import Reference
+    from ttcore.metrics.distribution import Reference, fingerprints, internal_diversity
 
     ref, gen, _ = sets
     ours = Reference(ref, "cpu").compare(gen)
+    ours["int_div2"] = internal_diversity(fingerprints(Reference.canonical_valid(gen)), p=2)
     valid = moses_metrics.remove_invalid(gen, canonize=True)
     theirs = {"fcd": moses_metrics.FCDMetric(device="cpu")(gen=valid, ref=ref),
               "snn": moses_metrics.SNNMetric()(gen=valid, ref=ref),
               "frag": moses_metrics.FragMetric()(gen=valid, ref=ref),
               "scaf": moses_metrics.ScafMetric()(gen=valid, ref=ref),
-              "int_div": moses_metrics.internal_diversity(valid)}
+              "int_div": moses_metrics.internal_diversity(valid),
+              "int_div2": moses_metrics.internal_diversity(valid, p=2)}
     assert theirs["scaf"] > 0.05 and theirs["frag"] < 0.999  # sets on which the definitions could differ
     for name, value in theirs.items():
         assert ours[name] == pytest.approx(float(value), rel=1e-5, abs=1e-6), name

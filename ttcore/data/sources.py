@@ -9,6 +9,7 @@ Python 3.11, so only its data files are read) and ``text`` (public-domain Englis
 import csv
 import gzip
 import importlib.util
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,11 +54,16 @@ def read_sequences(path: str | Path, column: str | None = None) -> list[str]:
 
 
 def moses_files() -> dict[str, Path]:
-    """The MOSES splits shipped in ``molsets`` (found by spec: importing it fails on Python 3.11)."""
-    spec = importlib.util.find_spec("moses")
-    data = Path(spec.origin).parent / "dataset" / "data" if spec and spec.origin else None
+    """The MOSES splits shipped in ``molsets`` (found by spec: importing it fails on Python 3.11), or in the
+    directory ``TTCORE_MOSES_DIR`` names (the same three files copied to a machine without the package)."""
+    if os.environ.get("TTCORE_MOSES_DIR"):
+        data = Path(os.environ["TTCORE_MOSES_DIR"])
+    else:
+        spec = importlib.util.find_spec("moses")
+        data = Path(spec.origin).parent / "dataset" / "data" if spec and spec.origin else None
     if data is None or not (data / "train.csv.gz").is_file():
-        raise FileNotFoundError("MOSES needs the PyPI package molsets: pip install --no-deps molsets==0.3.1")
+        raise FileNotFoundError("MOSES needs the PyPI package molsets (pip install --no-deps molsets==0.3.1), or "
+                                "TTCORE_MOSES_DIR naming a directory with its train / test / test_scaffolds .csv.gz")
     return {name: data / f"{name}.csv.gz" for name in ("train", "test", "test_scaffolds")}
 
 

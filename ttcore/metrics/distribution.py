@@ -21,7 +21,11 @@ Checked against molsets 0.3.1's own code on shared molecule sets (FCD through it
 ``tests/metrics/test_moses_definitions.py``.
 """
 
+import hashlib
+import json
+import os
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 from rdkit import Chem, DataStructs
@@ -42,10 +46,12 @@ def nearest_neighbour_similarity(gen_fps: list, ref_fps: list) -> float:
     return float(np.mean([max(DataStructs.BulkTanimotoSimilarity(fp, ref_fps)) for fp in gen_fps]))
 
 
-def internal_diversity(fps: list) -> float:
-    """IntDiv_1: 1 - mean Tanimoto similarity over all ordered pairs (self-pairs included, as MOSES)."""
-    total = sum(sum(DataStructs.BulkTanimotoSimilarity(fp, fps)) for fp in fps)
-    return 1.0 - total / len(fps) ** 2
+def internal_diversity(fps: list, p: int = 1) -> float:
+    """IntDiv_p: 1 - the mean over molecules of the power mean (order p) of their Tanimoto similarities to every
+    molecule of the set, themselves included (MOSES's IntDiv_1 and IntDiv_2); p = 1 is 1 - the mean over all
+    ordered pairs."""
+    per_molecule = [np.mean(np.asarray(DataStructs.BulkTanimotoSimilarity(fp, fps)) ** p) ** (1 / p) for fp in fps]
+    return 1.0 - float(np.mean(per_molecule))
 
 
 def fragments(smiles: list[str]) -> Counter:
@@ -100,14 +106,46 @@ class Reference:
     """A reference set (e.g. QM9's held-out split) with what every comparison needs computed once: its
     canonical SMILES, fingerprints, fragment and scaffold counts, and ChemNet's activation statistics."""
 
-    def __init__(self, smiles: list[str], device: str = "cpu"):
+    def __init__(self, smiles: list[str], device: str = "cpu", _state: dict | None = None):
         import fcd
 
+        self.device, self.chemnet = device, fcd.load_ref_model()
+        if _state is not None:  # read from a cache (``cached``)
+            self.__dict__.update(_state)
+            return
         self.smiles = [c for c in map(canonical, smiles) if c is not None]
         self.fps = fingerprints(self.smiles)
         self.fragments, self.scaffolds = fragments(self.smiles), scaffolds(self.smiles)
-        self.device, self.chemnet = device, fcd.load_ref_model()
         self.mu, self.sigma = self._activation_stats(self.smiles)
+
+    @classmethod
+    def cached(cls, smiles: list[str], cache_dir: str | Path, device: str = "cpu") -> "Reference":
+        """The reference of ``smiles``, from ``cache_dir`` when computed before (a large set such as MOSES's
+        176k test molecules takes minutes): fingerprints as RDKit's binary form, counts as JSON, ChemNet's
+        statistics as arrays; no pickle. Keyed by the molecules and RDKit's version; written atomically."""
+        import rdkit
+
+        key = hashlib.sha1("\n".join([f"v1 rdkit {rdkit.__version__}", *smiles]).encode()).hexdigest()[:16]
+        arrays, counts = Path(cache_dir) / f"reference-{key}.npz", Path(cache_dir) / f"reference-{key}.json"
+        if arrays.exists() and counts.exists():
+            with np.load(arrays) as z:
+                blob, ends = z["fps"].tobytes(), z["fp_ends"]
+                fps = [DataStructs.ExplicitBitVect(blob[a:b]) for a, b in zip(np.r_[0, ends[:-1]], ends)]
+                state = {"mu": z["mu"], "sigma": z["sigma"], "fps": fps}
+            state.update(json.loads(counts.read_text()))
+            return cls([], device, _state={**state, "fragments": Counter(state["fragments"]),
+                                           "scaffolds": Counter(state["scaffolds"])})
+        ref = cls(smiles, device)
+        arrays.parent.mkdir(parents=True, exist_ok=True)
+        binary = [fp.ToBinary() for fp in ref.fps]
+        tmp = arrays.with_name(f".{arrays.stem}.tmp{os.getpid()}.npz")
+        np.savez(tmp, mu=ref.mu, sigma=ref.sigma, fps=np.frombuffer(b"".join(binary), np.uint8),
+                 fp_ends=np.cumsum([len(b) for b in binary]))
+        os.replace(tmp, arrays)
+        tmp = counts.with_name(f".{counts.name}.tmp{os.getpid()}")
+        tmp.write_text(json.dumps({"smiles": ref.smiles, "fragments": ref.fragments, "scaffolds": ref.scaffolds}))
+        os.replace(tmp, counts)
+        return ref
 
     def _activation_stats(self, smiles: list[str]) -> tuple[np.ndarray, np.ndarray]:
         import fcd
@@ -115,12 +153,17 @@ class Reference:
         act = fcd.get_predictions(self.chemnet, smiles, device=self.device)
         return act.mean(0), np.cov(act.T)
 
+    @staticmethod
+    def canonical_valid(generated: list[str]) -> list[str]:
+        """The canonical SMILES of the valid samples, repeats kept (what every metric here is computed on)."""
+        return [c for c in map(canonical, generated) if c is not None]
+
     def compare(self, generated: list[str]) -> dict:
         """The metrics of the module docstring for ``generated`` (any strings; the invalid are dropped), and
         ``n_valid``, the molecules they were computed on. Empty metrics are None."""
         import fcd
 
-        valid = [c for c in map(canonical, generated) if c is not None]
+        valid = self.canonical_valid(generated)
         if len(valid) < 2:
             return {"n_valid": len(valid), "fcd": None, "snn": None, "frag": None, "scaf": None, "int_div": None}
         fps = fingerprints(valid)

@@ -1,0 +1,72 @@
+"""The MOSES table recipe at its smallest size: tiny checkpoints trained on 3,000 MOSES training molecules,
+sampled at two step counts and with EB, measured in MOSES's columns beside the published rows."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(importlib.util.find_spec("moses") is None,
+                                                   reason="needs molsets (pip install --no-deps molsets==0.3.1)")]
+
+
+def _run(*args, env):
+    done = subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_moses_table_recipe(tmp_path):
+    from ttcore.data import moses_files, read_sequences
+    from ttcore.metrics.moses import PUBLISHED
+
+    (tmp_path / "moses3k.smi").write_text("\n".join(read_sequences(moses_files()["train"])[:3000]))
+    env = dict(os.environ, OMP_NUM_THREADS="1", TTCORE_CACHE=str(tmp_path / "cache"))
+    small = ["--config", "tiny", "--data", tmp_path / "moses3k.smi", "--quiet", "--set", "threads=1", "val_batches=1"]
+    _run("training/pretrain.py", *small, "--out", tmp_path / "ck" / "base", "--max-steps", 4, env=env)
+    _run("training/finetune.py", *small, "--base", tmp_path / "ck" / "base", "--decomposition", "tt", "--rank", 2,
+         "--out", tmp_path / "ck" / "tt", "--max-steps", 3, env=env)
+    printed = _run("training/evaluate_moses.py", "--checkpoints", tmp_path / "ck", "--out", tmp_path / "r",
+                   "--samples", 24, "--batch", 12, "--steps", 2, 4, "--eb-gammas", 1.0, "--reference-limit", 300,
+                   "--precision", "fp32", env=env)
+    rows = json.loads((tmp_path / "r" / "moses.json").read_text())
+    assert [(r["checkpoint"], r["sampler"]) for r in rows] == [
+        (c, s) for c in ("base", "tt") for s in ("random K=2", "random K=4", "EB gamma=1")]
+    for r in rows:
+        assert r["samples"] == 24 and 0 <= r["valid"] <= 1 and r["unique@1k"] is None  # fewer than 1,000 valid
+        assert r["n_valid"] == round(24 * r["valid"])
+        if r["n_valid"] >= 2:
+            assert r["fcd/test"] > 0 and 0 <= r["snn/testsf"] <= 1 and 0 <= r["int_div2"] <= r["int_div"] + 1e-9
+    table = (tmp_path / "r" / "moses.md").read_text()
+    assert all(f"| {name} (published) |" in table for name in PUBLISHED)
+    assert "the first 300 of each, not MOSES's full sets" in table and table in printed
+    assert len(list((tmp_path / "cache" / "moses-references").glob("*.npz"))) == 2  # cached for the next run
+
+
+def test_the_gpu_lease_moses_script_runs_at_smoke_size(tmp_path):
+    """training/device_moses.sh at its rehearsal size on CPU, with the MOSES files given as a directory (as the
+    device, which has no registry, gets them): base, TT r=8 and rank-1 fine-tunes, exported as family moses."""
+    from ttcore.data import moses_files
+
+    lease = tmp_path / "moses"
+    lease.mkdir()
+    for name, path in moses_files().items():
+        (lease / path.name).symlink_to(path)
+    env = dict(os.environ, SMOKE="1", OUT=str(tmp_path / "out"), PYTHON=sys.executable, RUNS=str(tmp_path / "runs"),
+               TTCORE_MOSES_DIR=str(lease), OMP_NUM_THREADS="1")
+    done = subprocess.run(["bash", str(ROOT / "training" / "device_moses.sh")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "base exit 0" in done.stdout
+    for name in ("moses-tt-r8", "moses-none-r1"):
+        assert f"{name} exit 0" in done.stdout
+    for name in ("moses-base", "moses-tt-r8", "moses-none-r1"):
+        extra = json.loads((tmp_path / "runs" / "export" / name / "config.json").read_text())["model"]["extra"]
+        assert extra["family"] == "moses" and extra["metrics"] == "molecules"
+    assert sorted((tmp_path / "out").glob("moses.tar.part-*"))

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# A GPU lease for MOSES: the base (training/configs/moses.yaml), then its TT r=8 and rank-1 fine-tunes side by
+# side at the same budget (moses_finetune: marginal-consistency term at weight 3), bf16 exports back under $OUT
+# as moses-none-r1 and moses-tt-r8; evaluate_moses.py measures them here afterwards.
+#   bash training/device_moses.sh                 (device: OUT set by the tool)
+#   SMOKE=1 OUT=/tmp/moses PYTHON=.venv/bin/python bash training/device_moses.sh   (rehearsal, CPU)
+# Prepared: .lease/moses/{train,test,test_scaffolds}.csv.gz (molsets' files; the device has no registry);
+# checkpoints/ moved out of the tree for the call (64 MiB travel). BASE_STEPS / FT_STEPS set the schedules,
+# BASE_MINUTES / FT_MINUTES cap the wall time (the schedules are the budget: size them to finish).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:?set OUT}
+PY=${PYTHON:-python3}
+BASE_STEPS=${BASE_STEPS:-8000} FT_STEPS=${FT_STEPS:-3000}
+BASE_MINUTES=${BASE_MINUTES:-5} FT_MINUTES=${FT_MINUTES:-3}
+RUNS=${RUNS:-/tmp/moses-runs}
+mkdir -p "$OUT" "$RUNS"
+exec > >(tee -a "$OUT/moses.log") 2>&1
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+[ -d .lease/moses ] && export TTCORE_MOSES_DIR=${TTCORE_MOSES_DIR:-$PWD/.lease/moses}
+SMALL=()
+if [ "${SMOKE:-0}" = 1 ]; then
+  BASE_STEPS=2 FT_STEPS=2
+  SMALL=(val_batches=1 warmup_steps=1 model.hidden_dim=32 model.cond_dim=16 model.n_blocks=1 model.n_heads=2
+         batch_size=16 data.val_fraction=0.001)
+fi
+"$PY" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"
+"$PY" training/pretrain.py --config moses --out "$RUNS/moses-base" --max-steps "$BASE_STEPS" \
+  --max-minutes "$BASE_MINUTES" --resume --quiet --set total_steps="$BASE_STEPS" compile=false ckpt_minutes=2 "${SMALL[@]}"
+echo "base exit $?"
+finetune() {  # name decomposition rank
+  "$PY" training/finetune.py --config moses_finetune --base "$RUNS/moses-base" --decomposition "$2" --rank "$3" \
+    --head 1layer --out "$RUNS/$1" --max-steps "$FT_STEPS" --max-minutes "$FT_MINUTES" --resume --quiet \
+    --set total_steps="$FT_STEPS" compile=false ckpt_minutes=2 "${SMALL[@]}" > "$OUT/$1.log" 2>&1
+  echo "$1 exit $?"; tail -n 1 "$OUT/$1.log"
+}
+finetune moses-tt-r8 tt 8 &
+A=$!
+finetune moses-none-r1 none 1 &
+B=$!
+wait $A $B  # by PID: a bare `wait` also waits for the log's process substitution (tee), which never ends
+for name in moses-base moses-tt-r8 moses-none-r1; do
+  "$PY" training/export.py --src "$RUNS/$name" --out "$RUNS/export/$name" --family moses
+done
+tar -C "$RUNS/export" -cf - . | split -b 15M - "$OUT/moses.tar.part-"  # files come back <= 16 MiB
+ls -la "$OUT"
