@@ -18,16 +18,13 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
 
-from .admission import TooLarge
 from .config import ServiceArgs
-from .engine import Overloaded
 from .openai_api import openai_error, openai_router
-from .registry import ModelNotFound, PromptError
-from .schema import GenerateRequest, GenerateResponse, ModelList, ScoreRequest, ScoreResponse
+from .schema import GenerateRequest, GenerateResponse, ModelList, ScoreRequest, ScoreResponse, StepEvent
 from .security import DOCS_ASSETS, SecurityConfig, SecurityHeaders, SecurityMiddleware, clip, error_body
-from .serving import ScoreCancelled, ScoreInputError, ScoreTimeout, Serving, Unsupported
+from .serving import Failure, Serving
 from .serving import depict as depict_smiles
-from .statuses import failure_status
+from .statuses import REFUSED, Refusal, failure_status, refusal
 
 MAX_DEPICT_CHARS = 256
 MIN_DEPICT_PX, MAX_DEPICT_PX = 64, 1024
@@ -35,14 +32,24 @@ PLAYGROUND = Path(__file__).resolve().parent / "playground"  # the page at / (st
 log = logging.getLogger("ttcore.app")
 
 
-def _sse(event: str, payload: dict) -> bytes:
+def _sse(item: StepEvent | GenerateResponse | Failure) -> bytes:
+    """One server-sent event: ``step``, ``done`` (the answer) or ``error``."""
+    if isinstance(item, Failure):
+        event, payload = "error", item.payload()
+    else:
+        event, payload = ("step" if isinstance(item, StepEvent) else "done"), item.model_dump()
     return f"event: {event}\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
 
 
-def _unprocessable(field: str, message: str) -> JSONResponse:
-    """Same shape as FastAPI's own validation errors: the field (loc) and the rule (msg)."""
-    return JSONResponse(status_code=422, content={"detail": [{"loc": ["body", clip(field, 64)], "msg": clip(message),
-                                                              "type": "value_error"}]})
+def _refused(r: Refusal) -> JSONResponse:
+    """A refusal in this API's shape: 422 as FastAPI's own validation errors (the field as loc, the rule as
+    msg); otherwise ``detail`` (and, for 404, the checkpoints ``available``)."""
+    if r.status == 422:
+        loc = ["body", *(clip(p, 64) if isinstance(p, str) else p for p in r.loc)]
+        return JSONResponse(status_code=422, content={"detail": [{"loc": loc, "msg": clip(r.message),
+                                                                  "type": "value_error"}]})
+    content = {"detail": r.message} if r.available is None else {"detail": r.message, "available": r.available}
+    return JSONResponse(status_code=r.status, content=content, headers=r.headers or None)
 
 
 def public_errors(errors) -> list[dict]:
@@ -149,32 +156,24 @@ def create_app(serving: Serving, security: SecurityConfig | None = None) -> Fast
     async def generate(req: GenerateRequest, request: Request):
         try:
             job = serving.submit(req)
-        except ModelNotFound as e:
-            return JSONResponse(status_code=404, content={"detail": str(e), "available": e.available})
-        except PromptError as e:
-            return _unprocessable("prompt", str(e))
-        except (TooLarge, Unsupported) as e:
-            return _unprocessable(e.field, str(e))
-        except Overloaded as e:
-            return JSONResponse(status_code=503, content={"detail": str(e)},
-                                headers={"Retry-After": str(e.retry_after_s)})
+        except REFUSED as e:
+            return _refused(refusal(e))
         start = time.perf_counter()
         if req.stream:
             async def stream():
-                async for event, payload in serving.events(job, request=req):
-                    yield _sse(event, payload)
-                    if event == "done":
+                async for item in serving.events(job, request=req):
+                    yield _sse(item)
+                    if isinstance(item, GenerateResponse):
                         metrics.latency.labels("/generate").observe(time.perf_counter() - start)
             return StreamingResponse(stream(), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         watcher = asyncio.create_task(serving.cancel_when(request.is_disconnected, job))
         try:
-            async for event, payload in serving.events(job, steps=False, request=req):
-                if event == "done":
-                    return JSONResponse(payload)
-                if event == "error":
-                    status = failure_status(payload.get("code", "failed"))
-                    return JSONResponse(status_code=status, content={"detail": payload["error"]})
+            async for item in serving.events(job, steps=False, request=req):
+                if isinstance(item, GenerateResponse):
+                    return JSONResponse(item.model_dump())
+                if isinstance(item, Failure):
+                    return JSONResponse(status_code=failure_status(item.kind), content={"detail": item.message})
         finally:
             watcher.cancel()
 
@@ -188,17 +187,8 @@ def create_app(serving: Serving, security: SecurityConfig | None = None) -> Fast
     async def score(req: ScoreRequest, request: Request):
         try:
             return await serving.score(req, gone=request.is_disconnected)
-        except ModelNotFound as e:
-            return JSONResponse(status_code=404, content={"detail": str(e), "available": e.available})
-        except ScoreInputError as e:
-            return JSONResponse(status_code=422, content={"detail": [{"loc": ["body", *e.loc], "msg": str(e),
-                                                                      "type": "value_error"}]})
-        except TooLarge as e:
-            return _unprocessable(e.field, str(e))
-        except ScoreTimeout as e:
-            return JSONResponse(status_code=failure_status("timeout"), content={"detail": str(e)})
-        except ScoreCancelled as e:
-            return JSONResponse(status_code=failure_status("cancelled"), content={"detail": str(e)})  # nobody reads it
+        except REFUSED as e:  # a cancelled request's answer: nobody reads it
+            return _refused(refusal(e))
 
     @app.get("/depict", response_class=Response, responses={
         200: {"description": "The molecule drawn by RDKit", "content": {"image/svg+xml": {}}},

@@ -16,7 +16,6 @@ chunk has its ``finish_reason``; with ``stream_options.include_usage`` a final c
 import asyncio
 import json
 import re
-import time
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -24,14 +23,12 @@ from pydantic import ValidationError
 
 from ttcore.decompositions import DECOMPOSITIONS
 
-from .admission import TooLarge
-from .engine import EngineError, Overloaded
 from .openai_schema import Completion, CompletionChoice, CompletionRequest, OpenAIModel, OpenAIModelList, Usage
-from .registry import LoadedModel, ModelNotFound, PromptError
+from .registry import LoadedModel
 from .schema import MIN_TEMPERATURE, GenerateRequest, SamplerFields
 from .security import clip
-from .serving import Serving, Unsupported
-from .statuses import failure_status
+from .serving import Failure, Serving
+from .statuses import REFUSED, failure_status, refusal
 
 
 def _model_id_pattern() -> re.Pattern:
@@ -39,9 +36,6 @@ def _model_id_pattern() -> re.Pattern:
     format registered later is known)."""
     names = "|".join(map(re.escape, DECOMPOSITIONS))
     return re.compile(rf"^(?P<family>.+)-(?P<decomposition>{names})-r(?P<rank>\d+)$")
-MASK = "[MASK]"
-
-
 def model_id(lm: LoadedModel) -> str:
     return f"{lm.family}-{lm.info.decomposition}-r{lm.info.rank}"
 
@@ -61,39 +55,6 @@ def _generate_request(req: CompletionRequest) -> GenerateRequest:
     return GenerateRequest(model=family, decomposition=decomposition, rank=rank, num_samples=req.n,
                            temperature=max(req.temperature, MIN_TEMPERATURE), seed=req.seed,
                            prompt=req.prompt or None, **sampler)
-
-
-class _Choice:
-    """One completion: which canvas positions it covers, and what it has streamed so far."""
-
-    def __init__(self, tok, start: int, max_tokens: int | None):
-        self.tok, self.start, self.max_tokens = tok, start, max_tokens
-        self.emitted, self.finished = "", False
-
-    def completion(self, row: list[int], final: bool) -> tuple[list[int], str | None]:
-        """The completion's token ids: its committed leading run (all of it when ``final``), cut at the
-        first end token or max_tokens. -> (ids, finish reason or None while it can still grow)."""
-        tok, out = self.tok, []
-        for t in row[self.start:]:
-            if t == tok.mask_id and not final:
-                return out, None
-            if t == tok.pad_id:
-                return out, "stop"
-            if self.max_tokens is not None and len(out) == self.max_tokens:
-                return out, "length"
-            out.append(t)
-        return out, "length"
-
-    def delta(self, row: list[int], final: bool) -> tuple[str, str | None]:
-        """New text of the contiguous committed prefix (a trailing undecodable byte waits for the next)."""
-        ids, reason = self.completion(row, final)
-        text = self.tok.decode(ids)
-        if reason is None:
-            text = text.rstrip("\ufffd")
-        if not text.startswith(self.emitted):
-            return "", reason  # never un-say a delta: wait until the text extends what was sent
-        new, self.emitted = text[len(self.emitted):], text
-        return new, reason
 
 
 def openai_router(serving: Serving) -> APIRouter:
@@ -121,59 +82,45 @@ def openai_router(serving: Serving) -> APIRouter:
             # everything that can refuse the request happens before it is admitted: a failure after
             # admission would hold a slot (and run the job) with no reader
             lm = registry.resolve(gen.model, gen.decomposition, gen.rank)
-            tok = lm.tokenizer
-            template = MASK in req.prompt
-            ids = registry.encode_prompt(lm, req.prompt).tolist() if req.prompt else []
-            start = 0 if template or not req.prompt else len(tok.tokenize(req.prompt, allow_mask=True))
+            prompt = serving.completion_prompt(lm, req.prompt)
             job = serving.submit(gen)
         except ValidationError as e:
             err = e.errors()[0]
             return openai_error(400, f"{'.'.join(map(str, err['loc']))}: {err['msg']}", str(err["loc"][-1]))
-        except ModelNotFound as e:
-            return openai_error(404, str(e), "model", "model_not_found")
-        except PromptError as e:
-            return openai_error(400, str(e), "prompt")
-        except (TooLarge, Unsupported) as e:
-            return openai_error(400, str(e), {"num_samples": "n"}.get(e.field, e.field))
-        except Overloaded as e:
-            return openai_error(503, str(e), code="overloaded", kind="server_error",
-                                headers={"Retry-After": str(e.retry_after_s)})
+        except REFUSED as e:
+            r = refusal(e)
+            param = {"num_samples": "n"}.get(r.loc[0], r.loc[0]) if r.loc else None
+            kind = "server_error" if r.status >= 500 else "invalid_request_error"
+            return openai_error(400 if r.status == 422 else r.status, r.message, param, r.code, kind,
+                                headers=r.headers or None)
         try:
-            return await _answer(req, request, job, tok, template, ids, start)
+            return await _answer(req, request, job, prompt)
         except BaseException:  # a bug here must not leave the admitted job running without a reader
             serving.abort(job)
             raise
 
-    async def _complete(job, tok, choices, prefix, cid, name, usage):
-        async for out in serving.outputs(job):
-            if isinstance(out, EngineError):
-                return openai_error(failure_status(out.kind), out.message, code=out.kind, kind="server_error")
-            if out.finished:
-                rows, t0 = out.tokens.tolist(), time.perf_counter()
-                made = []
-                for i, (c, row) in enumerate(zip(choices, rows)):
-                    ids_i, reason = c.completion(row, True)
-                    made.append(CompletionChoice(text=prefix + tok.decode(ids_i), index=i, finish_reason=reason))
-                job.decode_s += time.perf_counter() - t0
-                answer = serving.answer_telemetry(job, out)
-                return Completion(id=cid, model=name, choices=made, usage=usage(rows), ttcore=answer)
+    async def _answer(req: CompletionRequest, request: Request, job, prompt):
+        """Formats serving's completion steps as OpenAI's objects."""
+        prefix = req.prompt if req.echo and not prompt.template else ""
+        cid, name = f"cmpl-{job.id}", model_id(job.lm)
 
-    async def _answer(req: CompletionRequest, request: Request, job, tok, template: bool, ids: list[int],
-                      start: int):
-        lm = job.lm
-        prompt_tokens = sum(t not in (tok.mask_id, tok.pad_id) for t in ids[:tok.length])
-        choices = [_Choice(tok, start, req.max_tokens) for _ in range(req.n)]
-        prefix = req.prompt if req.echo and not template else ""
-        cid, name = f"cmpl-{job.id}", model_id(lm)
+        def usage(step) -> Usage:
+            return Usage(prompt_tokens=prompt.tokens, completion_tokens=step.completion_tokens,
+                         total_tokens=prompt.tokens + step.completion_tokens)
 
-        def usage(final_rows) -> Usage:
-            done = sum(len(c.completion(row, True)[0]) for c, row in zip(choices, final_rows))
-            return Usage(prompt_tokens=prompt_tokens, completion_tokens=done, total_tokens=prompt_tokens + done)
+        def error(f: Failure) -> dict:
+            return {"message": f.message, "type": "server_error", "param": None, "code": f.kind}
 
         if not req.stream:
             watcher = asyncio.create_task(serving.cancel_when(request.is_disconnected, job))
             try:
-                return await _complete(job, tok, choices, prefix, cid, name, usage)
+                async for step in serving.completions(job, prompt, req.n, req.max_tokens, stream=False):
+                    if isinstance(step, Failure):
+                        return openai_error(failure_status(step.kind), step.message, code=step.kind,
+                                            kind="server_error")
+                    made = [CompletionChoice(text=prefix + text, index=i, finish_reason=reason)
+                            for i, (text, reason) in enumerate(step.final)]
+                    return Completion(id=cid, model=name, choices=made, usage=usage(step), ttcore=step.telemetry)
             finally:
                 watcher.cancel()
 
@@ -181,29 +128,19 @@ def openai_router(serving: Serving) -> APIRouter:
 
         async def stream():
             first = True
-            async for out in serving.outputs(job):
-                if isinstance(out, EngineError):
-                    err = {"message": out.message, "type": "server_error", "param": None, "code": out.kind}
-                    yield f"data: {json.dumps({'error': err})}\n\n".encode()
+            async for step in serving.completions(job, prompt, req.n, req.max_tokens, stream=True):
+                if isinstance(step, Failure):
+                    yield f"data: {json.dumps({'error': error(step)})}\n\n".encode()
                     break
-                rows, t0 = out.tokens.tolist(), time.perf_counter()
-                for i, (c, row) in enumerate(zip(choices, rows)):
-                    if c.finished:
-                        continue
-                    text, reason = c.delta(row, out.finished)
-                    c.finished = reason is not None
+                for i, text, reason in step.deltas:
                     chunk = Completion(id=cid, model=name, choices=[CompletionChoice(
                         text=(prefix if first else "") + text, index=i, finish_reason=reason)],
-                        ttcore={"step": out.step, "canvas": tok.decode(row), "committed": out.committed[i]})
+                        ttcore={"step": step.step, "canvas": step.canvases[i], "committed": step.committed[i]})
                     yield f"data: {chunk.model_dump_json(exclude_none=True)}\n\n".encode()
                 first = False
-                job.decode_s += time.perf_counter() - t0
-                if out.finished:
-                    serving.answer_telemetry(job, out)
-                    if include_usage:
-                        last = Completion(id=cid, model=name, choices=[], usage=usage(rows))
-                        yield f"data: {last.model_dump_json(exclude_none=True)}\n\n".encode()
-                    break
+                if step.final is not None and include_usage:
+                    last = Completion(id=cid, model=name, choices=[], usage=usage(step))
+                    yield f"data: {last.model_dump_json(exclude_none=True)}\n\n".encode()
             yield b"data: [DONE]\n\n"
 
         return StreamingResponse(stream(), media_type="text/event-stream",

@@ -54,7 +54,19 @@ def depict(smiles: str, width: int, height: int) -> str | None:
     return depiction_svg(smiles, width, height)
 
 
+MASK = "[MASK]"  # a prompt with it is a template (every tokenizer spells it so)
 DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks that its client is still there
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A request that ended without an answer: ``kind`` as ``EngineError.kind`` (``statuses`` maps it)."""
+    id: str
+    kind: str
+    message: str
+
+    def payload(self) -> dict:
+        return {"id": self.id, "error": self.message, "code": self.kind}
 
 
 @dataclass
@@ -73,6 +85,63 @@ class Ticket:
     @property
     def lm(self):
         return self.job.lm
+
+
+class CompletionText:
+    """One text completion of a canvas (OpenAI's completions): which positions it covers, and what it has
+    streamed so far (the streaming rule: ``service.openai_api``)."""
+
+    def __init__(self, tok, start: int, max_tokens: int | None):
+        self.tok, self.start, self.max_tokens = tok, start, max_tokens
+        self.emitted, self.finished = "", False
+
+    def completion(self, row: list[int], final: bool) -> tuple[list[int], str | None]:
+        """The completion's token ids: its committed leading run (all of it when ``final``), cut at the
+        first end token or max_tokens. -> (ids, finish reason or None while it can still grow)."""
+        tok, out = self.tok, []
+        for t in row[self.start:]:
+            if t == tok.mask_id and not final:
+                return out, None
+            if t == tok.pad_id:
+                return out, "stop"
+            if self.max_tokens is not None and len(out) == self.max_tokens:
+                return out, "length"
+            out.append(t)
+        return out, "length"
+
+    def delta(self, row: list[int], final: bool) -> tuple[str, str | None]:
+        """New text of the contiguous committed prefix (a trailing undecodable byte waits for the next)."""
+        ids, reason = self.completion(row, final)
+        text = self.tok.decode(ids)
+        if reason is None:
+            text = text.rstrip("\ufffd")
+        if not text.startswith(self.emitted):
+            return "", reason  # never un-say a delta: wait until the text extends what was sent
+        new, self.emitted = text[len(self.emitted):], text
+        return new, reason
+
+
+@dataclass(frozen=True)
+class CompletionPrompt:
+    """A completion request's prompt as tokens: a ``template`` (with [MASK]) is filled whole, a prefix is
+    continued from position ``start``; ``tokens``: the prompt tokens given (usage)."""
+    template: bool
+    start: int
+    tokens: int
+
+
+@dataclass(frozen=True)
+class CompletionStep:
+    """One step of a text completion request: ``deltas`` (choice, new text of its committed prefix, finish
+    reason or None) for the choices still open, each choice's canvas (``[MASK]`` where masked) and committed
+    positions; on the last step ``final`` (each choice's whole text and finish reason), and ``telemetry``."""
+    step: int
+    deltas: list
+    canvases: list
+    committed: list
+    completion_tokens: int = 0
+    final: list | None = None
+    telemetry: dict | None = None
 
 
 class Serving:
@@ -112,8 +181,8 @@ class Serving:
         return Ticket(self.engine.submit(lm, run, plan.seconds, timeout, kind=config.work_kind(lm.model.cfg)))
 
     async def events(self, job: Ticket, steps: bool = True, request: GenerateRequest | None = None):
-        """(event, payload) pairs: a ``step`` per denoising step (decoded only when ``steps``: a non-streaming
-        answer does not pay for decoding partial sequences), then ``done`` (the answer) or ``error``;
+        """Typed events: a ``StepEvent`` per denoising step (decoded only when ``steps``: a non-streaming
+        answer does not pay for decoding partial sequences), then the ``GenerateResponse`` or a ``Failure``;
         closing it early cancels the job. With ``request`` its chemist's options apply to the answer:
         ``unique`` drops duplicates, ``valid_only`` draws further rounds (each admitted like a new request,
         linked from ``job.next_round`` so that ``abort`` reaches it) until enough molecules are valid; when
@@ -129,11 +198,10 @@ class Serving:
                     if out.kind == "timeout" and rounds:
                         stopped_early = "deadline"
                         break
-                    yield "error", {"id": first.id, "error": out.message, "code": out.kind}
+                    yield Failure(first.id, out.kind, out.message)
                     return
                 if steps:
-                    yield "step", self.step_event(job, out, first.id, len(rounds),
-                                                  request is not None and request.step_tokens).model_dump()
+                    yield self.step_event(job, out, first.id, len(rounds), request is not None and request.step_tokens)
                 if out.finished:  # RDKit costs about 0.5 ms a molecule: off the event loop, so that a
                     # 256-molecule answer does not hold up every other stream
                     rounds.append(await asyncio.to_thread(self.answer, job, out))
@@ -165,12 +233,12 @@ class Serving:
                 stopped_early = "busy"
                 break
         last = rounds[-1]
-        yield "done", last.model_copy(update={
+        yield last.model_copy(update={
             "id": first.id, "samples": kept[:request.num_samples] if request is not None else kept,
             "steps": sum(r.steps for r in rounds), "model_calls": sum(r.model_calls for r in rounds),
             "tokens_per_step": [n for r in rounds for n in r.tokens_per_step],
             "drawn": sum(r.drawn for r in rounds), "rounds": len(rounds),
-            "stopped_early": stopped_early}).model_dump()
+            "stopped_early": stopped_early})
 
     async def cancel_when(self, gone, job: Ticket, poll_s: float = DISCONNECT_POLL_S) -> None:
         """Cancel ``job`` (and its further rounds) as soon as ``await gone()`` says its client went away;
@@ -248,9 +316,47 @@ class Serving:
         return ScoreResponse(model=lm.family, checkpoint=lm.name, decomposition=lm.info.decomposition,
                              rank=lm.info.rank, mode=request.mode, scores=out)
 
-    def outputs(self, ticket: Ticket):
-        """The engine's typed outputs of ``ticket``'s job (for front ends that format their own answers)."""
-        return self.engine.outputs(ticket.job)
+    def completion_prompt(self, lm, prompt: str) -> CompletionPrompt:
+        """The prompt of a text completion (raises PromptError, as ``submit`` would)."""
+        tok = lm.tokenizer
+        ids = self.registry.encode_prompt(lm, prompt).tolist() if prompt else []
+        template = MASK in prompt
+        start = 0 if template or not prompt else len(tok.tokenize(prompt, allow_mask=True))
+        return CompletionPrompt(template, start, sum(t not in (tok.mask_id, tok.pad_id) for t in ids[:tok.length]))
+
+    async def completions(self, job: Ticket, prompt: CompletionPrompt, n: int, max_tokens: int | None,
+                          stream: bool):
+        """``CompletionStep``s of ``job`` (every step when ``stream``, else the last only), or a ``Failure``:
+        decoding is timed into the answer's ``decode_ms`` and the finished request counted in the metrics."""
+        tok = job.lm.tokenizer
+        choices = [CompletionText(tok, prompt.start, max_tokens) for _ in range(n)]
+        async for out in self.engine.outputs(job.job):
+            if isinstance(out, EngineError):
+                yield Failure(job.id, out.kind, out.message)
+                return
+            if not (stream or out.finished):
+                continue
+            rows, t0 = out.tokens.tolist(), time.perf_counter()
+            deltas, canvases = [], []
+            if stream:
+                canvases = [tok.decode(row) for row in rows]
+                for i, (c, row) in enumerate(zip(choices, rows)):
+                    if not c.finished:
+                        text, reason = c.delta(row, out.finished)
+                        c.finished = reason is not None
+                        deltas.append((i, text, reason))
+            final, made = None, 0
+            if out.finished:
+                final = []
+                for c, row in zip(choices, rows):
+                    ids, reason = c.completion(row, True)
+                    final.append((tok.decode(ids), reason))
+                    made += len(ids)
+            job.decode_s += time.perf_counter() - t0
+            telemetry = self.answer_telemetry(job, out) if out.finished else None
+            yield CompletionStep(out.step, deltas, canvases, out.committed, made, final, telemetry)
+            if out.finished:
+                return
 
     def answer_telemetry(self, ticket: Ticket, out: StepOutput) -> dict:
         """Steps, model calls, tokens per step and timings of a finished job (counted in the metrics once)."""

@@ -189,9 +189,9 @@ def test_rdkit_answers_are_decoded_off_the_event_loop(checkpoints, monkeypatch):
         return threading.get_ident(), events
 
     loop_thread, events = asyncio.run(generate())
-    assert [name for name, _ in events] == ["done"] and len(events[0][1]["samples"]) == 8
+    assert [type(e).__name__ for e in events] == ["GenerateResponse"] and len(events[0].samples) == 8
     assert len(threads) == 8 and loop_thread not in threads
-    assert any(s["valid"] is not None for s in events[0][1]["samples"])
+    assert any(s.valid is not None for s in events[0].samples)
 
 
 def _burn():
