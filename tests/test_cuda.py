@@ -3,10 +3,11 @@
 import pytest
 import torch
 from brute import all_sequences, chi_square_pvalue, dense_tt
+from tiny import run_together
 
 from ttcore.distributions import TensorTrain
 from ttcore.models import DiTConfig, JointModel, ModelConfig, prepare_for_inference
-from ttcore.sampling import generate, make_run, run_together
+from ttcore.sampling import generate, make_run
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

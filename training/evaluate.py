@@ -1,4 +1,4 @@
-"""Few-step quality: QM9 validity / uniqueness / novelty, or text generative perplexity, against steps.
+"""Few-step quality: molecules' validity / uniqueness / novelty, or text generative perplexity, against steps.
 
     python training/evaluate.py --checkpoints checkpoints --out results/qm9
     python training/evaluate.py --checkpoints runs/qm9-base runs/qm9-tt-r8 --samples 1024 --steps 1 2 4 8
@@ -19,12 +19,11 @@ text: ``--rank-one-view only`` runs just those lines, and ``--merge`` reports an
 ``--schedules`` / ``--temperatures``: fixed samplers are also run with each step schedule
 (``ttcore.sampling.schedules``) and softmax temperature, each combination a line of its own.
 ``--distribution``: MOSES-style distribution metrics (FCD, SNN, Frag, Scaf, IntDiv;
-``ttcore.metrics.distribution``) of each fixed-sampler setting against QM9's held-out split (or, with a
-SMILES file as ``--data``, against that file), written into the rows and printed as a table.
-``--likelihood``: validation metrics of each checkpoint (joint NLL,
-marginal NLL, NELBO; ``ttcore.training.evaluate_loss``) and, for TT, the contracted-core head's error
-against the exact contraction (total variation per row of Gbar_j, mean and max over masked positions),
-written to ``likelihood.json``; with ``--cards`` the validation line of each model card is replaced.
+``ttcore.metrics.distribution``) of each fixed-sampler setting against the family's held-out set (QM9: its
+validation split), written into the rows and printed as a table.
+What is measured follows the family's ``metrics`` (its data section): molecules or text. The sibling
+recipes: ``evaluate_likelihood.py`` (validation NLL, ELBO perplexity, the head's contraction error; any
+family), ``evaluate_moses.py`` (the MOSES benchmark table); ``_report.py`` holds what they share.
 
 For every checkpoint, ordering and K it generates ``--samples`` molecules (in batches), and for every
 EB-Sampler gamma it records the average number of steps each molecule took. Writes
@@ -33,222 +32,52 @@ checkpoint) plus ``eb.png`` under ``--out`` and prints the tables.
 """
 
 import argparse
-import csv
 import itertools
 import json
-import sys
-import time
 from pathlib import Path
 
-import torch
 from _common import dataset
+from _report import (
+    checkpoint_dirs,
+    count_schedule,
+    data_section,
+    lines,
+    pyplot,
+    replace_section,
+    run_setting,
+    save_plot,
+    series,
+    this_command,
+    write_rows,
+)
 
-from ttcore.data import CORPORA, DataSection
-from ttcore.decompositions import exact_contracted_cores, get_decomposition
-from ttcore.losses import forward_mask, sample_times
+from ttcore.decompositions import get_decomposition
 from ttcore.metrics import molecule_metrics
-from ttcore.models import load_for_inference, read_train_config
-from ttcore.sampling import PREDETERMINED, cost, generate, unmask_counts
+from ttcore.models import load_for_inference
+from ttcore.sampling import PREDETERMINED
 from ttcore.sampling.schedules import SCHEDULES
-from ttcore.scoring import elbo
-from ttcore.training import TrainConfig, evaluate_loss, validation_summary
-
-
-def checkpoint_dirs(paths: list[str]) -> list[Path]:
-    """Each path is a checkpoint, or a directory of checkpoints."""
-    out = []
-    for p in map(Path, paths):
-        out += [p] if (p / "config.json").exists() else sorted(d for d in p.iterdir() if (d / "config.json").exists())
-    return out
-
-
-def count_schedule(length: int, steps: int, schedule: str = "loglinear") -> tuple[int, ...]:
-    """The tokens each model-calling step unmasks from ``length`` masks (idle steps dropped)."""
-    n = torch.tensor([length])
-    counts = []
-    for k in range(steps):
-        c = int(unmask_counts(torch.tensor([length]), n, steps, k, SCHEDULES[schedule])[0])
-        n = n - c
-        if c:
-            counts.append(c)
-    return tuple(counts)
-
-
-def rows_within(model, memory_mb: int, **settings) -> int:
-    """The most sequences one pass of a step may hold within ``memory_mb`` (``ttcore.sampling.cost``, as the
-    server micro-batches), at least one."""
-    return max(1, cost.rows_for(model.cfg, memory_mb << 20, **settings))
-
-
-def run_setting(model, tok, n: int, steps: int, batch: int, seed: int, memory_mb: int = 4096, **settings) -> dict:
-    """``n`` samples in batches; ``settings`` go to ``generate``; each step's passes stay within ``memory_mb``.
-    -> texts, their token ids, the average steps a sample took, seconds."""
-    ids, per_sample_steps, t0 = [], [], time.time()
-    rows = rows_within(model, memory_mb, **settings)
-    for k in range(0, n, batch):
-        b = min(batch, n - k)
-        with model.compute_context():
-            states = list(generate(model, b, steps, seed=seed + k, max_rows_per_pass=rows, **settings))
-        ids += states[-1].tokens.tolist()
-        active = torch.stack([s.committed.any(1) for s in states])  # [s, b]: the sample took this step
-        per_sample_steps += active.sum(0).tolist()
-    return {"texts": [tok.decode(row) for row in ids], "ids": ids,
-            "avg_steps": sum(per_sample_steps) / len(per_sample_steps), "seconds": time.time() - t0}
-
-
-def _write(rows: list[dict], stem: Path) -> None:
-    """rows as CSV and JSON next to each other."""
-    with open(stem.with_suffix(".csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    stem.with_suffix(".json").write_text(json.dumps(rows, indent=1))
-
-
-def _pyplot():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
-def _series(r: dict) -> str:
-    """A checkpoint's line in tables and plots; sampling with the exact contraction, as the rank-1 view, with
-    another schedule or temperature is a line of its own."""
-    return (r["checkpoint"] + (" exact" if r.get("contraction") == "exact" else "")
-            + ("" if r.get("joint", True) else " rank-1 view")
-            + ("" if r.get("schedule", "loglinear") == "loglinear" else f" {r['schedule']}")
-            + ("" if r.get("temperature", 1.0) == 1.0 else f" T={r['temperature']:g}")
-            + ("" if r.get("sampler", "random") == "random" else f" {r['sampler']}")
-            + (" fast" if r.get("adaptive_path", "exact") == "fast" else ""))
-
-
-def _lines(ax, rows: list[dict], x: str, y: str, scale: float = 1.0) -> None:
-    """One line per checkpoint (and contraction): ``y`` against ``x``."""
-    for name in dict.fromkeys(map(_series, rows)):
-        pts = sorted((r[x], scale * r[y]) for r in rows if _series(r) == name)
-        ax.plot(*zip(*pts), marker="o", label=name)
-    ax.grid(alpha=0.3)
-
-
-def _save(fig, ax, path: Path, xlabel: str, ylabel: str) -> None:
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+from ttcore.training import TrainConfig
 
 
 def _plot(rows: list[dict], orderings: list[str], out: Path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
 
     fixed = [r for r in rows if r["eb_gamma"] is None]
     fig, axes = plt.subplots(1, len(orderings), figsize=(5 * len(orderings), 4), sharey=True, squeeze=False)
     for ax, ordering in zip(axes[0], orderings):
-        _lines(ax, [r for r in fixed if r["ordering"] == ordering], "steps", "validity", 100)
+        lines(ax, [r for r in fixed if r["ordering"] == ordering], "steps", "validity", 100)
         ax.set_xscale("log", base=2)
         ax.set_title(ordering)
         ax.set_xlabel("denoising steps K")
-    _save(fig, axes[0][0], out / "validity.png", "denoising steps K", "validity (%)")
+    save_plot(fig, axes[0][0], out / "validity.png", "denoising steps K", "validity (%)")
     eb = [r for r in rows if r["eb_gamma"] is not None]
     if eb:
         fig, ax = plt.subplots(figsize=(5, 4))
-        _lines(ax, eb, "avg_steps", "validity", 100)
-        _save(fig, ax, out / "eb.png", "average steps (EB-Sampler)", "validity (%)")
+        lines(ax, eb, "avg_steps", "validity", 100)
+        save_plot(fig, ax, out / "eb.png", "average steps (EB-Sampler)", "validity (%)")
 
 
 CARD_SECTION = "## Few-step quality"
-
-
-def data_section(data: str | None, path: Path) -> DataSection:
-    """``--data`` (a corpus or a file, read as the checkpoint's tokenizer and metrics say), or the data section
-    the checkpoint was trained on; checkpoints without a recorded config: QM9."""
-    values = read_train_config(path)
-    trained = TrainConfig.from_dict(values).data if values is not None else DataSection()
-    if data is None or data == trained.source:
-        return trained
-    if data in CORPORA:
-        return DataSection(source=data)
-    return DataSection(source=data, tokenizer=trained.tokenizer, metrics=trained.metrics)
-
-
-def train_config(path: Path) -> TrainConfig:
-    """The training config the checkpoint records (``train_config.json``)."""
-    values = read_train_config(path)
-    if values is None:
-        raise SystemExit(f"{path.name} has no train_config.json (written by the recipes and export.py): its "
-                         "validation split and batch size are unknown")
-    return TrainConfig.from_dict(values)
-
-
-@torch.no_grad()
-def contraction_error(model, tokens: torch.Tensor, mask_id: int, seed: int = 1234) -> dict:
-    """Total variation between the contracted-core head's Gbar_j and the exact sum_x G_j(x), per row j
-    (each row is a distribution over k), on the masked positions of ``tokens`` masked at t ~ U[1e-3, 1].
-    -> {"head_tv_mean", "head_tv_max"} over positions (each position's TV averaged over its r rows)."""
-    g = torch.Generator(tokens.device).manual_seed(seed)
-    t = sample_times(tokens.shape[0], 1e-3, tokens.device, g)
-    x_t, mask = forward_mask(tokens, t, mask_id, g)
-    with model.compute_context():
-        h = model.features(x_t, sigma=t)[mask]  # [m, d]
-        head = model.contracted_cores(h).double()  # [m, r, r]
-        exact = exact_contracted_cores(model, h, 1.0)  # the sampler's own exact path
-    tv = 0.5 * (head - exact).abs().sum(-1).mean(-1)  # [m]
-    return {"head_tv_mean": tv.mean().item(), "head_tv_max": tv.max().item(), "head_tv_positions": len(tv)}
-
-
-def elbo_perplexity(model, tokens: torch.Tensor, batch: int, device: str, num_mc: int = 4, seed: int = 1234) -> dict:
-    """exp of the NELBO per token of the held-out sequences (``ttcore.scoring.elbo``, the same function as
-    POST /score's elbo mode): mean over sequences, with the standard error of that mean."""
-    g = torch.Generator(device).manual_seed(seed)
-    values = []
-    with model.compute_context():
-        for s in range(0, len(tokens), batch):
-            mean, _ = elbo(model, tokens[s:s + batch].to(device), num_mc, g)
-            values.append(mean)
-    v = torch.cat(values)
-    stderr = (v.std() / len(v) ** 0.5).item() if len(v) > 1 else float("nan")
-    return {"elbo_nll": v.mean().item(), "elbo_stderr": stderr, "elbo_ppl": float(torch.exp(v.mean())),
-            "elbo_sequences": len(v), "elbo_draws": num_mc}
-
-
-def evaluate_likelihood(paths: list[Path], precision: str, cards: bool, out: Path, data: str | None,
-                        device: str = "cpu") -> list[dict]:
-    """Validation metrics on the data each checkpoint was trained on (its card's config), or ``data``."""
-    rows = []
-    for path in paths:
-        model, tok, _ = load_for_inference(path, device, precision)
-        cfg = train_config(path)
-        cfg.precision = precision
-        if data is not None:  # a file of sequences instead of the data the checkpoint was trained on
-            cfg.data = DataSection(source=data, tokenizer=cfg.data.tokenizer, metrics=cfg.data.metrics)
-        val = torch.from_numpy(dataset(cfg, tok).val_tokens)
-        metrics = evaluate_loss(model, val, tok.mask_id, batch_size=cfg.batch_size, batches=cfg.val_batches,
-                                precision=precision, eps=cfg.eps, device=torch.device(device))
-        model.eval()
-        metrics.update(elbo_perplexity(model, val[: cfg.batch_size * cfg.val_batches], cfg.batch_size, device))
-        if "exact" in get_decomposition(model.cfg.decomposition).contractions:  # the head's contraction has an error
-            metrics.update(contraction_error(model, val[: cfg.batch_size].to(device), tok.mask_id))
-        rows.append({"checkpoint": path.name, "decomposition": model.cfg.decomposition, "rank": model.cfg.rank,
-                     "precision": precision, "val_batches": cfg.val_batches, "batch_size": cfg.batch_size, **metrics})
-        print(f"{path.name:>16}: {validation_summary(metrics)}; ELBO perplexity {metrics['elbo_ppl']:.3f} "
-              f"(NELBO {metrics['elbo_nll']:.4f} +- {metrics['elbo_stderr']:.4f} nats per token)"
-              + (f"; head TV mean {metrics['head_tv_mean']:.4f} max {metrics['head_tv_max']:.4f}"
-                 if "head_tv_mean" in metrics else ""), flush=True)
-        if cards:
-            card_path = path / "model_card.md"
-            lines = card_path.read_text().split("\n")
-            lines = [f"- validation ({precision}, re-measured by `{_this_command()}`): {validation_summary(metrics)}"
-                     if line.startswith("- validation") else line for line in lines]
-            tmp = card_path.with_suffix(".md.tmp")
-            tmp.write_text("\n".join(lines))
-            tmp.replace(card_path)
-    (out / "likelihood.json").write_text(json.dumps(rows, indent=1))
-    return rows
-
-
-def _this_command() -> str:
-    return "python training/evaluate.py " + " ".join(sys.argv[1:])
 
 
 def _molecule_cells(r: dict) -> list:
@@ -271,17 +100,6 @@ def _text_cells(r: dict) -> list:
     view = "" if r.get("joint", True) else " (rank-1 view, joint: false)"
     sampler = r.get("sampler", "random") + (" (fast)" if r.get("adaptive_path", "exact") == "fast" else "")
     return [sampler + view, r["steps"], f"{r['genppl']:.1f}", f"{r['entropy']:.2f}", r["samples"]]
-
-
-def replace_section(card: str, title: str, body: str) -> str:
-    """``card`` with its section ``title`` (up to the next ``## `` heading) replaced by ``body``, or with
-    ``body`` appended when it has none."""
-    start = card.find("\n" + title + "\n")
-    if start < 0:
-        return card.rstrip("\n") + "\n\n" + body.rstrip("\n") + "\n"
-    end = card.find("\n## ", start + 1)
-    rest = card[end:] if end >= 0 else ""
-    return card[:start].rstrip("\n") + "\n\n" + body.rstrip("\n") + "\n" + rest
 
 
 def _update_cards(rows: list[dict], paths: list[Path], command: str, columns=MOLECULE_COLUMNS,
@@ -327,18 +145,18 @@ def _print_distribution(rows: list[dict], data_row: dict, n_reference: int) -> N
     line("QM9 training molecules", "-", "-", data_row)
     for r in rows:
         if r["eb_gamma"] is None and r.get("fcd", 0) is not None and "fcd" in r:
-            line(_series(r), r["ordering"], r["steps"], r)
+            line(series(r), r["ordering"], r["steps"], r)
 
 
 def _print_tables(rows: list[dict], orderings: list[str], steps: list[int]) -> None:
-    names = list(dict.fromkeys(map(_series, rows)))
+    names = list(dict.fromkeys(map(series, rows)))
     for ordering in orderings:
         print(f"\nvalidity % / uniqueness % / novelty %, ordering {ordering}")
         print(f"{'checkpoint':>16} | " + " | ".join(f"{'K=' + str(k):>15}" for k in steps))
         for name in names:
             cells = []
             for k in steps:
-                r = next((r for r in rows if _series(r) == name and r["ordering"] == ordering
+                r = next((r for r in rows if series(r) == name and r["ordering"] == ordering
                           and r["steps"] == k and r["eb_gamma"] is None), None)
                 cells.append(f"{100 * r['validity']:4.1f}/{100 * r['uniqueness']:4.1f}/{100 * r['novelty']:4.1f}"
                              if r else "-")
@@ -348,9 +166,9 @@ def _print_tables(rows: list[dict], orderings: list[str], steps: list[int]) -> N
         print("\nEB-Sampler: validity % (average steps)")
         gammas = sorted({r["eb_gamma"] for r in eb})
         print(f"{'checkpoint':>16} | " + " | ".join(f"{'g=' + str(g):>13}" for g in gammas))
-        for name in dict.fromkeys(map(_series, eb)):
+        for name in dict.fromkeys(map(series, eb)):
             cells = [next((f"{100 * r['validity']:4.1f} ({r['avg_steps']:4.1f})" for r in eb
-                           if _series(r) == name and r["eb_gamma"] == g), "-") for g in gammas]
+                           if series(r) == name and r["eb_gamma"] == g), "-") for g in gammas]
             print(f"{name:>16} | " + " | ".join(f"{c:>13}" for c in cells))
 
 
@@ -380,25 +198,25 @@ def evaluate_text(args, out: Path) -> None:
                    "entropy": unigram_entropy(res["ids"]), "samples": len(texts), "seconds": res["seconds"],
                    "example": texts[0][:200]}
             rows.append(row)
-            print(f"{_series(row):>16} K={steps:<4} GenPPL {row['genppl']:.1f} entropy {row['entropy']:.2f} "
+            print(f"{series(row):>16} K={steps:<4} GenPPL {row['genppl']:.1f} entropy {row['entropy']:.2f} "
                   f"({row['seconds']:.0f} s)", flush=True)
     if args.cards:
-        _update_cards(rows, paths, _this_command(), TEXT_COLUMNS, _text_cells)  # merged rows of these too
+        _update_cards(rows, paths, this_command(), TEXT_COLUMNS, _text_cells)  # merged rows of these too
     report_text(rows, out, args.steps)
 
 
 def report_text(rows: list[dict], out: Path, steps: list[int]) -> None:
     """CSV/JSON, the GenPPL plot and the printed table of text rows (also for rows of several runs)."""
-    _write(rows, out / "text_results")
-    fig, ax = _pyplot().subplots(figsize=(5, 4))
-    _lines(ax, rows, "steps", "genppl")
+    write_rows(rows, out / "text_results")
+    fig, ax = pyplot().subplots(figsize=(5, 4))
+    lines(ax, rows, "steps", "genppl")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    _save(fig, ax, out / "genppl.png", "denoising steps K", "generative perplexity")
+    save_plot(fig, ax, out / "genppl.png", "denoising steps K", "generative perplexity")
     print("\nGenPPL (entropy); EB rows at K = the cap on steps")
     print(f"{'checkpoint':>16} | " + " | ".join(f"{'K=' + str(k):>14}" for k in steps))
-    for name in dict.fromkeys(map(_series, rows)):
-        cells = [next((f"{r['genppl']:7.1f} ({r['entropy']:.2f})" for r in rows if _series(r) == name
+    for name in dict.fromkeys(map(series, rows)):
+        cells = [next((f"{r['genppl']:7.1f} ({r['entropy']:.2f})" for r in rows if series(r) == name
                        and r["steps"] == k), "-") for k in steps]
         print(f"{name:>16} | " + " | ".join(f"{c:>14}" for c in cells))
     print(f"\nwrote {out}/text_results.csv, text_results.json, genppl.png")
@@ -442,22 +260,17 @@ def main():
                     help="fixed samplers: tokens per step (ttcore.sampling.schedules); each a line of its own")
     ap.add_argument("--temperatures", type=float, nargs="+", default=[1.0],
                     help="fixed samplers: softmax temperatures (below 1 trades diversity for validity)")
-    ap.add_argument("--likelihood", action="store_true",
-                    help="only the validation metrics and the head's contraction error (likelihood.json)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     paths = checkpoint_dirs(args.checkpoints)
-    if args.likelihood:
-        data = args.data if args.data not in ("qm9", "text") else None  # a file overrides the cards' data
-        return evaluate_likelihood(paths, args.precision, args.cards, out, data, args.device)
     section = data_section(args.data, paths[0])
     args.data = section.source
     if section.metrics == "text":
         return evaluate_text(args, out)
     if section.metrics != "molecules":
         raise SystemExit(f"family {section.family!r} has metrics {section.metrics!r}: sample quality is measured for "
-                         "molecules and text; --likelihood measures any family")
+                         "molecules and text; evaluate_likelihood.py measures any family")
     ds = dataset(TrainConfig(data=section))
     training = set(ds.train)
     reference = None
@@ -504,16 +317,16 @@ def main():
                    "samples": m["n"], "seconds": res["seconds"]}
             row.update({k: m[k] for k in DISTRIBUTION_COLUMNS if k in m})
             rows.append(row)
-            print(f"{_series(row):>16} {ordering:>13} {contraction:>5} K={steps:<4} gamma={gamma} "
+            print(f"{series(row):>16} {ordering:>13} {contraction:>5} K={steps:<4} gamma={gamma} "
                   f"steps~{res['avg_steps']:.1f}: "
                   f"validity {100 * m['validity']:.1f}%, uniqueness {100 * m['uniqueness']:.1f}%, "
                   f"novelty {100 * m['novelty']:.1f}% ({res['seconds']:.0f} s)", flush=True)
-    _write(rows, out / "results")
+    write_rows(rows, out / "results")
     if args.cards:
-        _update_cards(rows, paths, _this_command())
+        _update_cards(rows, paths, this_command())
     if args.distribution_cards and reference is not None:
         fixed = [r for r in rows if r["eb_gamma"] is None and "fcd" in r]
-        _update_cards(fixed, paths, _this_command(), DISTRIBUTION_CARD_COLUMNS, _distribution_cells,
+        _update_cards(fixed, paths, this_command(), DISTRIBUTION_CARD_COLUMNS, _distribution_cells,
                       DISTRIBUTION_SECTION, f"Against {len(reference.smiles)} held-out molecules; the same metrics "
                       f"for {args.samples} training molecules: FCD {data_row['fcd']:.3f}, SNN {data_row['snn']:.3f}, "
                       f"Frag {data_row['frag']:.3f}, Scaf {data_row['scaf']:.3f}, IntDiv {data_row['int_div']:.3f}.")

@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from evaluate import _write, checkpoint_dirs, run_setting
+from _report import checkpoint_dirs, run_setting, write_rows
 
 from ttcore.data import moses_files, read_sequences
 from ttcore.data.qm9 import default_cache_dir
@@ -90,7 +90,7 @@ def main():
                + (f" (the first {args.reference_limit} of each, not MOSES's full sets)" if args.reference_limit else "")
                + f"; steps: the average denoising steps a sample took. Published: {PUBLISHED_SOURCE}.\n\n"
                f"    python training/evaluate_moses.py {' '.join(sys.argv[1:])}")
-    _write(rows, out / "moses")
+    write_rows(rows, out / "moses")
     (out / "moses.md").write_text(table(rows, caption))
     (out / "moses_meta.json").write_text(json.dumps({"references": sizes, "samples": args.samples}))
     print("\n" + table(rows, caption))

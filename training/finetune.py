@@ -18,12 +18,12 @@ from pathlib import Path
 
 import torch
 from _common import config_from_args, dataset, parser, tensors
+from _loop import fit
 
 from ttcore.decompositions import DECOMPOSITIONS, get_decomposition
 from ttcore.models import JointHead, JointModel, load_checkpoint, load_train_state
 from ttcore.models.mdlm_compat import is_mdlm_checkpoint, load_mdlm
 from ttcore.parallel import is_main_process
-from ttcore.training import fit
 
 
 def main():

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import torch
 from _common import config_from_args, dataset, parser, tensors
+from _loop import fit
 
 from ttcore.models import JointModel, ModelConfig, load_checkpoint, load_train_state
 from ttcore.parallel import is_main_process
 from ttcore.tokenizers import load_tokenizer
-from ttcore.training import fit
 
 
 def main():

@@ -1,31 +1,25 @@
-"""The training loop shared by the recipes: config, schedule, resumable data order, checkpoints.
+"""The parts a training recipe is made of: the config (``TrainConfig``: the ``model:`` and ``data:``
+sections and the optimization settings), the LR schedule, the resumable data order, the weights' EMA, the
+optimizer and RNG state a checkpoint carries, validation, and the model card rendered from the config.
 
-Recipes (``training/pretrain.py``, ``training/finetune.py``) build a model and call ``fit``. A run
-writes an atomic checkpoint every ``ckpt_minutes`` and at the end; ``resume`` continues exactly
-(model, optimizer, LR schedule position, RNG, step, data position).
+The loop that puts them together belongs to the recipes (``training/_loop.py``, run by
+``training/pretrain.py`` and ``training/finetune.py``), as torchtune's recipes own theirs.
 """
 
 import contextlib
 import json
 import math
-import resource
 import shlex
-import signal
-import sys
-import threading
-import time
 from dataclasses import asdict, dataclass, field, fields, make_dataclass
 from pathlib import Path
 
 import torch
 import yaml
-from tqdm import tqdm
 
 from ttcore.data.section import DataSection, coerce_numbers
 from ttcore.decompositions import get_decomposition
 from ttcore.losses import mdlm_loss, vadd_loss
-from ttcore.models import DiTConfig, JointModel, load_train_state, save_checkpoint
-from ttcore.parallel import Workers
+from ttcore.models import DiTConfig, JointModel
 
 SPLIT_SEED_STRIDE = 100_003  # BatchOrder: seed * stride + epoch seeds each epoch's permutation
 RESEED_STRIDE = 1_000_003  # a run moved between CPU and CUDA reseeds its mask stream from seed + stride * step
@@ -175,24 +169,6 @@ class BatchOrder:
         return idx
 
 
-class _StopOnSignal:
-    """Turns SIGTERM / SIGINT into a request to stop after the current step (main thread only)."""
-
-    def __init__(self):
-        self.requested = False
-        self._previous = {}
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                self._previous[sig] = signal.signal(sig, self._handle)
-
-    def _handle(self, signum, frame):
-        self.requested = True
-
-    def restore(self):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-
 class WeightEMA:
     """Exponential moving average of the trainable weights, in float32, with the usual warm-up decay
     min(decay, (1 + n) / (10 + n)) after n updates, so early averages do not stay near the initialization."""
@@ -225,7 +201,7 @@ class WeightEMA:
                     params[n].copy_(v)
 
 
-def _autocast(device: torch.device, precision: str):
+def autocast(device: torch.device, precision: str):
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
@@ -248,7 +224,7 @@ def evaluate_loss(model, tokens: torch.Tensor, mask_id: int, *, batch_size: int,
     n = min(batches, max(1, len(tokens) // batch_size))
     for k in range(n):
         x0 = tokens[k * batch_size:(k + 1) * batch_size].to(device)
-        with _autocast(device, precision), torch.no_grad():
+        with autocast(device, precision), torch.no_grad():
             if vadd:
                 out = vadd_loss(model, x0, mask_id, kl_weight, eps, generator=g)
                 out["objective"] = out["loss"] - out["lc"]
@@ -260,7 +236,7 @@ def evaluate_loss(model, tokens: torch.Tensor, mask_id: int, *, batch_size: int,
     return totals
 
 
-def _optimizer_state(opt) -> tuple[dict, dict]:
+def optimizer_state(opt) -> tuple[dict, dict]:
     sd = opt.state_dict()
     tensors, scalars = {}, {}
     for pid, st in sd["state"].items():
@@ -272,7 +248,7 @@ def _optimizer_state(opt) -> tuple[dict, dict]:
     return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
 
 
-def _load_optimizer_state(opt, tensors: dict, meta: dict) -> None:
+def load_optimizer_state(opt, tensors: dict, meta: dict) -> None:
     state: dict = {}
     for name, val in tensors.items():
         if name.startswith("opt."):
@@ -284,7 +260,7 @@ def _load_optimizer_state(opt, tensors: dict, meta: dict) -> None:
     opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
 
 
-def _restore_generator(gen: torch.Generator, state: torch.Tensor, meta: dict, seed: int) -> None:
+def restore_generator(gen: torch.Generator, state: torch.Tensor, meta: dict, seed: int) -> None:
     """The mask stream continues exactly on the device type it was saved on. A run that moves between
     CPU and CUDA cannot continue it (the generators' states differ in kind), so it reseeds from
     (seed, step), which is deterministic too, and the move is recorded in the metadata."""
@@ -337,133 +313,3 @@ def model_card(title: str, cfg: TrainConfig, model: JointModel, meta: dict) -> s
              "", "## Commands", "", *[f"    {c}" for c in meta["commands"]],
              "", "## Config", "", "```json", json.dumps(asdict(cfg), indent=1), "```", ""]
     return "\n".join(lines)
-
-
-def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: torch.Tensor, cfg: TrainConfig,
-        out: str | Path, *, resume: bool = False, max_steps: int | None = None, max_minutes: float | None = None,
-        title: str = "ttcore model", quiet: bool = False) -> dict:
-    """Train ``model`` until ``max_steps`` (default cfg.total_steps) or ``max_minutes``; checkpoint to ``out``.
-    Under torchrun, data-parallel across the processes (``ttcore.parallel``): the same global batches, process 0
-    writes."""
-    if getattr(model, "latent_dim", 0) and cfg.marginal_weight:
-        raise ValueError("marginal_weight is not applied to VADD models (Eq. 21 has no marginal-consistency "
-                         "term here): leave it at 0 for a model with a latent")
-    device = pick_device(cfg.device)
-    workers = Workers.from_env(device)
-    workers.check_batch(cfg.batch_size)
-    device = workers.device(device)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    model.to(device).train()
-    workers.broadcast_parameters(model)
-    if cfg.compile:
-        model.backbone.compile()  # in place: parameter names (and checkpoints) are unchanged
-    params = [p for p in model.parameters() if p.requires_grad]
-    backbone = [p for p in model.backbone.parameters() if p.requires_grad]
-    in_backbone = {id(p) for p in backbone}
-    groups = [{"params": backbone, "lr_scale": 1.0},
-              {"params": [p for p in params if id(p) not in in_backbone], "lr_scale": cfg.head_lr_ratio}]
-    opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, betas=(0.9, cfg.beta2),
-                            weight_decay=cfg.weight_decay)
-    gen = torch.Generator(device).manual_seed(cfg.seed + RESEED_STRIDE * workers.rank)  # masks differ per process
-    order = BatchOrder(len(train_tokens), cfg.batch_size, cfg.seed)
-    meta = {"step": 0, "wall_seconds": 0.0, "commands": [], "val": {}, "device": str(device)}
-    saved = load_train_state(out) if resume and Path(out).exists() else None
-    if saved is not None:
-        tensors, meta = saved
-        _load_optimizer_state(opt, tensors, meta.pop("optimizer"))
-        if workers.main:  # the checkpoint holds process 0's mask stream; the others reseed from (seed, rank, step)
-            _restore_generator(gen, tensors["rng.generator"], meta, cfg.seed)
-        else:
-            gen.manual_seed(cfg.seed + RESEED_STRIDE * (meta["step"] + workers.rank * 1_000_003))
-        torch.set_rng_state(tensors["rng.torch"])
-        meta["device"] = str(device)
-        order = BatchOrder(len(train_tokens), cfg.batch_size, cfg.seed, meta["epoch"], meta["index"])
-    # EMA: the checkpoint's model weights are the average (what validation, export and serving see); the
-    # optimizer's own weights travel in the train state as raw.<name>
-    ema = WeightEMA(model, cfg.ema_decay, meta.get("ema_updates", 0)) if cfg.ema_decay > 0 else None
-    if saved is not None and ema is not None and any(k.startswith("raw.") for k in tensors):
-        with torch.no_grad():
-            for n, p in model.named_parameters():
-                if f"raw.{n}" in tensors:
-                    p.copy_(tensors[f"raw.{n}"].to(p))
-    meta["commands"] = meta["commands"] + [public_command([Path(sys.executable).name] + sys.argv)]
-    mask_id = tokenizer.mask_id
-    max_steps = cfg.total_steps if max_steps is None else max_steps
-    start_time, start_wall, last_ckpt = time.time(), meta["wall_seconds"], time.time()
-
-    def validate():
-        with ema.applied(model) if ema is not None else contextlib.nullcontext():
-            return evaluate_loss(model, val_tokens, mask_id, batch_size=cfg.batch_size, batches=cfg.val_batches,
-                                 precision=cfg.precision, eps=cfg.eps, device=device, kl_weight=cfg.kl_weight)
-
-    def checkpoint():
-        meta["wall_seconds"] = start_wall + time.time() - start_time
-        meta["seconds_per_step"] = meta["wall_seconds"] / max(1, meta["step"])
-        meta["epoch"], meta["index"] = order.epoch, order.index
-        meta["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        opt_tensors, opt_meta = _optimizer_state(opt)
-        tensors = dict(opt_tensors, **{"rng.generator": gen.get_state(), "rng.torch": torch.get_rng_state()})
-        if ema is not None:
-            meta["ema_updates"] = ema.updates
-        with ema.applied(model) if ema is not None else contextlib.nullcontext() as raw:
-            tensors.update({f"raw.{n}": v for n, v in (raw or {}).items()})
-            save_checkpoint(out, model, tokenizer, model_card=model_card(title, cfg, model, meta),
-                            train_state=(tensors, dict(meta, optimizer=opt_meta, config=asdict(cfg))),
-                            train_config=asdict(cfg))
-
-    quiet = quiet or not workers.main
-    bar = tqdm(total=max_steps, initial=meta["step"], disable=quiet, dynamic_ncols=True, mininterval=5)
-    tokens_seen, t0 = 0, time.time()
-    stop = _StopOnSignal()  # SIGTERM / SIGINT: finish the step, checkpoint, return
-    while meta["step"] < max_steps:
-        out_of_time = max_minutes is not None and time.time() - start_time > 60 * max_minutes
-        if workers.any(out_of_time or stop.requested, device):  # every process stops on the same step
-            break
-        step = meta["step"]
-        for group in opt.param_groups:
-            group["lr"] = group["lr_scale"] * lr_at(step, cfg.lr, cfg.warmup_steps, cfg.total_steps, cfg.min_lr_ratio)
-        x0 = train_tokens[workers.share(order.next())].to(device)
-        with _autocast(device, cfg.precision):
-            if model.latent_dim:
-                losses = vadd_loss(model, x0, mask_id, cfg.kl_weight, cfg.eps, generator=gen)
-            else:
-                losses = mdlm_loss(model, x0, mask_id, cfg.eps, generator=gen, marginal_weight=cfg.marginal_weight)
-        opt.zero_grad(set_to_none=True)
-        losses["loss"].backward()
-        workers.average_gradients(params)  # the global batch's mean gradient on every process
-        if step < cfg.freeze_backbone_steps:  # no gradient: AdamW leaves these weights and their moments alone
-            for p in backbone:
-                p.grad = None
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        opt.step()
-        if ema is not None:
-            ema.update(model)
-        meta["step"] = step + 1
-        tokens_seen += x0.numel() * workers.world
-        if meta["step"] % cfg.log_every == 0:
-            rate = tokens_seen / (time.time() - t0)
-            bar.set_postfix(loss=f"{losses['nll'].item():.4f}", lc=f"{losses['lc'].item():.2e}",
-                            gn=f"{grad_norm.item():.2f}", lr=f"{opt.param_groups[0]['lr']:.2e}", tok_s=f"{rate:.0f}")
-            tokens_seen, t0 = 0, time.time()
-        bar.update(1)
-        if not workers.main:
-            continue  # process 0 validates and checkpoints; the others meet it at the next all-reduce
-        if meta["step"] % cfg.val_every == 0 or meta["step"] == max_steps:
-            meta["val"] = validate()
-            if not quiet:
-                bar.write(f"step {meta['step']}: val " + " ".join(f"{k} {v:.4f}" for k, v in meta["val"].items()))
-        if time.time() - last_ckpt > 60 * cfg.ckpt_minutes:
-            checkpoint()
-            last_ckpt = time.time()
-    bar.close()
-    stop.restore()
-    workers.check_replicas(model)
-    if workers.main:
-        if not meta["val"]:
-            meta["val"] = validate()
-        meta["processes"] = workers.world
-        checkpoint()
-    workers.close()
-    return meta

@@ -1,22 +1,23 @@
 """Seeded golden outputs: samples of every format x ordering x sampler, batched steps, losses, and a
-bundled checkpoint under bf16. Recorded once before a refactor (``python tests/golden/record.py``)
-and compared bit for bit after it by ``tests/test_golden.py``: behaviour-preserving changes keep them."""
+bundled checkpoint under bf16. Recorded once before a refactor and compared bit for bit after it by
+``tests/test_golden.py``: behaviour-preserving changes keep them. To record (the helpers on the path as
+pytest puts them):
+
+    PYTHONPATH=tests/sampling python tests/golden/record.py
+"""
 
 import json
-import sys
 from pathlib import Path
 
 import torch
+from tiny import run_together, tiny_model
+
+from ttcore.losses import mdlm_loss
+from ttcore.models import load_for_inference
+from ttcore.sampling import generate, make_run
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[1]
-sys.path[:0] = [str(HERE.parent / "sampling"), str(ROOT)]
-
-from tiny import tiny_model  # noqa: E402
-
-from ttcore.losses import mdlm_loss  # noqa: E402
-from ttcore.models import load_for_inference  # noqa: E402
-from ttcore.sampling import generate, make_run, run_together  # noqa: E402
 
 GOLDEN = HERE / "samples.json"
 V, L, R = 5, 6, 3

@@ -17,3 +17,15 @@ def tiny_model(decomposition: str, v: int, l: int, rank: int, perturb: float, no
     if decomposition == "none":
         return base.eval()
     return JointModel.from_base(base, decomposition, rank, noise=noise).eval()
+
+
+def run_together(model, runs: list) -> list:
+    """Step ``runs`` together (``ttcore.sampling.batch_step``, the service's batched step) until all are done;
+    runs leave as they finish. -> each run's final state."""
+    from ttcore.sampling import batch_step
+
+    final = {}
+    while live := [run for run in runs if not run.done]:
+        for run, state in zip(live, batch_step(model, live)):
+            final[id(run)] = state
+    return [final[id(run)] for run in runs]

@@ -99,7 +99,7 @@ def test_evaluate_text_writes_genppl(tmp_path):
 
 
 def test_count_schedule_identifies_runs_that_only_differ_by_idle_steps():
-    from evaluate import count_schedule
+    from _report import count_schedule
 
     assert count_schedule(22, 32) == count_schedule(22, 64) == (1,) * 22  # K >= l: one token a step
     assert count_schedule(22, 16) != count_schedule(22, 32)
@@ -127,7 +127,7 @@ def test_cards_get_one_quality_section(checkpoints, tmp_path):
 
 
 def test_replace_section_keeps_the_sections_around_it():
-    from evaluate import replace_section
+    from _report import replace_section
 
     card = "# m\n\n## A\n\na\n\n## B\n\nb\n\n## C\n\nc\n"
     assert replace_section(card, "## B", "## B\n\nnew") == "# m\n\n## A\n\na\n\n## B\n\nnew\n\n## C\n\nc\n"
@@ -140,7 +140,7 @@ def test_likelihood_metrics_and_head_error_replace_the_cards_validation_line(che
 
     for name in ("qm9-base", "qm9-tt-r2"):
         shutil.copytree(checkpoints / name, tmp_path / "ck" / name)
-    cmd = [sys.executable, "training/evaluate.py", "--likelihood", "--checkpoints", str(tmp_path / "ck"), "--out",
+    cmd = [sys.executable, "training/evaluate_likelihood.py", "--checkpoints", str(tmp_path / "ck"), "--out",
            str(tmp_path / "r"), "--data", str(ROOT / "tests" / "data" / "qm9_sample.txt"), "--precision", "fp32",
            "--cards"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -172,7 +172,7 @@ def test_schedules_and_temperatures_are_lines_of_their_own(checkpoints, tmp_path
     assert set(rows) == {("loglinear", 1.0), ("loglinear", 0.05), ("cosine", 1.0), ("cosine", 0.05)}
     assert "qm9-base cosine T=0.05" in done.stdout and "qm9-base T=0.05" in done.stdout
     assert all(r["samples"] == 64 for r in rows.values())
-    from evaluate import count_schedule, run_setting
+    from _report import count_schedule, run_setting
 
     from ttcore.models import load_for_inference
 
@@ -184,7 +184,7 @@ def test_schedules_and_temperatures_are_lines_of_their_own(checkpoints, tmp_path
 
 
 def test_settings_are_micro_batched_within_the_memory_budget(checkpoints):
-    from evaluate import rows_within, run_setting
+    from _report import rows_within, run_setting
 
     from ttcore.models import load_for_inference
     from ttcore.sampling import cost

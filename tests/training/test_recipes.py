@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from _loop import fit
 from safetensors.torch import load_file
 
 from ttcore.data import SmilesDataset
 from ttcore.models import DiTConfig, JointModel, ModelConfig, load_checkpoint
-from ttcore.training import TrainConfig, evaluate_loss, fit, load_config
+from ttcore.training import TrainConfig, evaluate_loss, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "tests" / "data" / "qm9_sample.txt"

@@ -199,16 +199,6 @@ def features(model, tokens: torch.Tensor, latent: torch.Tensor | None) -> torch.
     return model.features(tokens) if latent is None else model.features(tokens, z=latent)
 
 
-def run_together(model, runs: list[GenerationRun]) -> list[StepState]:
-    """Step ``runs`` together (``batch_step``) until all are done; runs leave as they finish. -> each
-    run's final state."""
-    final: dict[int, StepState] = {}
-    while live := [run for run in runs if not run.done]:
-        for run, state in zip(live, batch_step(model, live)):
-            final[id(run)] = state
-    return [final[id(run)] for run in runs]
-
-
 RUN_SETTINGS = ("seed", "prompt", "device", "max_rows_per_pass")  # a run's own; the rest are the sampler's
 
 

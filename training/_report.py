@@ -1,0 +1,139 @@
+"""What the evaluation recipes share (``evaluate.py``, ``evaluate_likelihood.py``, ``evaluate_moses.py``): the
+checkpoints to read, a sampler setting run in batches, rows written as CSV and JSON, plots, the data a
+checkpoint was trained on, and model-card sections replaced in place."""
+
+import csv
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ttcore.data import CORPORA, DataSection
+from ttcore.models import read_train_config
+from ttcore.sampling import cost, generate, unmask_counts
+from ttcore.sampling.schedules import SCHEDULES
+from ttcore.training import TrainConfig
+
+
+def checkpoint_dirs(paths: list[str]) -> list[Path]:
+    """Each path is a checkpoint, or a directory of checkpoints."""
+    out = []
+    for p in map(Path, paths):
+        out += [p] if (p / "config.json").exists() else sorted(d for d in p.iterdir() if (d / "config.json").exists())
+    return out
+
+
+def count_schedule(length: int, steps: int, schedule: str = "loglinear") -> tuple[int, ...]:
+    """The tokens each model-calling step unmasks from ``length`` masks (idle steps dropped)."""
+    n = torch.tensor([length])
+    counts = []
+    for k in range(steps):
+        c = int(unmask_counts(torch.tensor([length]), n, steps, k, SCHEDULES[schedule])[0])
+        n = n - c
+        if c:
+            counts.append(c)
+    return tuple(counts)
+
+
+def rows_within(model, memory_mb: int, **settings) -> int:
+    """The most sequences one pass of a step may hold within ``memory_mb`` (``ttcore.sampling.cost``, as the
+    server micro-batches), at least one."""
+    return max(1, cost.rows_for(model.cfg, memory_mb << 20, **settings))
+
+
+def run_setting(model, tok, n: int, steps: int, batch: int, seed: int, memory_mb: int = 4096, **settings) -> dict:
+    """``n`` samples in batches; ``settings`` go to ``generate``; each step's passes stay within ``memory_mb``.
+    -> texts, their token ids, the average steps a sample took, seconds."""
+    ids, per_sample_steps, t0 = [], [], time.time()
+    rows = rows_within(model, memory_mb, **settings)
+    for k in range(0, n, batch):
+        b = min(batch, n - k)
+        with model.compute_context():
+            states = list(generate(model, b, steps, seed=seed + k, max_rows_per_pass=rows, **settings))
+        ids += states[-1].tokens.tolist()
+        active = torch.stack([s.committed.any(1) for s in states])  # [s, b]: the sample took this step
+        per_sample_steps += active.sum(0).tolist()
+    return {"texts": [tok.decode(row) for row in ids], "ids": ids,
+            "avg_steps": sum(per_sample_steps) / len(per_sample_steps), "seconds": time.time() - t0}
+
+
+def write_rows(rows: list[dict], stem: Path) -> None:
+    """rows as CSV and JSON next to each other."""
+    with open(stem.with_suffix(".csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    stem.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+
+
+def pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def series(r: dict) -> str:
+    """A checkpoint's line in tables and plots; sampling with the exact contraction, as the rank-1 view, with
+    another schedule or temperature is a line of its own."""
+    return (r["checkpoint"] + (" exact" if r.get("contraction") == "exact" else "")
+            + ("" if r.get("joint", True) else " rank-1 view")
+            + ("" if r.get("schedule", "loglinear") == "loglinear" else f" {r['schedule']}")
+            + ("" if r.get("temperature", 1.0) == 1.0 else f" T={r['temperature']:g}")
+            + ("" if r.get("sampler", "random") == "random" else f" {r['sampler']}")
+            + (" fast" if r.get("adaptive_path", "exact") == "fast" else ""))
+
+
+def lines(ax, rows: list[dict], x: str, y: str, scale: float = 1.0) -> None:
+    """One line per checkpoint (and contraction): ``y`` against ``x``."""
+    for name in dict.fromkeys(map(series, rows)):
+        pts = sorted((r[x], scale * r[y]) for r in rows if series(r) == name)
+        ax.plot(*zip(*pts), marker="o", label=name)
+    ax.grid(alpha=0.3)
+
+
+def save_plot(fig, ax, path: Path, xlabel: str, ylabel: str) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def data_section(data: str | None, path: Path) -> DataSection:
+    """``--data`` (a corpus or a file, read as the checkpoint's tokenizer and metrics say), or the data section
+    the checkpoint was trained on; checkpoints without a recorded config: QM9."""
+    values = read_train_config(path)
+    trained = TrainConfig.from_dict(values).data if values is not None else DataSection()
+    if data is None or data == trained.source:
+        return trained
+    if data in CORPORA:
+        return DataSection(source=data)
+    return DataSection(source=data, tokenizer=trained.tokenizer, metrics=trained.metrics)
+
+
+def train_config(path: Path) -> TrainConfig:
+    """The training config the checkpoint records (``train_config.json``)."""
+    values = read_train_config(path)
+    if values is None:
+        raise SystemExit(f"{path.name} has no train_config.json (written by the recipes and export.py): its "
+                         "validation split and batch size are unknown")
+    return TrainConfig.from_dict(values)
+
+
+def this_command() -> str:
+    """The command line that is running, as a card records it."""
+    return f"python training/{Path(sys.argv[0]).name} " + " ".join(sys.argv[1:])
+
+
+def replace_section(card: str, title: str, body: str) -> str:
+    """``card`` with its section ``title`` (up to the next ``## `` heading) replaced by ``body``, or with
+    ``body`` appended when it has none."""
+    start = card.find("\n" + title + "\n")
+    if start < 0:
+        return card.rstrip("\n") + "\n\n" + body.rstrip("\n") + "\n"
+    end = card.find("\n## ", start + 1)
+    rest = card[end:] if end >= 0 else ""
+    return card[:start].rstrip("\n") + "\n\n" + body.rstrip("\n") + "\n" + rest

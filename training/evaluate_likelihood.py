@@ -1,0 +1,108 @@
+"""Likelihood of each checkpoint on the data it was trained on (its ``train_config.json``), or on ``--data``:
+the validation metrics (joint NLL, marginal NLL, NELBO; ``ttcore.training.evaluate_loss``), the ELBO perplexity,
+and, for TT, the contracted-core head's error against the exact contraction (total variation per row of Gbar_j,
+mean and max over masked positions). Any family: no sample metrics needed.
+
+    python training/evaluate_likelihood.py --checkpoints checkpoints --out results/likelihood --cards
+
+Writes ``likelihood.json``; with ``--cards`` the validation line of each model card is replaced.
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from _common import dataset
+from _report import checkpoint_dirs, this_command, train_config
+
+from ttcore.data import DataSection
+from ttcore.decompositions import exact_contracted_cores, get_decomposition
+from ttcore.losses import forward_mask, sample_times
+from ttcore.models import load_for_inference
+from ttcore.scoring import elbo
+from ttcore.training import evaluate_loss, validation_summary
+
+
+@torch.no_grad()
+def contraction_error(model, tokens: torch.Tensor, mask_id: int, seed: int = 1234) -> dict:
+    """Total variation between the contracted-core head's Gbar_j and the exact sum_x G_j(x), per row j
+    (each row is a distribution over k), on the masked positions of ``tokens`` masked at t ~ U[1e-3, 1].
+    -> {"head_tv_mean", "head_tv_max"} over positions (each position's TV averaged over its r rows)."""
+    g = torch.Generator(tokens.device).manual_seed(seed)
+    t = sample_times(tokens.shape[0], 1e-3, tokens.device, g)
+    x_t, mask = forward_mask(tokens, t, mask_id, g)
+    with model.compute_context():
+        h = model.features(x_t, sigma=t)[mask]  # [m, d]
+        head = model.contracted_cores(h).double()  # [m, r, r]
+        exact = exact_contracted_cores(model, h, 1.0)  # the sampler's own exact path
+    tv = 0.5 * (head - exact).abs().sum(-1).mean(-1)  # [m]
+    return {"head_tv_mean": tv.mean().item(), "head_tv_max": tv.max().item(), "head_tv_positions": len(tv)}
+
+
+def elbo_perplexity(model, tokens: torch.Tensor, batch: int, device: str, num_mc: int = 4, seed: int = 1234) -> dict:
+    """exp of the NELBO per token of the held-out sequences (``ttcore.scoring.elbo``, the same function as
+    POST /score's elbo mode): mean over sequences, with the standard error of that mean."""
+    g = torch.Generator(device).manual_seed(seed)
+    values = []
+    with model.compute_context():
+        for s in range(0, len(tokens), batch):
+            mean, _ = elbo(model, tokens[s:s + batch].to(device), num_mc, g)
+            values.append(mean)
+    v = torch.cat(values)
+    stderr = (v.std() / len(v) ** 0.5).item() if len(v) > 1 else float("nan")
+    return {"elbo_nll": v.mean().item(), "elbo_stderr": stderr, "elbo_ppl": float(torch.exp(v.mean())),
+            "elbo_sequences": len(v), "elbo_draws": num_mc}
+
+
+def evaluate_likelihood(paths: list[Path], precision: str, cards: bool, out: Path, data: str | None,
+                        device: str = "cpu") -> list[dict]:
+    """Validation metrics on the data each checkpoint was trained on (its card's config), or ``data``."""
+    rows = []
+    for path in paths:
+        model, tok, _ = load_for_inference(path, device, precision)
+        cfg = train_config(path)
+        cfg.precision = precision
+        if data is not None:  # a file of sequences instead of the data the checkpoint was trained on
+            cfg.data = DataSection(source=data, tokenizer=cfg.data.tokenizer, metrics=cfg.data.metrics)
+        val = torch.from_numpy(dataset(cfg, tok).val_tokens)
+        metrics = evaluate_loss(model, val, tok.mask_id, batch_size=cfg.batch_size, batches=cfg.val_batches,
+                                precision=precision, eps=cfg.eps, device=torch.device(device))
+        model.eval()
+        metrics.update(elbo_perplexity(model, val[: cfg.batch_size * cfg.val_batches], cfg.batch_size, device))
+        if "exact" in get_decomposition(model.cfg.decomposition).contractions:  # the head's contraction has an error
+            metrics.update(contraction_error(model, val[: cfg.batch_size].to(device), tok.mask_id))
+        rows.append({"checkpoint": path.name, "decomposition": model.cfg.decomposition, "rank": model.cfg.rank,
+                     "precision": precision, "val_batches": cfg.val_batches, "batch_size": cfg.batch_size, **metrics})
+        print(f"{path.name:>16}: {validation_summary(metrics)}; ELBO perplexity {metrics['elbo_ppl']:.3f} "
+              f"(NELBO {metrics['elbo_nll']:.4f} +- {metrics['elbo_stderr']:.4f} nats per token)"
+              + (f"; head TV mean {metrics['head_tv_mean']:.4f} max {metrics['head_tv_max']:.4f}"
+                 if "head_tv_mean" in metrics else ""), flush=True)
+        if cards:
+            card_path = path / "model_card.md"
+            lines = card_path.read_text().split("\n")
+            lines = [f"- validation ({precision}, re-measured by `{this_command()}`): {validation_summary(metrics)}"
+                     if line.startswith("- validation") else line for line in lines]
+            tmp = card_path.with_suffix(".md.tmp")
+            tmp.write_text("\n".join(lines))
+            tmp.replace(card_path)
+    (out / "likelihood.json").write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoints", nargs="+", required=True, help="checkpoint directories, or directories of them")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--data", help="a file of sequences to measure on instead of each checkpoint's own data")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="bf16")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
+    ap.add_argument("--cards", action="store_true", help="replace each model card's validation line")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    evaluate_likelihood(checkpoint_dirs(args.checkpoints), args.precision, args.cards, out, args.data, args.device)
+
+
+if __name__ == "__main__":
+    main()
