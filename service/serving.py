@@ -11,7 +11,7 @@ import torch
 
 from ttcore import scoring
 from ttcore.decompositions import get_decomposition
-from ttcore.sampling import GenerationRun, cost
+from ttcore.sampling import GenerationRun, InvalidSampler, cost
 
 from . import admission
 from .config import ServiceArgs
@@ -166,9 +166,10 @@ class Serving:
         if request.valid_only and not lm.molecules:
             raise Unsupported("valid_only", f"valid_only needs a molecule model; {lm.name}'s family "
                                             f"{lm.family} is measured by {lm.info.metrics}")
-        if not request.joint and request.sampler == "eb":
-            raise Unsupported("joint", "joint: false draws from the marginals with a fixed sampler, not eb")
-        config = request.to_sampler_config()
+        try:
+            config = request.to_sampler_config()
+        except InvalidSampler as e:  # settings no step class runs together (the schema checked each alone)
+            raise Unsupported(e.field, str(e)) from None
         try:
             plan = admission.plan(lm.model, lm.speed, num_samples=request.num_samples, steps=request.steps,
                                   config=config, timeout_s=timeout, memory_budget=self.memory_budget,

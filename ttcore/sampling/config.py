@@ -13,6 +13,14 @@ from .schedules import SCHEDULES
 from .steps import SAMPLERS, STEP_CLASSES, Step
 
 
+class InvalidSampler(ValueError):
+    """Settings no step class can run; ``field`` names the setting (the request field of the same name)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
 @dataclass(frozen=True)
 class SamplerConfig:
     """``ordering``: predetermined (random, left_to_right, halton) or adaptive (top_prob, margin, entropy);
@@ -36,24 +44,28 @@ class SamplerConfig:
 
     def __post_init__(self):
         if self.adaptive_path not in ("exact", "fast"):
-            raise ValueError(f"adaptive_path must be exact or fast, got {self.adaptive_path!r}")
+            raise InvalidSampler("adaptive_path",
+                                 f"adaptive_path must be exact or fast, got {self.adaptive_path!r}")
         if self.sampler is not None and self.sampler not in SAMPLERS:
-            raise ValueError(f"sampler must be one of {sorted(SAMPLERS)} (or none), got {self.sampler!r}")
+            raise InvalidSampler("sampler",
+                                 f"sampler must be one of {sorted(SAMPLERS)} (or none), got {self.sampler!r}")
         if self.ordering not in PREDETERMINED and self.ordering not in ADAPTIVE:
-            raise ValueError(f"ordering must be one of {sorted(PREDETERMINED) + sorted(ADAPTIVE)}, got "
+            raise InvalidSampler("ordering", f"ordering must be one of {sorted(PREDETERMINED) + sorted(ADAPTIVE)}, got "
                              f"{self.ordering!r}")
         if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}, got {self.schedule!r}")
+            raise InvalidSampler("schedule", f"schedule must be one of {sorted(SCHEDULES)}, got {self.schedule!r}")
         if self.eb_gamma is not None and self.eb_gamma < 0:
-            raise ValueError(f"eb_gamma must be >= 0, got {self.eb_gamma}")
+            raise InvalidSampler("eb_gamma", f"eb_gamma must be >= 0, got {self.eb_gamma}")
         if self.eb_proxy not in EB_PROXIES:
-            raise ValueError(f"eb_proxy must be one of {sorted(EB_PROXIES)}, got {self.eb_proxy!r}")
+            raise InvalidSampler("eb_proxy", f"eb_proxy must be one of {sorted(EB_PROXIES)}, got {self.eb_proxy!r}")
         if not self.temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+            raise InvalidSampler("temperature", f"temperature must be > 0, got {self.temperature}")
         if self.contraction not in CONTRACTIONS:
-            raise ValueError(f"contraction must be one of {list(CONTRACTIONS)}, got {self.contraction!r}")
+            raise InvalidSampler("contraction",
+                                 f"contraction must be one of {list(CONTRACTIONS)}, got {self.contraction!r}")
         if not self.joint and self.eb_gamma is not None:
-            raise ValueError("joint=False (independent draws from the marginals) needs a fixed sampler, not EB")
+            raise InvalidSampler("joint", "joint: false draws each position from its marginal with a fixed sampler, "
+                                          "not eb")
 
     @property
     def step(self) -> Step:
