@@ -32,3 +32,31 @@ def test_the_site_builds_strictly(tmp_path):
                           env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr[-4000:]
     assert (tmp_path / "site" / "http-api" / "index.html").read_text().count("num_samples") >= 2
+
+
+@pytest.mark.slow
+def test_documented_recipe_commands_name_real_scripts_configs_and_flags():
+    """Every `python training/<recipe>.py ...` command in the README and the docs names a recipe that exists, a
+    config that exists and only flags the recipe's parser knows (commands joined across line continuations)."""
+    import re
+
+    texts = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    commands = []
+    for path in texts:
+        joined = re.sub(r"\\\n\s*", " ", path.read_text())
+        commands += [(path.name, m.group(0)) for m in re.finditer(r"python3? training/\w+\.py[^\n`]*", joined)]
+    assert len(commands) > 20
+    helps = {}
+    for where, command in commands:
+        script = re.search(r"training/(\w+\.py)", command).group(1)
+        assert (ROOT / "training" / script).is_file(), (where, command)
+        if script not in helps:
+            done = subprocess.run([sys.executable, str(ROOT / "training" / script), "--help"], cwd=ROOT,
+                                  capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, (script, done.stderr[-2000:])
+            helps[script] = done.stdout
+        for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", command):
+            assert flag in helps[script], (where, command, flag)
+        config = re.search(r"--config (\S+)", command)
+        if config and not config.group(1).endswith(".yaml"):
+            assert (ROOT / "training" / "configs" / f"{config.group(1)}.yaml").is_file(), (where, command)
