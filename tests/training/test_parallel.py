@@ -2,9 +2,11 @@
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -74,3 +76,26 @@ def test_torchrun_trains_a_tiny_model_on_two_processes_and_resumes(tmp_path):
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
     state2 = json.loads((out / "train_state" / "state.json").read_text())
     assert state2["step"] == 40 and state2["val"]["nll"] < state["val"]["nll"]
+
+
+def test_ray_train_runs_the_recipe_as_torchrun_does(tmp_path):
+    """``training/ray_train.py``: the same recipe under Ray Train's TorchTrainer (2 workers on a local Ray
+    cluster, gloo) writes the checkpoint that ``torchrun --nproc_per_node 2`` writes, weight for weight."""
+    pytest.importorskip("ray.train.torch", reason="needs ray[train]")
+    recipe = [str(ROOT / "training" / "pretrain.py"), "--config", "tiny", "--data", str(SAMPLE), "--quiet",
+              "--max-steps", "6", "--set", "threads=1", "val_every=3"]
+    short = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths must stay under 108 bytes
+    env = dict(os.environ, OMP_NUM_THREADS="1", RAY_AUTH_MODE="disabled", RAY_TMPDIR=short)
+    torchrun = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                               "2", *recipe, "--out", str(tmp_path / "torchrun")], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=600)
+    assert torchrun.returncode == 0, torchrun.stderr[-3000:]
+    ray = subprocess.run([sys.executable, str(ROOT / "training" / "ray_train.py"), "--workers", "2", "--", *recipe,
+                          "--out", str(tmp_path / "ray")], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert ray.returncode == 0, ray.stdout[-2000:] + ray.stderr[-3000:]
+    state = json.loads((tmp_path / "ray" / "train_state" / "state.json").read_text())
+    assert state["step"] == 6 and state["processes"] == 2
+    a, b = load_file(tmp_path / "torchrun" / "model.safetensors"), load_file(tmp_path / "ray" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    shutil.rmtree(short, ignore_errors=True)
