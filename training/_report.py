@@ -14,7 +14,7 @@ from ttcore.data import CORPORA, DataSection
 from ttcore.models import read_train_config
 from ttcore.sampling import cost, generate, unmask_counts
 from ttcore.sampling.schedules import SCHEDULES
-from ttcore.training import TrainConfig
+from ttcore.training import TrainConfig, public_command
 
 
 def checkpoint_dirs(paths: list[str]) -> list[Path]:
@@ -124,8 +124,8 @@ def train_config(path: Path) -> TrainConfig:
 
 
 def this_command() -> str:
-    """The command line that is running, as a card records it."""
-    return f"python training/{Path(sys.argv[0]).name} " + " ".join(sys.argv[1:])
+    """The command line that is running, as a card records it (``public_command``: no paths of this machine)."""
+    return public_command(["python", f"training/{Path(sys.argv[0]).name}", *sys.argv[1:]])
 
 
 def replace_section(card: str, title: str, body: str) -> str:

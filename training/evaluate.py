@@ -1,4 +1,5 @@
-"""Few-step quality: molecules' validity / uniqueness / novelty, or text generative perplexity, against steps.
+"""Few-step quality against steps, by the family's metrics: molecules' validity / uniqueness / novelty, text's
+generative perplexity, or (``metrics: none``) the uniqueness, novelty and length of the sequences.
 
     python training/evaluate.py --checkpoints checkpoints --out results/qm9
     python training/evaluate.py --checkpoints runs/qm9-base runs/qm9-tt-r8 --samples 1024 --steps 1 2 4 8
@@ -172,6 +173,31 @@ def _print_tables(rows: list[dict], orderings: list[str], steps: list[int]) -> N
             print(f"{name:>16} | " + " | ".join(f"{c:>13}" for c in cells))
 
 
+def evaluate_sequences(args, out: Path, training: set[str]) -> None:
+    """A family with ``metrics: none``: what any sequences allow, per checkpoint, ordering and K (random order
+    unless ``--orderings``): ``uniqueness`` (distinct / all samples), ``novelty`` (samples not in the training
+    split / all) and ``mean_length`` (characters). -> sequence_results.csv / .json and the printed table."""
+    rows = []
+    for path in checkpoint_dirs(args.checkpoints):
+        model, tok, _ = load_for_inference(path, args.device, args.precision)
+        for ordering, steps in itertools.product(args.orderings, args.steps):
+            res = run_setting(model, tok, args.samples, steps, args.batch, args.seed, args.memory_mb,
+                              ordering=ordering)
+            texts = res["texts"]
+            row = {"checkpoint": path.name, "decomposition": model.cfg.decomposition, "rank": model.cfg.rank,
+                   "ordering": ordering, "steps": steps, "avg_steps": res["avg_steps"], "samples": len(texts),
+                   "uniqueness": len(set(texts)) / len(texts),
+                   "novelty": sum(t not in training for t in texts) / len(texts),
+                   "mean_length": sum(map(len, texts)) / len(texts), "seconds": res["seconds"],
+                   "example": texts[0][:200]}
+            rows.append(row)
+            print(f"{path.name:>16} {ordering:>13} K={steps:<4} uniqueness {100 * row['uniqueness']:.1f}%, novelty "
+                  f"{100 * row['novelty']:.1f}%, mean length {row['mean_length']:.1f} ({row['seconds']:.0f} s)",
+                  flush=True)
+    write_rows(rows, out / "sequence_results")
+    print(f"\nwrote {out}/sequence_results.csv, sequence_results.json")
+
+
 def evaluate_text(args, out: Path) -> None:
     from ttcore.metrics import generative_perplexity, load_judge, unigram_entropy
 
@@ -268,10 +294,9 @@ def main():
     args.data = section.source
     if section.metrics == "text":
         return evaluate_text(args, out)
-    if section.metrics != "molecules":
-        raise SystemExit(f"family {section.family!r} has metrics {section.metrics!r}: sample quality is measured for "
-                         "molecules and text; evaluate_likelihood.py measures any family")
     ds = dataset(TrainConfig(data=section))
+    if section.metrics == "none":
+        return evaluate_sequences(args, out, set(ds.train))
     training = set(ds.train)
     reference = None
     if args.distribution:  # MOSES-style metrics against the held-out split (MOSES: test; QM9: validation)

@@ -13,10 +13,9 @@ Writes ``moses.csv`` / ``moses.json`` (every row) and ``moses.md`` (the table), 
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-from _report import checkpoint_dirs, run_setting, write_rows
+from _report import checkpoint_dirs, run_setting, this_command, write_rows
 
 from ttcore.data import moses_files, read_sequences
 from ttcore.data.qm9 import default_cache_dir
@@ -89,7 +88,7 @@ def main():
                f"{sizes['test']} test and {sizes['test_scaffolds']} scaffold-test molecules"
                + (f" (the first {args.reference_limit} of each, not MOSES's full sets)" if args.reference_limit else "")
                + f"; steps: the average denoising steps a sample took. Published: {PUBLISHED_SOURCE}.\n\n"
-               f"    python training/evaluate_moses.py {' '.join(sys.argv[1:])}")
+               f"    {this_command()}")
     write_rows(rows, out / "moses")
     (out / "moses.md").write_text(table(rows, caption))
     (out / "moses_meta.json").write_text(json.dumps({"references": sizes, "samples": args.samples}))

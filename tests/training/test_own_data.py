@@ -77,6 +77,10 @@ def test_own_data_page_commands(tmp_path):
     rows = json.loads((tmp_path / "results" / "peptides" / "likelihood.json").read_text())
     assert {r["checkpoint"] for r in rows} == {"peptides-tt-r8", "peptides-none-r1"}
     assert all(0 < r["nll"] < 10 for r in rows)
+    samples = json.loads((tmp_path / "results" / "peptides" / "sequence_results.json").read_text())
+    assert {(r["checkpoint"], r["ordering"], r["steps"]) for r in samples} == {
+        (c, o, k) for c in ("peptides-tt-r8", "peptides-none-r1") for o in ("random", "top_prob") for k in (4, 16)}
+    assert all(0 < r["uniqueness"] <= 1 and 0 <= r["novelty"] <= 1 and r["mean_length"] <= 24 for r in samples)
 
     port = free_port()
     proc = subprocess.Popen([*_argv(serve), "--port", str(port), "--threads", "1", "--precision", "fp32",
