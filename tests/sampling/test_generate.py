@@ -171,8 +171,8 @@ def test_invalid_settings_are_refused():
 @pytest.mark.parametrize("decomposition", ["none", "cp", "tt"])
 def test_runs_stepped_together_equal_lone_runs(decomposition):
     """batch_step (the engine's loop body: one forward, then step_together) shares one joint draw among
-    predetermined runs of equal temperature; every run must still produce, step by step, exactly what it
-    produces alone (its own random stream)."""
+    predetermined and fast-adaptive runs of equal temperature; every run must still produce, step by step,
+    exactly what it produces alone (its own random stream)."""
     model = _tiny_model(decomposition)
     prompt = torch.full((10,), 8)
     prompt[[1, 6]] = torch.tensor([3, 4])
@@ -182,7 +182,12 @@ def test_runs_stepped_together_equal_lone_runs(decomposition):
              (3, 5, dict(seed=7, eb_gamma=0.3)), (2, 8, dict(seed=8, ordering="random", temperature=0.7)),
              (5, 4, dict(seed=9, ordering="random", max_rows_per_pass=2)),  # alone in passes of 2
              (3, 4, dict(seed=10, ordering="random", max_rows_per_pass=4)),  # shares passes of at most 4
-             (2, 4, dict(seed=11, ordering="top_prob", max_rows_per_pass=1))]
+             (2, 4, dict(seed=11, ordering="top_prob", max_rows_per_pass=1)),
+             # the fast adaptive path: each run chooses alone, then shares the draw
+             (2, 4, dict(seed=12, ordering="top_prob", adaptive_path="fast")),
+             (3, 5, dict(seed=13, eb_gamma=0.3, adaptive_path="fast")),
+             (2, 3, dict(seed=14, ordering="entropy", adaptive_path="fast", temperature=0.7)),
+             (3, 4, dict(seed=15, ordering="margin", adaptive_path="fast", max_rows_per_pass=2))]
     alone = [list(generate(model, n, k, **kw)) for n, k, kw in specs]
     runs = [make_run(model, n, k, **kw) for n, k, kw in specs]
     together = [[] for _ in runs]

@@ -114,14 +114,22 @@ class GenerationRun:
 
     @property
     def joins_batch(self) -> bool:
-        """Whether this step can share its joint draw with other runs (``step_together``): a model call
-        with a predetermined ordering (the set T is fixed before the head runs), by a run that fits one pass."""
+        """Whether this step can share its joint draw with other runs (``step_together``): a model call whose
+        draw is a predetermined joint draw (the set T fixed by the ordering, or chosen by the run alone first),
+        by a run that fits one pass."""
         fits = self.max_rows_per_pass is None or len(self.tokens) <= self.max_rows_per_pass
         return bool(self._needed) and self.sampler.batchable and fits
 
     def chosen(self) -> torch.Tensor:
         """This step's set T for a predetermined ordering: [b, l] bool."""
         return top_k_mask(self.priority, self.tokens == self.mask_id, self._counts)
+
+    def step_set(self, h: torch.Tensor) -> torch.Tensor:
+        """This step's set T [b, l] bool when its draw is shared (``joins_batch``): fixed by the ordering, or
+        chosen from this run's features ``h`` by a step class that chooses (the fast adaptive path)."""
+        if getattr(self.sampler, "chooses", False):
+            return self.sampler.choose(self, h, self.tokens, self.tokens == self.mask_id, self._counts)
+        return self.chosen()
 
     def _commit(self, values: torch.Tensor) -> StepState:
         committed = values >= 0
@@ -150,10 +158,11 @@ def _passes(runs: list[GenerationRun], members: list[int]) -> list[list[int]]:
 def step_together(runs: list[GenerationRun], features: list[torch.Tensor | None]) -> list[StepState]:
     """One step of several runs, given each run's features (computed in one batch).
 
-    Runs whose step is a predetermined joint draw (``joins_batch``) with the same model, temperature
-    and contraction share one ``predetermined_step``: one head call, one softmax and one sampling pass for
-    all their rows, each run drawing from its own generator (``RowStreams``), so every run gets
-    exactly the tokens it would get alone. The rest (adaptive orderings, EB-Sampler, no-op steps) step one by one."""
+    Runs whose step is a predetermined joint draw (``joins_batch``: predetermined orderings, and the fast
+    adaptive path once each run has chosen its set) with the same model, temperature and contraction share
+    one ``predetermined_step``: one head call, one softmax and one sampling pass for all their rows, each
+    run drawing from its own generator (``RowStreams``), so every run gets exactly the tokens it would get
+    alone. The rest (the chain rule, exact EB-Sampler, the marginal view, no-op steps) step one by one."""
     for run in runs:
         if run._needed is None:
             run.prepare()
@@ -171,7 +180,8 @@ def step_together(runs: list[GenerationRun], features: list[torch.Tensor | None]
         masked = x == group[0].mask_id
         streams = RowStreams([run.generator for run in group], [run.tokens.shape[0] for run in group], x.device)
         values = predetermined_step(group[0].model, torch.cat([features[i] for i in members]), x, masked,
-                                    torch.cat([run.chosen() for run in group]), temperature, streams, contraction)
+                                    torch.cat([run.step_set(features[i]) for i, run in zip(members, group)]),
+                                    temperature, streams, contraction)
         for i, run, v in zip(members, group, values.split([run.tokens.shape[0] for run in group])):
             states[i] = run._commit(v)
     return [state if state is not None else run.step(h) for run, h, state in zip(runs, features, states)]

@@ -62,7 +62,11 @@ def chooser_marginals(model, h: torch.Tensor, masked: torch.Tensor, temperature:
 
 
 class FastAdaptiveStep(ConfiguredStep):
-    adaptive, batchable, chooses = False, False, True  # holds c outputs per position, not the full joint
+    """Chooses its set per run (``choose``), then draws it as a predetermined step does, so runs of equal
+    temperature and contraction share that draw with each other and with predetermined runs
+    (``step_together``): the choice of one run never depends on another's."""
+
+    adaptive, batchable, chooses = False, True, True  # holds c outputs per position, not the full joint
 
     @classmethod
     def accepts(cls, config) -> bool:
@@ -70,6 +74,13 @@ class FastAdaptiveStep(ConfiguredStep):
                 and (config.eb_gamma is not None or config.ordering in ADAPTIVE))
 
     def draw(self, run, h, tokens, masked, chosen, counts):
+        mine = self.choose(run, h, tokens, masked, counts)
+        c = self.config
+        return predetermined_step(run.model, h, tokens, masked, mine, c.temperature, run.generator, c.contraction)
+
+    def choose(self, run, h, tokens, masked, counts) -> torch.Tensor:
+        """This step's set T [b, l] bool: the best-scored masked positions by the chooser's marginals (the
+        ``counts`` best, or EB's prefix)."""
         c = self.config
         b, l = tokens.shape
         marg = chooser_marginals(run.model, h, masked, c.temperature)  # [m, v]: the masked positions only
@@ -85,5 +96,4 @@ class FastAdaptiveStep(ConfiguredStep):
             ok = eb_accepts(torch.where(torch.gather(masked, 1, order), ent, torch.zeros_like(ent)), c.eb_gamma)
             counts = (ok.cumprod(-1).sum(-1)).clamp(min=1)
         k = torch.minimum(counts, masked.sum(1))
-        mine = (rank < k[:, None]) & masked
-        return predetermined_step(run.model, h, tokens, masked, mine, c.temperature, run.generator, c.contraction)
+        return (rank < k[:, None]) & masked
