@@ -60,6 +60,8 @@ def test_defaults_and_refusals():
         DataSection(tokenizer="words")
     with pytest.raises(ValueError, match="molecules needs data.tokenizer: smiles"):
         DataSection(source="p.txt", tokenizer="char", metrics="molecules")
+    with pytest.raises(ValueError, match="text is packed into blocks"):
+        DataSection(source="text", tokenizer="char")
     with pytest.raises(ValueError, match="unknown data keys"):
         TrainConfig.from_dict({"data": {"source": "p.txt", "tokeniser": "char"}})
     with pytest.raises(ValueError, match="data.val_fraction must be float"):
@@ -89,3 +91,12 @@ def test_moses_is_a_corpus():
     assert ds.tokenizer.kind == "smiles" and ds.tokenizer.length == 54 and ds.tokenizer.vocab_size == 25
     assert len(ds.train) + len(ds.val) == 1_584_663 and ds.dropped == 0
     assert {k: len(v) for k, v in ds.references.items()} == {"test": 176_074, "test_scaffolds": 176_225}
+
+
+@pytest.mark.slow
+def test_qm9_with_its_own_length_is_read_from_the_package():
+    """A packaged corpus with settings its cache does not cover (here a length) is read from the package."""
+    ds = load_dataset(DataSection(source="qm9", length=12))
+    assert ds.tokenizer.length == 12 and ds.dropped > 0 and len(ds.train) > 1000
+    assert all(len(ds.tokenizer.tokenize(s)) <= 12 for s in ds.train[:500])
+

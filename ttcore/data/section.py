@@ -68,6 +68,8 @@ class DataSection:
             raise ValueError(f"data.metrics must be one of {list(METRICS)}, got {self.metrics!r}")
         if self.metrics == "molecules" and self.tokenizer != "smiles":
             raise ValueError("data.metrics: molecules needs data.tokenizer: smiles")
+        if self.source == "text" and not self.packed:
+            raise ValueError("data.source: text is packed into blocks: it needs data.tokenizer bpe or gpt2")
         if self.length is None and self.packed:
             self.length = 128
         if self.family is None:

@@ -114,9 +114,19 @@ def _packed(section: DataSection, tokenizer):
     return TextDataset(tokenizer, pack(tokenizer, train), pack(tokenizer, val))
 
 
+def _sequences(section: DataSection) -> list[str]:
+    """Every training sequence of the source (before the validation split)."""
+    if section.source == "moses":
+        return read_sequences(moses_files()["train"])
+    if section.source == "qm9":
+        from .qm9 import read_qm9_smiles
+
+        return read_qm9_smiles()
+    return read_sequences(section.source, section.column)
+
+
 def _splits(section: DataSection) -> tuple[list[str], list[str]]:
-    seqs = read_sequences(moses_files()["train"]) if section.source == "moses" else \
-        read_sequences(section.source, section.column)
+    seqs = _sequences(section)
     if section.val is not None:
         return seqs, read_sequences(section.val, section.column)
     return split(seqs, section.val_fraction, 0)
@@ -134,7 +144,7 @@ def load_dataset(section: DataSection, tokenizer=None):
         ds = load_qm9(val_fraction=section.val_fraction)  # cached on disk
         if tokenizer is not None and tokenizer.to_dict() != ds.tokenizer.to_dict():
             ds = SmilesDataset(ds.train, ds.val, tokenizer)  # re-encode with the base model's tokenizer
-        ds.references = {"val": ds.val}
+        ds.references = {"test": read_sequences(section.test)} if section.test else {"val": ds.val}
         return ds
     train, val = _splits(section)
     if tokenizer is None:
