@@ -32,6 +32,9 @@ def test_the_site_builds_strictly(tmp_path):
                           env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr[-4000:]
     assert (tmp_path / "site" / "http-api" / "index.html").read_text().count("num_samples") >= 2
+    for card in (ROOT / "checkpoints").glob("*/model_card.md"):  # each card is a page of the site
+        page = (tmp_path / "site" / "cards" / card.parent.name / "index.html").read_text()
+        assert "GET /models/" in page and card.parent.name in page
 
 
 @pytest.mark.slow
