@@ -155,11 +155,13 @@ class GenerateRequest(SamplerFields):
 
 class Sample(BaseModel):
     text: str = Field(description="The generated sequence, padding stripped.", examples=["CC(=O)OC"])
-    valid: bool | None = Field(None, description="SMILES only: parses and sanitizes with RDKit.")
-    canonical: str | None = Field(None, description="SMILES only: RDKit canonical form when valid.")
-    qed: float | None = Field(None, description="Valid SMILES: RDKit's QED drug-likeness (0..1).")
-    logp: float | None = Field(None, description="Valid SMILES: Wildman-Crippen logP (RDKit).")
-    mol_weight: float | None = Field(None, description="Valid SMILES: average molecular weight in g/mol (RDKit).")
+    valid: bool | None = Field(None, description="A family with `metrics: molecules` only (`GET /models` says each "
+                                                 "checkpoint's): parses and sanitizes with RDKit; null for others.")
+    canonical: str | None = Field(None, description="Molecule families: RDKit canonical form when valid.")
+    qed: float | None = Field(None, description="Molecule families, valid: RDKit's QED drug-likeness (0..1).")
+    logp: float | None = Field(None, description="Molecule families, valid: Wildman-Crippen logP (RDKit).")
+    mol_weight: float | None = Field(None, description="Molecule families, valid: average molecular weight in "
+                                                       "g/mol (RDKit).")
 
 
 class Timings(BaseModel):
