@@ -55,7 +55,7 @@ from _report import (
 from ttcore.decompositions import get_decomposition
 from ttcore.metrics import molecule_metrics
 from ttcore.models import load_for_inference
-from ttcore.sampling import PREDETERMINED
+from ttcore.sampling import PREDETERMINED, SamplerConfig
 from ttcore.sampling.schedules import SCHEDULES
 from ttcore.training import TrainConfig
 
@@ -173,6 +173,17 @@ def _print_tables(rows: list[dict], orderings: list[str], steps: list[int]) -> N
             print(f"{name:>16} | " + " | ".join(f"{c:>13}" for c in cells))
 
 
+def _sampler_kw(sampler: str) -> dict:
+    """A ``--text-samplers`` entry (an ordering, or eb=GAMMA) as ``generate``'s settings."""
+    return {"eb_gamma": float(sampler[3:])} if sampler.startswith("eb=") else {"ordering": sampler}
+
+
+def path_matters(**settings) -> bool:
+    """Whether ``adaptive_path`` changes how steps with these settings are drawn (the sampler config's step
+    class decides: adaptive orderings and EB on the joint have a fast path)."""
+    return SamplerConfig(**settings, adaptive_path="fast").step.chooses
+
+
 def evaluate_sequences(args, out: Path, training: set[str]) -> None:
     """A family with ``metrics: none``: what any sequences allow, per checkpoint, ordering and K (random order
     unless ``--orderings``): ``uniqueness`` (distinct / all samples), ``novelty`` (samples not in the training
@@ -210,11 +221,11 @@ def evaluate_text(args, out: Path) -> None:
         views = [True] if args.rank_one_view != "only" or not has_view else []
         views += [False] if args.rank_one_view and has_view else []
         samplers = [(s, p) for s in args.text_samplers for p in args.adaptive_paths
-                    if p == "exact" or (has_view and s != "random")]  # the path matters to adaptive joints
+                    if p == "exact" or path_matters(**_sampler_kw(s))]
         for joint, (sampler, path_kind), steps in itertools.product(views, samplers, args.steps):
             if not joint and (sampler != "random" or path_kind != "exact"):
                 continue  # the rank-1 view: random order
-            kw = ({"eb_gamma": float(sampler[3:])} if sampler.startswith("eb=") else {"ordering": sampler})
+            kw = _sampler_kw(sampler)
             res = run_setting(model, tok, args.samples, steps, args.batch, args.seed, args.memory_mb, joint=joint,
                               adaptive_path=path_kind, **kw)
             texts = res["texts"]
@@ -319,7 +330,8 @@ def main():
                          for s, t in sweeps if c == "head" or o in PREDETERMINED]
         settings += [("eb", args.eb_max_steps, g, "head", True, "loglinear", 1.0) for g in args.eb_gammas]
         settings = [s + (p,) for s in settings for p in args.adaptive_paths  # the path matters to adaptive joints
-                    if p == "exact" or (s[4] and (s[0] == "eb" or s[0] not in PREDETERMINED))]
+                    if p == "exact" or path_matters(ordering="random" if s[2] is not None else s[0], eb_gamma=s[2],
+                                                    joint=s[4])]
         done = {}  # (ordering, gamma, contraction, joint, temperature, path, unmasking counts) -> (res, m)
         for ordering, steps, gamma, contraction, joint, schedule, temperature, path_kind in settings:
             kw = {"eb_gamma": gamma} if gamma is not None else {"ordering": ordering, "contraction": contraction,
