@@ -221,7 +221,7 @@ def evaluate_text(args, out: Path) -> None:
         views = [True] if args.rank_one_view != "only" or not has_view else []
         views += [False] if args.rank_one_view and has_view else []
         samplers = [(s, p) for s in args.text_samplers for p in args.adaptive_paths
-                    if p == "exact" or path_matters(**_sampler_kw(s))]
+                    if p == "exact" or (has_view and path_matters(**_sampler_kw(s)))]  # rank 1: equal in law
         for joint, (sampler, path_kind), steps in itertools.product(views, samplers, args.steps):
             if not joint and (sampler != "random" or path_kind != "exact"):
                 continue  # the rank-1 view: random order
