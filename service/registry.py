@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from ttcore.data.section import default_metrics
 from ttcore.decompositions import DECOMPOSITIONS, get_decomposition
 from ttcore.models import CheckpointError, load_for_inference, resolve_precision
 
@@ -92,7 +93,7 @@ class ModelRegistry:
         # the family's name and metrics (the data section's, recorded by the recipes); checkpoints written
         # before the data section: SMILES models are QM9 molecules, text models text
         family = cfg.extra.get("family", "qm9" if tok.kind == "smiles" else tok.kind)
-        metrics = cfg.extra.get("metrics", {"smiles": "molecules", "text": "text"}.get(tok.kind, "none"))
+        metrics = cfg.extra.get("metrics", default_metrics(tok.kind))
         card = _read_card(d / "model_card.md")
         info = ModelInfo(model=family, checkpoint=d.name, domain=tok.kind, metrics=metrics,
                          decomposition=cfg.decomposition, rank=cfg.rank,

@@ -12,6 +12,7 @@ import torch
 from ttcore import scoring
 from ttcore.decompositions import get_decomposition
 from ttcore.sampling import GenerationRun, InvalidSampler, cost
+from ttcore.tokenizers.symbols import MASK  # every tokenizer spells it so: a prompt with it is a template
 
 from . import admission
 from .config import ServiceArgs
@@ -54,7 +55,6 @@ def depict(smiles: str, width: int, height: int) -> str | None:
     return depiction_svg(smiles, width, height)
 
 
-MASK = "[MASK]"  # a prompt with it is a template (every tokenizer spells it so)
 DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks that its client is still there
 
 

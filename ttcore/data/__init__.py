@@ -3,7 +3,8 @@ SMILES (``chem`` extra; MOSES needs ``molsets``), public-domain English text (``
 
 from .qm9 import SmilesDataset, load_qm9, read_qm9_smiles
 from .section import DataSection
-from .sources import CORPORA, SequenceDataset, load_dataset, moses_files, read_sequences
+from .sequences import SequenceDataset
+from .sources import CORPORA, load_dataset, moses_files, read_sequences
 from .text import TextDataset, corpus_documents, load_text, training_texts
 
 __all__ = ["CORPORA", "DataSection", "SequenceDataset", "SmilesDataset", "TextDataset", "corpus_documents",

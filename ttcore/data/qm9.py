@@ -15,6 +15,8 @@ import numpy as np
 
 from ttcore.tokenizers import SmilesTokenizer
 
+from .sequences import SequenceDataset
+
 _CACHE_VERSION = 2
 
 
@@ -53,18 +55,11 @@ def split(smiles: list[str], val_fraction: float, seed: int) -> tuple[list[str],
     return [smiles[i] for i in perm[n_val:]], [smiles[i] for i in perm[:n_val]]
 
 
-def encode_all(tokenizer, smiles: list[str]) -> np.ndarray:
-    return np.array([tokenizer.encode(s) for s in smiles], dtype=np.int64)  # [n, l]
-
-
-class SmilesDataset:
-    """Train / validation SMILES with their tokenizer and token arrays."""
+class SmilesDataset(SequenceDataset):
+    """Train / validation SMILES with their tokenizer (built from them unless given) and token arrays."""
 
     def __init__(self, train: list[str], val: list[str], tokenizer: SmilesTokenizer | None = None):
-        self.train, self.val = train, val
-        self.tokenizer = tokenizer or SmilesTokenizer.build(train + val)
-        self.train_tokens = encode_all(self.tokenizer, train)
-        self.val_tokens = encode_all(self.tokenizer, val)
+        super().__init__(train, val, tokenizer or SmilesTokenizer.build(train + val))
 
     @classmethod
     def from_file(cls, path: str | Path, val_fraction: float = 0.1, seed: int = 0) -> "SmilesDataset":

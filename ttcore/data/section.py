@@ -23,6 +23,12 @@ METRICS = ("molecules", "text", "none")
 PACKED = ("bpe", "gpt2")  # documents joined and cut into blocks of the length, as MDLM does for text
 
 
+def default_metrics(tokenizer: str) -> str:
+    """What a family is measured by when its section does not say: molecules for SMILES, text for BPE (a
+    tokenizer's saved kind, ``text``, or the section's ``bpe`` / ``gpt2``), none otherwise."""
+    return "molecules" if tokenizer == "smiles" else "text" if tokenizer in (*PACKED, "text") else "none"
+
+
 def coerce_numbers(obj, where: str = "") -> None:
     """Numbers typed as text become numbers (YAML 1.1 reads ``3e-4`` as a string); anything else that does not
     match a numeric field's type is an error naming the key."""
@@ -63,13 +69,13 @@ class DataSection:
         if self.tokenizer not in TOKENIZERS:
             raise ValueError(f"data.tokenizer must be one of {list(TOKENIZERS)}, got {self.tokenizer!r}")
         if self.metrics is None:
-            self.metrics = {"smiles": "molecules", "bpe": "text", "gpt2": "text"}.get(self.tokenizer, "none")
+            self.metrics = default_metrics(self.tokenizer)
         if self.metrics not in METRICS:
             raise ValueError(f"data.metrics must be one of {list(METRICS)}, got {self.metrics!r}")
         if self.metrics == "molecules" and self.tokenizer != "smiles":
             raise ValueError("data.metrics: molecules needs data.tokenizer: smiles")
-        if self.source == "text" and not self.packed:
-            raise ValueError("data.source: text is packed into blocks: it needs data.tokenizer bpe or gpt2")
+        if corpus is not None and corpus.packed and not self.packed:
+            raise ValueError(f"data.source: {self.source} is packed into blocks: it needs data.tokenizer bpe or gpt2")
         if self.length is None and self.packed:
             self.length = 128
         if self.family is None:

@@ -10,26 +10,70 @@ import csv
 import gzip
 import importlib.util
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from .qm9 import SmilesDataset, load_qm9, split
 from .section import DataSection
+from .sequences import SequenceDataset
 
 
 @dataclass(frozen=True)
 class Corpus:
-    tokenizer: str  # its default tokenizer
+    """A packaged corpus, and what ``load_dataset`` asks it: its default tokenizer; ``sequences()``, every
+    training sequence (one per example); ``references()``, held-out sets the corpus fixes (MOSES's test sets);
+    ``load(section, tokenizer)``, a dataset from its own cached loader, or None where the section asks for
+    something that loader does not cover; ``packed``: its documents are packed into blocks (BPE tokenizers only)."""
+    tokenizer: str
     description: str
+    sequences: Callable[[], list[str]] | None = None
+    references: Callable[[], dict[str, list[str]]] | None = None
+    load: Callable | None = None
+    packed: bool = False
+
+
+def _qm9_sequences() -> list[str]:
+    from .qm9 import read_qm9_smiles
+
+    return read_qm9_smiles()
+
+
+def _qm9_cached(section: DataSection, tokenizer):
+    """QM9 at its default settings, from the on-disk cache (``load_qm9``)."""
+    if section.length is not None or section.val is not None:
+        return None
+    ds = load_qm9(val_fraction=section.val_fraction)
+    if tokenizer is not None and tokenizer.to_dict() != ds.tokenizer.to_dict():
+        ds = SmilesDataset(ds.train, ds.val, tokenizer)  # re-encode with the base model's tokenizer
+    ds.references = {"test": read_sequences(section.test)} if section.test else {"val": ds.val}
+    return ds
+
+
+def _text_corpus(section: DataSection, tokenizer):
+    """The public-domain corpus, split by document and packed into blocks (``load_text``, cached)."""
+    from ttcore.tokenizers.text import gpt2_bpe, train_bpe
+
+    from .text import load_text, training_texts
+
+    if tokenizer is None:
+        tokenizer = (gpt2_bpe(section.length) if section.tokenizer == "gpt2"
+                     else train_bpe(training_texts(section.val_fraction), section.bpe_vocab, section.length))
+    return load_text(tokenizer, val_fraction=section.val_fraction)
+
+
+def _moses_references() -> dict[str, list[str]]:
+    return {name: read_sequences(path) for name, path in moses_files().items() if name != "train"}
 
 
 CORPORA = {
-    "qm9": Corpus("smiles", "QM9: 133,885 small organic molecules (<= 9 heavy atoms), canonical SMILES"),
+    "qm9": Corpus("smiles", "QM9: 133,885 small organic molecules (<= 9 heavy atoms), canonical SMILES",
+                  sequences=_qm9_sequences, load=_qm9_cached),
     "moses": Corpus("smiles", "MOSES: 1.9M drug-like molecules from ZINC, with the benchmark's train / test / "
-                              "scaffold-test splits"),
-    "text": Corpus("bpe", "public-domain English: State of the Union addresses and Project Gutenberg books"),
+                              "scaffold-test splits",
+                    sequences=lambda: read_sequences(moses_files()["train"]), references=_moses_references),
+    "text": Corpus("bpe", "public-domain English: State of the Union addresses and Project Gutenberg books",
+                   load=_text_corpus, packed=True),
 }
 
 
@@ -67,90 +111,42 @@ def moses_files() -> dict[str, Path]:
     return {name: data / f"{name}.csv.gz" for name in ("train", "test", "test_scaffolds")}
 
 
-class SequenceDataset:
-    """Train / validation sequences, their tokenizer and token arrays [n, l], and the held-out sets the metrics
-    compare against (``references``: name -> sequences). Sequences longer than the tokenizer's length are
-    left out and counted in ``dropped``."""
-
-    def __init__(self, train: list[str], val: list[str], tokenizer, references: dict[str, list[str]] | None = None):
-        self.tokenizer = tokenizer
-        self.train, self.val, self.dropped = [], [], 0
-        tokens = {}
-        for name, seqs in (("train", train), ("val", val)):
-            rows = []
-            for s in seqs:
-                ids = tokenizer.tokenize(s)
-                if len(ids) > tokenizer.length:
-                    self.dropped += 1
-                    continue
-                getattr(self, name).append(s)
-                rows.append(ids + [tokenizer.pad_id] * (tokenizer.length - len(ids)))
-            tokens[name] = np.array(rows, dtype=np.int64).reshape(len(rows), tokenizer.length)
-        self.train_tokens, self.val_tokens = tokens["train"], tokens["val"]
-        self.references = references or {"val": self.val}
-
-
 def _symbol_tokenizer(kind: str):
     from ttcore.tokenizers import CharTokenizer, SmilesTokenizer
 
     return {"smiles": SmilesTokenizer, "char": CharTokenizer}[kind]
 
 
-def _packed(section: DataSection, tokenizer):
+def _packed(section: DataSection, train: list[str], val: list[str], tokenizer):
     """Documents joined with end-of-text and cut into blocks (bpe / gpt2)."""
     from ttcore.tokenizers.text import gpt2_bpe, train_bpe
 
-    from .text import TextDataset, load_text, pack, training_texts
+    from .text import TextDataset, pack
 
-    if section.source == "text":
-        if tokenizer is None:
-            tokenizer = (gpt2_bpe(section.length) if section.tokenizer == "gpt2"
-                         else train_bpe(training_texts(section.val_fraction), section.bpe_vocab, section.length))
-        return load_text(tokenizer, val_fraction=section.val_fraction)
-    train, val = _splits(section)
     if tokenizer is None:
         tokenizer = (gpt2_bpe(section.length) if section.tokenizer == "gpt2"
                      else train_bpe(train, section.bpe_vocab, section.length))
     return TextDataset(tokenizer, pack(tokenizer, train), pack(tokenizer, val))
 
 
-def _sequences(section: DataSection) -> list[str]:
-    """Every training sequence of the source (before the validation split)."""
-    if section.source == "moses":
-        return read_sequences(moses_files()["train"])
-    if section.source == "qm9":
-        from .qm9 import read_qm9_smiles
-
-        return read_qm9_smiles()
-    return read_sequences(section.source, section.column)
-
-
-def _splits(section: DataSection) -> tuple[list[str], list[str]]:
-    seqs = _sequences(section)
-    if section.val is not None:
-        return seqs, read_sequences(section.val, section.column)
-    return split(seqs, section.val_fraction, 0)
-
-
 def load_dataset(section: DataSection, tokenizer=None):
     """The family ``section`` defines, tokenized; with ``tokenizer`` (a base model's), encoded with it instead of
     building one from the data."""
-    if section.packed:
-        return _packed(section, tokenizer)
-    kind = _symbol_tokenizer(section.tokenizer)
-    if tokenizer is not None and tokenizer.kind != section.tokenizer:
+    corpus = CORPORA.get(section.source)
+    if not section.packed and tokenizer is not None and tokenizer.kind != section.tokenizer:
         raise ValueError(f"data.tokenizer is {section.tokenizer!r}, the base model's tokenizer {tokenizer.kind!r}")
-    if section.source == "qm9" and section.length is None and section.val is None:
-        ds = load_qm9(val_fraction=section.val_fraction)  # cached on disk
-        if tokenizer is not None and tokenizer.to_dict() != ds.tokenizer.to_dict():
-            ds = SmilesDataset(ds.train, ds.val, tokenizer)  # re-encode with the base model's tokenizer
-        ds.references = {"test": read_sequences(section.test)} if section.test else {"val": ds.val}
-        return ds
-    train, val = _splits(section)
+    if corpus is not None and corpus.load is not None:
+        ds = corpus.load(section, tokenizer)
+        if ds is not None:
+            return ds
+    seqs = corpus.sequences() if corpus is not None else read_sequences(section.source, section.column)
+    train, val = (seqs, read_sequences(section.val, section.column)) if section.val is not None else \
+        split(seqs, section.val_fraction, 0)
+    if section.packed:
+        return _packed(section, train, val, tokenizer)
     if tokenizer is None:
-        tokenizer = kind.build(train + val, section.length)
-    references = {name: read_sequences(path) for name, path in moses_files().items() if name != "train"} \
-        if section.source == "moses" else None
+        tokenizer = _symbol_tokenizer(section.tokenizer).build(train + val, section.length)
+    references = corpus.references() if corpus is not None and corpus.references is not None else None
     if section.test is not None:
         references = {"test": read_sequences(section.test, section.column)}
     return SequenceDataset(train, val, tokenizer, references)

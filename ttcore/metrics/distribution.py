@@ -21,6 +21,7 @@ Checked against molsets 0.3.1's own code on shared molecule sets (FCD through it
 ``tests/metrics/test_moses_definitions.py``.
 """
 
+import functools
 import hashlib
 import json
 import os
@@ -102,21 +103,31 @@ def cosine_similarity(a: dict, b: dict) -> float:
     return float(u @ v / norm) if norm > 0 else 0.0
 
 
+@functools.cache
+def chemnet():
+    """ChemNet (the ``fcd`` package's bundled weights), loaded once per process."""
+    import fcd
+
+    return fcd.load_ref_model()
+
+
 class Reference:
-    """A reference set (e.g. QM9's held-out split) with what every comparison needs computed once: its
-    canonical SMILES, fingerprints, fragment and scaffold counts, and ChemNet's activation statistics."""
+    """A set of molecules with what every comparison needs computed once: its canonical SMILES (the valid ones,
+    repeats kept), fingerprints, fragment and scaffold counts, ChemNet's activation statistics (two molecules
+    or more) and, when asked, its internal diversity. A held-out set is one; so is a set of samples
+    (``compare`` takes either, so samples compared with several references are described once)."""
 
-    def __init__(self, smiles: list[str], device: str = "cpu", _state: dict | None = None):
-        import fcd
-
-        self.device, self.chemnet = device, fcd.load_ref_model()
-        if _state is not None:  # read from a cache (``cached``)
-            self.__dict__.update(_state)
-            return
-        self.smiles = [c for c in map(canonical, smiles) if c is not None]
+    def __init__(self, smiles: list[str], device: str = "cpu"):
+        self.device = device
+        self.smiles = self.canonical_valid(smiles)
         self.fps = fingerprints(self.smiles)
         self.fragments, self.scaffolds = fragments(self.smiles), scaffolds(self.smiles)
-        self.mu, self.sigma = self._activation_stats(self.smiles)
+        self.mu, self.sigma = self._activation_stats(self.smiles) if len(self.smiles) >= 2 else (None, None)
+
+    @functools.cached_property
+    def int_div(self) -> float:
+        """IntDiv_1 of the set (``internal_diversity``; quadratic in its size, so computed once)."""
+        return internal_diversity(self.fps)
 
     @classmethod
     def cached(cls, smiles: list[str], cache_dir: str | Path, device: str = "cpu") -> "Reference":
@@ -128,13 +139,15 @@ class Reference:
         key = hashlib.sha1("\n".join([f"v1 rdkit {rdkit.__version__}", *smiles]).encode()).hexdigest()[:16]
         arrays, counts = Path(cache_dir) / f"reference-{key}.npz", Path(cache_dir) / f"reference-{key}.json"
         if arrays.exists() and counts.exists():
+            ref = cls.__new__(cls)
             with np.load(arrays) as z:
                 blob, ends = z["fps"].tobytes(), z["fp_ends"]
-                fps = [DataStructs.ExplicitBitVect(blob[a:b]) for a, b in zip(np.r_[0, ends[:-1]], ends)]
-                state = {"mu": z["mu"], "sigma": z["sigma"], "fps": fps}
-            state.update(json.loads(counts.read_text()))
-            return cls([], device, _state={**state, "fragments": Counter(state["fragments"]),
-                                           "scaffolds": Counter(state["scaffolds"])})
+                ref.fps = [DataStructs.ExplicitBitVect(blob[a:b]) for a, b in zip(np.r_[0, ends[:-1]], ends)]
+                ref.mu, ref.sigma = z["mu"], z["sigma"]
+            d = json.loads(counts.read_text())
+            ref.device, ref.smiles = device, d["smiles"]
+            ref.fragments, ref.scaffolds = Counter(d["fragments"]), Counter(d["scaffolds"])
+            return ref
         ref = cls(smiles, device)
         arrays.parent.mkdir(parents=True, exist_ok=True)
         binary = [fp.ToBinary() for fp in ref.fps]
@@ -150,7 +163,7 @@ class Reference:
     def _activation_stats(self, smiles: list[str]) -> tuple[np.ndarray, np.ndarray]:
         import fcd
 
-        act = fcd.get_predictions(self.chemnet, smiles, device=self.device)
+        act = fcd.get_predictions(chemnet(), smiles, device=self.device)
         return act.mean(0), np.cov(act.T)
 
     @staticmethod
@@ -158,19 +171,19 @@ class Reference:
         """The canonical SMILES of the valid samples, repeats kept (what every metric here is computed on)."""
         return [c for c in map(canonical, generated) if c is not None]
 
-    def compare(self, generated: list[str]) -> dict:
-        """The metrics of the module docstring for ``generated`` (any strings; the invalid are dropped), and
-        ``n_valid``, the molecules they were computed on. Empty metrics are None."""
+    def compare(self, generated: "list[str] | Reference") -> dict:
+        """The metrics of the module docstring for ``generated`` (any strings, the invalid dropped; or a set
+        already described as a ``Reference``), and ``n_valid``, the molecules they were computed on. Empty
+        metrics are None."""
         import fcd
 
-        valid = self.canonical_valid(generated)
-        if len(valid) < 2:
-            return {"n_valid": len(valid), "fcd": None, "snn": None, "frag": None, "scaf": None, "int_div": None}
-        fps = fingerprints(valid)
-        mu, sigma = self._activation_stats(valid)
-        return {"n_valid": len(valid),
-                "fcd": float(fcd.utils.calculate_frechet_distance(mu, sigma, self.mu, self.sigma)),
-                "snn": nearest_neighbour_similarity(fps, self.fps),
-                "frag": cosine_similarity(fragments(valid), self.fragments),
-                "scaf": cosine_similarity(scaffolds(valid), self.scaffolds),
-                "int_div": internal_diversity(fps)}
+        gen = generated if isinstance(generated, Reference) else Reference(generated, self.device)
+        if len(gen.smiles) < 2:
+            return {"n_valid": len(gen.smiles), "fcd": None, "snn": None, "frag": None, "scaf": None,
+                    "int_div": None}
+        return {"n_valid": len(gen.smiles),
+                "fcd": float(fcd.utils.calculate_frechet_distance(gen.mu, gen.sigma, self.mu, self.sigma)),
+                "snn": nearest_neighbour_similarity(gen.fps, self.fps),
+                "frag": cosine_similarity(gen.fragments, self.fragments),
+                "scaf": cosine_similarity(gen.scaffolds, self.scaffolds),
+                "int_div": gen.int_div}

@@ -10,7 +10,7 @@ of 30,000 samples): the README of github.com/molecularsets/moses at commit dd7ed
 as the paper's Table 2.
 """
 
-from .distribution import Reference, fingerprints, internal_diversity, moses_counts
+from .distribution import Reference, internal_diversity, moses_counts
 
 COLUMNS = ["valid", "unique@1k", "unique@10k", "fcd/test", "fcd/testsf", "snn/test", "snn/testsf", "frag/test",
            "frag/testsf", "scaf/test", "scaf/testsf", "int_div", "int_div2", "novelty"]
@@ -43,15 +43,14 @@ PUBLISHED = {
 def moses_row(generated: list[str], train: set[str], test: Reference, test_sf: Reference) -> dict:
     """MOSES's columns for one set of samples (``generated``: every sample, invalid ones included), plus
     ``samples`` and ``n_valid``. Unique@k is absent when fewer than k samples are valid; the distribution
-    columns are None with fewer than two."""
+    columns are None with fewer than two. The samples are described once for both references."""
     row = {"samples": len(generated), **moses_counts(generated, train, ks=(1000, 10000))}
     row["unique@1k"], row["unique@10k"] = row.pop("unique@1000", None), row.pop("unique@10000", None)
+    gen = Reference(generated, test.device)
     for name, ref in (("test", test), ("testsf", test_sf)):
-        m = ref.compare(generated)
-        row["n_valid"] = m["n_valid"]
+        m = ref.compare(gen)
+        row["n_valid"], row["int_div"] = m["n_valid"], m["int_div"]
         for metric in ("fcd", "snn", "frag", "scaf"):
             row[f"{metric}/{name}"] = m[metric]
-        row["int_div"] = m["int_div"]
-    valid = test.canonical_valid(generated)
-    row["int_div2"] = internal_diversity(fingerprints(valid), p=2) if len(valid) >= 2 else None
+    row["int_div2"] = internal_diversity(gen.fps, p=2) if len(gen.smiles) >= 2 else None
     return row

@@ -16,8 +16,9 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from .symbols import MASK  # the same placeholder as every tokenizer
+
 EOT = "<|endoftext|>"
-MASK = "[MASK]"
 
 
 def gpt2_files() -> tuple[Path, Path]:
