@@ -9,20 +9,14 @@
 # BASE_MINUTES / FT_MINUTES cap the wall time (the schedules are the budget: size them to finish).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:?set OUT}
-PY=${PYTHON:-python3}
 BASE_STEPS=${BASE_STEPS:-8000} FT_STEPS=${FT_STEPS:-3000}
 BASE_MINUTES=${BASE_MINUTES:-5} FT_MINUTES=${FT_MINUTES:-3}
-RUNS=${RUNS:-/tmp/moses-runs}
-mkdir -p "$OUT" "$RUNS"
-exec > >(tee -a "$OUT/moses.log") 2>&1
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-[ -d .lease/moses ] && export TTCORE_MOSES_DIR=${TTCORE_MOSES_DIR:-$PWD/.lease/moses}
-SMALL=()
+LOG=moses.log RUNS=${RUNS:-/tmp/moses-runs}
+. training/_lease.sh
 if [ "${SMOKE:-0}" = 1 ]; then
   BASE_STEPS=2 FT_STEPS=2
-  SMALL=(val_batches=1 warmup_steps=1 model.hidden_dim=32 model.cond_dim=16 model.n_blocks=1 model.n_heads=2
-         batch_size=16 data.val_fraction=0.001)
+  SMALL+=(model.hidden_dim=32 model.cond_dim=16 model.n_blocks=1 model.n_heads=2 batch_size=16
+          data.val_fraction=0.001)
 fi
 "$PY" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"
 "$PY" training/pretrain.py --config moses --out "$RUNS/moses-base" --max-steps "$BASE_STEPS" \

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import torch
 from _common import dataset
-from _report import checkpoint_dirs, this_command, train_config
+from _report import checkpoint_dirs, data_section, this_command, train_config
 
-from ttcore.data import DataSection
 from ttcore.decompositions import exact_contracted_cores, get_decomposition
 from ttcore.losses import forward_mask, sample_times
 from ttcore.models import load_for_inference
@@ -63,8 +62,7 @@ def evaluate_likelihood(paths: list[Path], precision: str, cards: bool, out: Pat
         model, tok, _ = load_for_inference(path, device, precision)
         cfg = train_config(path)
         cfg.precision = precision
-        if data is not None:  # a file of sequences instead of the data the checkpoint was trained on
-            cfg.data = DataSection(source=data, tokenizer=cfg.data.tokenizer, metrics=cfg.data.metrics)
+        cfg.data = data_section(data, path)  # its own data, or a file / corpus read as its tokenizer says
         val = torch.from_numpy(dataset(cfg, tok).val_tokens)
         metrics = evaluate_loss(model, val, tok.mask_id, batch_size=cfg.batch_size, batches=cfg.val_batches,
                                 precision=precision, eps=cfg.eps, device=torch.device(device))

@@ -39,7 +39,7 @@ def main():
 
     ray.init(address=args.address, include_dashboard=False)
     trainer = TorchTrainer(
-        run_recipe, train_loop_config={"recipe": args.recipe, "args": [a for a in args.args if a != "--"]},
+        run_recipe, train_loop_config={"recipe": args.recipe, "args": args.args[args.args[:1] == ["--"]:]},
         scaling_config=ScalingConfig(num_workers=args.workers, use_gpu=args.gpu,
                                      resources_per_worker={"CPU": args.cpus_per_worker}),
         run_config=RunConfig(storage_path=tempfile.mkdtemp(prefix="ttcore-ray-train-"), name="recipe"))
