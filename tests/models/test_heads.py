@@ -75,6 +75,25 @@ def test_select_logits_are_slices_of_all_outputs(decomposition, rank, head, gath
 
 
 
+@pytest.mark.parametrize("decomposition,rank", [("cp", 12), ("tt", 4)])
+@pytest.mark.parametrize("head", ["1layer", "2layer"])
+@pytest.mark.parametrize("gather_max_outputs,c", [(0, 1), (0, 3), (10**6, 1)], ids=["grouped", "eighth", "gathered"])
+def test_gather_logits_are_any_outputs_of_each_row(decomposition, rank, head, gather_max_outputs, c):
+    """Each row's own c outputs (the fast adaptive step's heaviest), by every branch: one matmul per distinct
+    output (c = 1 of 12 / 16 with no gather budget), one full pass when c is at least an eighth of E, or a
+    full pass within the gather budget."""
+    joint = JointModel.from_base(_base(), decomposition, rank, head, noise=0.2,
+                                 generator=torch.Generator().manual_seed(0)).eval()
+    joint.head.gather_max_outputs = gather_max_outputs
+    h = torch.randn(7, 16, dtype=torch.float64)
+    full = joint.head.component_logits(h, joint.output_layer.linear)  # [n, e, v]
+    outputs = torch.stack([torch.randperm(joint.head.e, generator=torch.Generator().manual_seed(i))[:c]
+                           for i in range(7)])  # [n, c], distinct per row
+    got = joint.gather_logits(h, outputs)
+    assert got.shape == (7, c, full.shape[-1])
+    for i in range(7):
+        torch.testing.assert_close(got[i], full[i, outputs[i]])
+
 @pytest.mark.parametrize("decomposition,rank,head", [("none", 1, "1layer"), ("cp", 3, "1layer"), ("tt", 2, "2layer")])
 def test_bf16_linears_match_autocast_exactly(decomposition, rank, head):
     """cast_linears_ stores what CPU autocast would cast on every call: the outputs are bit-identical."""

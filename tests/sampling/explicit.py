@@ -2,7 +2,7 @@
 
 Features carry (position, x_t) at every position, so a head applied to some rows knows where they
 sit and what the whole input is. They implement the interface the sampler uses: cfg, features,
-head_outputs (all E outputs on a mask), select_logits, cp_weight_logits, contracted_cores, core_logits.
+head_outputs (all E outputs on a mask), select_logits, gather_logits, cp_weight_logits, contracted_cores, core_logits.
 """
 
 import itertools
@@ -31,6 +31,9 @@ class _Explicit(nn.Module):
     @staticmethod
     def _pos(h):
         return h[..., 0].long()
+
+    def gather_logits(self, h, outputs):  # any outputs [n, c] of each row: [n, c, v]
+        return torch.cat([self.select_logits(h, outputs[:, i], 1) for i in range(outputs.shape[1])], 1)
 
 
 class ExplicitTT(_Explicit):

@@ -97,6 +97,24 @@ class JointHead(nn.Module):
             return self.proj(h).view(n, self.e, v)[rows, idx]
         return self._grouped(h, start, count, self.proj.weight, self.proj.bias, v)
 
+    def gather_logits(self, h: torch.Tensor, outputs: torch.Tensor, base: nn.Linear | None) -> torch.Tensor:
+        """Any c outputs of each row: h [n, d], outputs [n, c] (indices into the E outputs) -> [n, c, v].
+
+        When one pass over all E outputs is small (``gather_max_outputs``) or selects at least an eighth of
+        them, it runs once and the rows' outputs are gathered; otherwise each row's outputs run as rows of
+        their own, one matmul per distinct output (``_grouped``)."""
+        n, c = outputs.shape
+        rows = torch.arange(n, device=h.device)[:, None]
+        width = h.shape[1] if self.head == "2layer" else self.proj.out_features // self.e
+        if self.e * width <= self.gather_max_outputs or 8 * c >= self.e:
+            if self.head == "2layer":
+                return base(self.mix(h).view(n, self.e, width)[rows, outputs])
+            return self.proj(h).view(n, self.e, width)[rows, outputs]
+        hc, flat = h.repeat_interleave(c, 0), outputs.flatten()
+        if self.head == "2layer":
+            return base(self._grouped(hc, flat, 1, self.mix.weight, None, width).view(n, c, width))
+        return self._grouped(hc, flat, 1, self.proj.weight, self.proj.bias, width).view(n, c, width)
+
     def _grouped(self, h, start, count, weight, bias, width) -> torch.Tensor:
         """One matmul per distinct start on rows [start * width, (start + count) * width) of ``weight``."""
         out = None

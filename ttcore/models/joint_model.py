@@ -104,6 +104,13 @@ class JointModel(nn.Module):
             return self.output_layer.linear(h).unsqueeze(1)
         return self.head.select_logits(h, start, count, self.output_layer.linear)
 
+    def gather_logits(self, h: torch.Tensor, outputs: torch.Tensor) -> torch.Tensor:
+        """Outputs ``outputs`` [n, c] of each row (rank 1: output 0): h [n, d] -> [n, c, v], in the matmul's
+        dtype (``JointHead.gather_logits``)."""
+        if self.head is None:
+            return self.output_layer.linear(h).unsqueeze(1).expand(-1, outputs.shape[1], -1)
+        return self.head.gather_logits(h, outputs, self.output_layer.linear)
+
     def cp_weight_logits(self, h: torch.Tensor) -> torch.Tensor:
         """CP mixture weights' logits from the features of whole sequences: h [b, l, d] -> [b, r]."""
         return self.head.weights(h.mean(1)).float()

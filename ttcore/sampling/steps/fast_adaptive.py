@@ -11,9 +11,10 @@ The marginals it chooses by: each format writes p(x^i | x_t) as a mixture of its
 weights that cost no V-sized output (``Decomposition.component_weights``: rank 1 one output; CP the
 mixture weights, Eqs. 14-15; TT pi_{i,j} Gbar_{i,jk} from the contracted-core head, Eqs. 16-17). The step
 evaluates only the ``c`` heaviest outputs of each masked position, c = CHOOSER_OUTPUTS // V (at least 1,
-at most E), and chooses by their renormalized mixture: at QM9 size (V = 31) c = E and the marginals are
-exact (w.r.t. that joint); at text size (V = 8192) c = 1, one V-sized output per masked position, what
-a rank-1 model computes for an adaptive step. Scores then rank positions as the chain rule's first pick
+at most E), and chooses by their renormalized mixture: at QM9's vocabulary (V = 31) c = 66, so TT r <= 8
+and CP r <= 64 evaluate every output and their marginals are exact (w.r.t. that joint), while TT r = 16
+(E = 256) chooses by its 66 heaviest; at text size (V = 8192) c = 1, one V-sized output per masked
+position, what a rank-1 model computes for an adaptive step. Scores then rank positions as the chain rule's first pick
 does (fixed samplers: the ``counts`` best; EB: positions by the error proxy, the largest prefix whose
 entropies satisfy sum H - max H <= gamma, at least one); the chain rule re-ranks after every pick with
 marginals conditional on the step's earlier picks, this step does not.
@@ -33,7 +34,8 @@ from ..joint_step import predetermined_step
 from ..orderings import ADAPTIVE, entropy
 from .base import ConfiguredStep
 
-CHOOSER_OUTPUTS = 8192  # V-sized values per masked position the choice may compute (c = this // V outputs)
+CHOOSER_OUTPUTS = 2048  # values per masked position the choice may compute (c = this // V outputs): at a
+# small backbone (QM9's) the float32 softmax and mixture over c * V values per position is what a step costs
 
 
 def chooser_outputs(e: int, vocab: int) -> int:
@@ -53,7 +55,7 @@ def chooser_marginals(model, h: torch.Tensor, masked: torch.Tensor, temperature:
         logits = model.select_logits(hm, torch.zeros(m, dtype=torch.long, device=h.device), e)  # [m, e, v]
     else:  # the c heaviest outputs of each position
         top_w, top_e = weights.topk(c, dim=-1)  # [m, c]
-        logits = model.select_logits(hm.repeat_interleave(c, 0), top_e.flatten(), 1)  # [m * c, 1, v]
+        logits = model.gather_logits(hm, top_e)  # [m, c, v]
     q = torch.softmax(logits.float() / temperature, -1).view(m, c, -1)
     if c == 1:
         return q[:, 0]
