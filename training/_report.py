@@ -137,3 +137,12 @@ def replace_section(card: str, title: str, body: str) -> str:
     end = card.find("\n## ", start + 1)
     rest = card[end:] if end >= 0 else ""
     return card[:start].rstrip("\n") + "\n\n" + body.rstrip("\n") + "\n" + rest
+
+
+def remove_section(card: str, title: str) -> str:
+    """``card`` without its section ``title`` (up to the next ``## `` heading), unchanged when it has none."""
+    start = card.find("\n" + title + "\n")
+    if start < 0:
+        return card
+    end = card.find("\n## ", start + 1)
+    return card[:start].rstrip("\n") + "\n" + (card[end:] if end >= 0 else "")

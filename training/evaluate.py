@@ -44,6 +44,7 @@ from _report import (
     data_section,
     lines,
     pyplot,
+    remove_section,
     replace_section,
     run_setting,
     save_plot,
@@ -79,6 +80,7 @@ def _plot(rows: list[dict], orderings: list[str], out: Path) -> None:
 
 
 CARD_SECTION = "## Few-step quality"
+OLD_DISTRIBUTION_SECTION = "## Distribution metrics (MOSES-style)"  # now columns of the quality table
 
 
 def _molecule_cells(r: dict) -> list:
@@ -113,18 +115,18 @@ def _update_cards(rows: list[dict], paths: list[Path], command: str, columns=MOL
         card_path = path / "model_card.md"
         card = card_path.read_text() if card_path.exists() else f"# {path.name}\n"
         tmp = card_path.with_suffix(".md.tmp")
+        card = remove_section(card, OLD_DISTRIBUTION_SECTION)  # its columns joined this table
         tmp.write_text(replace_section(card, section, "\n".join(lines)))
         tmp.replace(card_path)
 
 
-DISTRIBUTION_SECTION = "## Distribution metrics (MOSES-style)"
-DISTRIBUTION_CARD_COLUMNS = ["ordering", "K", "validity %", "uniqueness %", "novelty %", "FCD", "SNN", "Frag",
-                             "Scaf", "IntDiv"]
+DISTRIBUTION_CARD_COLUMNS = ["FCD", "SNN", "Frag", "Scaf", "IntDiv"]
 
 
 def _distribution_cells(r: dict) -> list:
-    return [_molecule_cells(r)[0], r["steps"], *[f"{100 * r[c]:.1f}" for c in ("validity", "uniqueness", "novelty")],
-            *["-" if r.get(c) is None else f"{r[c]:.3f}" for c in ("fcd", "snn", "frag", "scaf", "int_div")]]
+    """The quality row with the MOSES-style metrics appended ("-" where not measured: EB rows)."""
+    return _molecule_cells(r) + ["-" if r.get(c) is None else f"{r[c]:.3f}"
+                                 for c in ("fcd", "snn", "frag", "scaf", "int_div")]
 
 
 DISTRIBUTION_COLUMNS = ("n_valid", "fcd", "snn", "frag", "scaf", "int_div")
@@ -286,8 +288,6 @@ def main():
                     help="TT, predetermined orderings: sample with each contraction")
     ap.add_argument("--distribution", action="store_true",
                     help="SMILES: also FCD, SNN, Frag, Scaf, IntDiv against the held-out split (fixed samplers)")
-    ap.add_argument("--distribution-cards", action="store_true",
-                    help="with --distribution: write those rows into each model card's distribution section")
     ap.add_argument("--rank-one-view", nargs="?", const="also", choices=["also", "only"],
                     help="joint checkpoints: also (or, text, only) sample each position from the exact marginal "
                          "of the joint a step would draw from (joint: false; each contraction)")
@@ -359,14 +359,15 @@ def main():
                   f"validity {100 * m['validity']:.1f}%, uniqueness {100 * m['uniqueness']:.1f}%, "
                   f"novelty {100 * m['novelty']:.1f}% ({res['seconds']:.0f} s)", flush=True)
     write_rows(rows, out / "results")
-    if args.cards:
-        _update_cards(rows, paths, this_command())
-    if args.distribution_cards and reference is not None:
-        fixed = [r for r in rows if r["eb_gamma"] is None and "fcd" in r]
-        _update_cards(fixed, paths, this_command(), DISTRIBUTION_CARD_COLUMNS, _distribution_cells,
-                      DISTRIBUTION_SECTION, f"Against {len(reference.smiles)} held-out molecules; the same metrics "
-                      f"for {args.samples} training molecules: FCD {data_row['fcd']:.3f}, SNN {data_row['snn']:.3f}, "
-                      f"Frag {data_row['frag']:.3f}, Scaf {data_row['scaf']:.3f}, IntDiv {data_row['int_div']:.3f}.")
+    if args.cards:  # one table per card: the distribution metrics are columns of it when measured
+        if reference is None:
+            _update_cards(rows, paths, this_command())
+        else:
+            _update_cards(rows, paths, this_command(), MOLECULE_COLUMNS + DISTRIBUTION_CARD_COLUMNS,
+                          _distribution_cells, note=f"FCD, SNN, Frag, Scaf and IntDiv against "
+                          f"{len(reference.smiles)} held-out molecules; the same metrics for {args.samples} "
+                          f"training molecules: FCD {data_row['fcd']:.3f}, SNN {data_row['snn']:.3f}, Frag "
+                          f"{data_row['frag']:.3f}, Scaf {data_row['scaf']:.3f}, IntDiv {data_row['int_div']:.3f}.")
     _plot(rows, args.orderings, out)
     _print_tables(rows, args.orderings, args.steps)
     if reference is not None:

@@ -116,14 +116,18 @@ def test_cards_get_one_quality_section(checkpoints, tmp_path):
     cmd = [sys.executable, "training/evaluate.py", "--checkpoints", str(ckpt), "--out", str(tmp_path / "r"),
            "--samples", "8", "--batch", "8", "--steps", "1", "--orderings", "random", "--eb-gammas",
            "--data", str(ROOT / "tests" / "data" / "qm9_sample.txt"), "--precision", "fp32", "--cards"]
-    for extra in ([], ["--distribution", "--distribution-cards"], []):  # re-running replaces each section
+    (ckpt / "model_card.md").write_text(before + "\n## Distribution metrics (MOSES-style)\n\nold table\n")
+    for extra in ([], [], ["--distribution", "--eb-gammas", "1.0"]):  # re-running replaces the section
         done = subprocess.run(cmd + extra, cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
-    card = (ckpt / "model_card.md").read_text()
-    assert card.startswith(before.rstrip("\n")) and card.count("## Few-step quality") == 1
-    assert "| random | 1 | 1.0 |" in card and "--cards" in card
-    assert card.count("## Distribution metrics (MOSES-style)") == 1 and "| FCD | SNN |" in card
-    assert "training molecules: FCD" in card
+        card = (ckpt / "model_card.md").read_text()
+        assert card.startswith(before.rstrip("\n")) and card.count("## Few-step quality") == 1
+        assert "| random | 1 | 1.0 |" in card and "--cards" in card
+        assert "Distribution metrics" not in card  # the old separate section went: one table per card
+    # with --distribution the metrics are columns of the one table; EB rows have none
+    assert "| novelty % | FCD | SNN | Frag | Scaf | IntDiv |" in card and "training molecules: FCD" in card
+    eb_row = next(line for line in card.splitlines() if line.startswith("| EB-Sampler"))
+    assert eb_row.endswith("| - | - | - | - | - |")
 
 
 def test_replace_section_keeps_the_sections_around_it():
