@@ -19,16 +19,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = [  # checkpoint, sequences, steps, ordering, contraction[, joint[, adaptive_path]]
-    ("qm9-tt-r8", 64, 8, "top_prob", "head"), ("qm9-cp-r64", 64, 8, "top_prob", "head"),
-    ("qm9-none-r1", 64, 8, "top_prob", "head"), ("qm9-tt-r8", 256, 1, "random", "exact"),
+    ("qm9-tt-r16", 64, 8, "top_prob", "head"), ("qm9-cp-r64", 64, 8, "top_prob", "head"),
+    ("qm9-none-r1", 64, 8, "top_prob", "head"), ("qm9-tt-r16", 256, 1, "random", "exact"),
     ("text-tt-r4", 1, 8, "top_prob", "head"), ("text-tt-r4", 4, 2, "top_prob", "head"),
     ("text-tt-r4", 16, 1, "top_prob", "head"),  # two passes at the default 2 GB budget
     ("text-tt-r4", 8, 4, "random", "exact"), ("text-tt-r4", 256, 1, "random", "head"),
     ("text-tt-r4", 64, 1, "random", "head", False),  # the rank-1 view: every position chosen at once
     ("text-tt-r4", 1, 8, "top_prob", "head", True, "fast"), ("text-tt-r4", 16, 1, "top_prob", "head", True, "fast"),
 ]
-SMOKE = [("qm9-tt-r8", 16, 4, "top_prob", "head"), ("qm9-tt-r8", 16, 2, "random", "exact"),
-         ("qm9-tt-r8", 16, 2, "random", "head", False), ("qm9-tt-r8", 16, 4, "top_prob", "head", True, "fast")]
+SMOKE = [("qm9-tt-r16", 16, 4, "top_prob", "head"), ("qm9-tt-r16", 16, 2, "random", "exact"),
+         ("qm9-tt-r16", 16, 2, "random", "head", False), ("qm9-tt-r16", 16, 4, "top_prob", "head", True, "fast")]
 
 
 def one_case(path: str, n: int, steps: int, ordering: str, contraction: str, joint: bool, adaptive_path: str,

@@ -1,7 +1,7 @@
 """Where one engine step's time goes, in process (no HTTP): C requests of 2 molecules x 8 steps, random
 order, stepped together as the service's continuous batching steps them (``batch_step``).
 
-    python benchmarks/step_profile.py                              # CPU, bundled qm9-tt-r8, 32 requests
+    python benchmarks/step_profile.py                              # CPU, bundled qm9-tt-r16, 32 requests
     python benchmarks/step_profile.py --device cuda --precision bf16 --clients 32
     python benchmarks/step_profile.py --clients 2 --rounds 1       # smoke size (the tests run it)
 
@@ -60,7 +60,7 @@ def one_round(model, clients: int, device: torch.device, seed: int) -> dict[str,
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--checkpoint", default=str(ROOT / "checkpoints" / "qm9-tt-r8"))
+    ap.add_argument("--checkpoint", default=str(ROOT / "checkpoints" / "qm9-tt-r16"))
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--clients", type=int, default=32)

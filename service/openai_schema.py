@@ -13,11 +13,11 @@ class CompletionRequest(SamplerFields):
     """OpenAI's Completions request; the sampler's fields (``SamplerFields``) are extensions (``extra_body``)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [
-        {"model": "qm9-tt-r8", "prompt": "C1CC", "n": 4, "steps": 8, "seed": 0},
+        {"model": "qm9-tt-r16", "prompt": "C1CC", "n": 4, "steps": 8, "seed": 0},
         {"model": "text", "prompt": "The Congress", "max_tokens": 32, "stream": True, "steps": 16},
     ]})
 
-    model: str = Field(description="A model id from /v1/models (`family-decomposition-rRANK`, e.g. `qm9-tt-r8`), "
+    model: str = Field(description="A model id from /v1/models (`family-decomposition-rRANK`, e.g. `qm9-tt-r16`), "
                                    "or a family (`qm9`, `text`) for its best checkpoint.", max_length=64)
     prompt: str = Field("", max_length=MAX_PROMPT_CHARS,
                         description="A prefix to continue, or a template with `[MASK]` placeholders to fill "

@@ -12,7 +12,7 @@
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 ... -d .whl fastapi starlette pydantic \
 #       pydantic_core typing-inspection annotated-types uvicorn opentelemetry-api typing_extensions
 #   .lease/cache/*.gz   the gzipped QM9 and text caches (TTCORE_CACHE), .lease/qm9-base the QM9 base
-#   move checkpoints/ other than qm9-tt-r8 and text-tt-r4 out of the tree for the call
+#   move checkpoints/ other than qm9-tt-r16 and text-tt-r4 out of the tree for the call
 # Run:       bash training/device_suite.sh                       (device: OUT is set by the tool)
 # Rehearse:  SMOKE=1 OUT=/tmp/lease PYTHON=.venv/bin/python bash training/device_suite.sh   (CPU, minutes)
 set -uo pipefail
@@ -44,7 +44,7 @@ say "1. CUDA tests"
 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py
 
 say "2. service load"
-SVC=/tmp/svc-checkpoints; rm -rf "$SVC"; mkdir -p "$SVC"; ln -s "$PWD/checkpoints/qm9-tt-r8" "$SVC/"
+SVC=/tmp/svc-checkpoints; rm -rf "$SVC"; mkdir -p "$SVC"; ln -s "$PWD/checkpoints/qm9-tt-r16" "$SVC/"
 if [ "$SMOKE" = 1 ]; then
   "$PY" benchmarks/service_load.py --checkpoints "$SVC" --clients 2 --requests-per-client 1 --precision bf16
 else

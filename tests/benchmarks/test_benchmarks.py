@@ -72,7 +72,7 @@ def test_step_profile_smoke():
 
 def test_request_memory_smoke():
     out = _bench(ROOT / "benchmarks" / "request_memory.py", "--smoke")
-    rows = [line for line in out.splitlines() if re.match(r"\s+qm9-tt-r8\s+16 ", line)]
+    rows = [line for line in out.splitlines() if re.match(r"\s+qm9-tt-r16\s+16 ", line)]
     assert len(rows) == 4 and all(re.search(r"\|\s+-?\d+\s+\d+\s+-?[\d.]+$", r) for r in rows), out
     assert any(" fast " in r for r in rows), out
     assert "largest measured / estimated" in out

@@ -52,9 +52,9 @@ def outputs() -> dict:
             x0 = torch.randint(0, V, (8, L), generator=g)
             losses = mdlm_loss(tiny_model(fmt, V, L, R, perturb=0.2, noise=0.2).train(), x0, V, generator=g)
             out[f"{fmt}/loss"] = {k: float(v.detach()) for k, v in sorted(losses.items())}
-        model, tok, _ = load_for_inference(ROOT / "checkpoints" / "qm9-tt-r8", "cpu", "bf16")
+        model, tok, _ = load_for_inference(ROOT / "checkpoints" / "qm9-tt-r16", "cpu", "bf16")
         with model.compute_context():
-            out["qm9-tt-r8/bf16"] = _tokens(model, steps=4, n=4, seed=3)
+            out["qm9-tt-r16/bf16"] = _tokens(model, steps=4, n=4, seed=3)
         return out
     finally:
         torch.set_num_threads(threads)

@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def qm9_server(tmp_path_factory):
     root = tmp_path_factory.mktemp("bundled")
-    for name in ("qm9-tt-r8", "qm9-none-r1"):
+    for name in ("qm9-tt-r16", "qm9-none-r1"):
         (root / name).symlink_to(ROOT / "checkpoints" / name)
     proc, url = start_uvicorn(root, "--threads", "1")
     yield url
@@ -41,7 +41,7 @@ def test_playground_streams_both_checkpoints_and_draws_the_molecules(qm9_server,
         page.on("pageerror", lambda e: errors.append(str(e)))
         page.goto(qm9_server + "/")
         page.wait_for_function("document.querySelectorAll('#checkpoint-a option').length == 2")
-        assert page.input_value("#checkpoint-a") == "qm9-tt-r8" and page.input_value("#checkpoint-b") == "qm9-none-r1"
+        assert page.input_value("#checkpoint-a") == "qm9-tt-r16" and page.input_value("#checkpoint-b") == "qm9-none-r1"
         page.fill("#steps", "6")
         page.fill("#num-samples", "12")
         page.fill("#seed", "3")
@@ -53,10 +53,10 @@ def test_playground_streams_both_checkpoints_and_draws_the_molecules(qm9_server,
         page.click("#generate")
         page.wait_for_selector("body[data-state=done]", timeout=120_000)
         panes = page.query_selector_all(".pane")
-        assert [p.get_attribute("data-checkpoint") for p in panes] == ["qm9-tt-r8", "qm9-none-r1"]
+        assert [p.get_attribute("data-checkpoint") for p in panes] == ["qm9-tt-r16", "qm9-none-r1"]
         assert all(p.get_attribute("data-done") == "1" for p in panes), [p.inner_text()[:300] for p in panes]
         assert all(p.get_attribute("data-steps") == "6" for p in panes)  # one update per denoising step
-        assert page.evaluate("window.seen") == {"qm9-tt-r8": "6", "qm9-none-r1": "6"}
+        assert page.evaluate("window.seen") == {"qm9-tt-r16": "6", "qm9-none-r1": "6"}
         for pane in panes:
             cells = pane.query_selector_all(".mol")
             valid = pane.query_selector_all(".mol.valid")
@@ -72,7 +72,7 @@ def test_playground_streams_both_checkpoints_and_draws_the_molecules(qm9_server,
         page.screenshot(path=str(out), full_page=True)
         assert out.stat().st_size > 20_000
         # the same checkpoint on both sides: its joint draw beside its rank-1 view (joint: false)
-        page.select_option("#checkpoint-b", "qm9-tt-r8")
+        page.select_option("#checkpoint-b", "qm9-tt-r16")
         page.fill("#steps", "3")
         page.click("#generate")
         page.wait_for_selector("body[data-state=done]", timeout=120_000)

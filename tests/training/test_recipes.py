@@ -308,7 +308,7 @@ def test_the_gpu_lease_continuation_script_runs_at_smoke_size(tmp_path):
     assert "tt exit 0" in done.stdout and "none exit 0" in done.stdout
     parts = sorted((tmp_path / "out").glob("continued.tar.part-*"))
     assert parts and all(p.stat().st_size <= 15 << 20 for p in parts)
-    for name in ("qm9-tt-r8-more", "qm9-none-r1-more"):
+    for name in ("qm9-tt-r16-more", "qm9-none-r1-more"):
         assert (tmp_path / "runs" / "export" / name / "model.safetensors").is_file()
 
 
@@ -316,8 +316,8 @@ def test_the_gpu_lease_rank_script_runs_at_smoke_size(tmp_path):
     """training/device_rank.sh (the rank rows' GPU lease) at its rehearsal size on CPU: TT r=32, CP r=256 and
     a continued TT fine-tune 2 steps each side by side, exported, and brought back as the split tar."""
     env = dict(os.environ, SMOKE="1", OUT=str(tmp_path / "out"), PYTHON=sys.executable, RUNS=str(tmp_path / "runs"),
-               TTCORE_CACHE=str(tmp_path / "cache"), BASE="checkpoints/qm9-none-r1", CONT="checkpoints/qm9-tt-r8",
-               CONT_RANK="8")
+               TTCORE_CACHE=str(tmp_path / "cache"), BASE="checkpoints/qm9-none-r1", CONT="checkpoints/qm9-tt-r16",
+               CONT_RANK="16")
     done = subprocess.run(["bash", str(ROOT / "training" / "device_rank.sh")], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
