@@ -1,8 +1,13 @@
 """MkDocs hook: every bundled checkpoint's model card (``checkpoints/<name>/model_card.md``) becomes a page of
 the site, ``cards/<name>.md``, at build time: the cards are the one home of each checkpoint's own numbers
 (how it was trained, how it was evaluated, its tables), and the results pages link to them instead of
-repeating them. The nav gets a "Model cards" section listing them."""
+repeating them. The nav gets a "Model cards" section listing them.
 
+A results table that compares a served checkpoint with other runs names it instead of copying its numbers: a
+cell ``card:NAME`` in a markdown table row expands, at build time, into that card's random-order cells at
+each ``K = n`` of the table's header, ``validity % (FCD)`` (``validity %`` where the card has no FCD)."""
+
+import re
 from pathlib import Path
 
 from mkdocs.structure.files import File
@@ -25,6 +30,51 @@ def page(name: str, card: str) -> str:
     title = lines[0] if lines and lines[0].startswith("# ") else f"# {name}"
     body = "\n".join(lines[1:] if lines and lines[0].startswith("# ") else lines)
     return f"{title} (`{name}`)\n\n{head}{body}"
+
+
+CARD_CELL = re.compile(r"\|\s*card:([\w.-]+)\s*\|")
+
+
+def random_order_cells(card: str) -> dict[int, str]:
+    """steps taken -> "validity (FCD)" from the random-order rows of a card's quality table."""
+    cells, columns = {}, None
+    for line in card.splitlines():
+        row = [c.strip() for c in line.strip().strip("|").split("|")]
+        if row and row[0] == "ordering":
+            columns = row if "avg steps" in row else None  # the quality table
+        elif columns and len(row) == len(columns) and row[0] == "random":
+            values = dict(zip(columns, row))
+            fcd = values.get("FCD", "-")
+            cells.setdefault(round(float(values["avg steps"])),
+                             values["validity %"] + (f" ({fcd})" if fcd != "-" else ""))
+    return cells
+
+
+def expand_card_cells(markdown: str, all_cards: dict[str, str]) -> str:
+    """Each ``| label | card:NAME |`` row with NAME's cells at the K of the table's header."""
+    out, header = [], ""
+    for line in markdown.split("\n"):
+        if not line.startswith("|"):
+            header = ""
+        elif not header:
+            header = line
+        m = CARD_CELL.search(line) if line.startswith("|") else None
+        if m:
+            name = m.group(1)
+            if name not in all_cards:
+                raise ValueError(f"card:{name}: no bundled checkpoint {name} has a model card")
+            cells = random_order_cells(all_cards[name])
+            steps = [int(k) for k in re.findall(r"K = (\d+)", header)]
+            missing = [k for k in steps if k not in cells]
+            if not steps or missing:
+                raise ValueError(f"card:{name}: the table's header names K {steps}; the card lacks {missing}")
+            line = line[:m.start()] + "| " + " | ".join(cells[k] for k in steps) + " |" + line[m.end():]
+        out.append(line)
+    return "\n".join(out)
+
+
+def on_page_markdown(markdown, page, config, files):
+    return expand_card_cells(markdown, cards()) if "card:" in markdown else markdown
 
 
 def on_files(files, config):

@@ -64,3 +64,64 @@ def test_documented_recipe_commands_name_real_scripts_configs_and_flags():
         config = re.search(r"--config (\S+)", command)
         if config and not config.group(1).endswith(".yaml"):
             assert (ROOT / "training" / "configs" / f"{config.group(1)}.yaml").is_file(), (where, command)
+
+
+_NUMBER = __import__("re").compile(r"(?<![\w.+\-=/])\d+\.\d+(?![\w.]|\.\d)")
+RESULT_PAGES = ("results-qm9.md", "text.md", "results-moses.md", "concepts.md", "benchmarks.md")
+
+
+def _tables_and_prose(text: str) -> tuple[list[str], list[str]]:
+    """Lines of tables (markdown rows, fenced and indented blocks) and lines of prose (code spans dropped)."""
+    import re
+
+    tables, prose, fence = [], [], False
+    for line in text.splitlines():
+        if line.strip().startswith("```"):
+            fence = not fence
+        elif fence or line.lstrip().startswith("|") or line.startswith("    "):
+            tables.append(line)
+        else:
+            prose.append(re.sub(r"`[^`]*`", "", line))
+    return tables, prose
+
+
+def _row_numbers(line: str) -> tuple[str, ...]:
+    return tuple(_NUMBER.findall(line))
+
+
+def test_results_state_each_measured_number_in_one_place():
+    """A served checkpoint's own tables live in its card: no results page repeats a row of a card; and no
+    page's prose restates a number of its own tables or of a card (checked for numbers of four or more
+    significant digits, where a coincidence is unlikely; shorter ones are kept to differences by review)."""
+    cards = {p.parent.name: p.read_text() for p in (ROOT / "checkpoints").glob("*/model_card.md")}
+    card_rows = {_row_numbers(line) for text in cards.values() for line in _tables_and_prose(text)[0]}
+    card_rows = {row for row in card_rows if len(row) >= 4}
+    card_numbers = {n for text in cards.values() for line in _tables_and_prose(text)[0] for n in _row_numbers(line)}
+    for name in RESULT_PAGES:
+        tables, prose = _tables_and_prose((ROOT / "docs" / name).read_text())
+        for line in tables:
+            assert _row_numbers(line) not in card_rows, f"{name} repeats a model card's row: {line.strip()}"
+        own = {n for line in tables for n in _row_numbers(line)} | card_numbers
+        for line in prose:
+            for n in _row_numbers(line):
+                assert len(n.replace(".", "").lstrip("0")) < 4 or n not in own, f"{name} restates {n}: {line}"
+
+
+def test_readme_results_are_the_served_cards_numbers():
+    """The README's one small table is the served checkpoints' random-order validity, read from their cards
+    (the one copy the docs make, kept equal by this test)."""
+    import re
+
+    rows = [line for line in (ROOT / "README.md").read_text().splitlines() if re.match(r"\| `[\w-]+` ", line)]
+    assert rows
+    header = next(line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| checkpoint |"))
+    steps = [int(k) for k in re.findall(r"K = (\d+)", header)]
+    for row in rows:
+        name = re.match(r"\| `([\w-]+)`", row).group(1)
+        card = (ROOT / "checkpoints" / name / "model_card.md").read_text()
+        validity = {}
+        for line in card.splitlines():  # | random | K | avg steps | validity % | ...
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            if cells[0] == "random" and len(cells) >= 4:
+                validity.setdefault(round(float(cells[2])), cells[3])  # keyed by the steps taken
+        assert list(_row_numbers(row)) == [validity[k] for k in steps], (name, row)
