@@ -125,3 +125,18 @@ def test_readme_results_are_the_served_cards_numbers():
             if cells[0] == "random" and len(cells) >= 4:
                 validity.setdefault(round(float(cells[2])), cells[3])  # keyed by the steps taken
         assert list(_row_numbers(row)) == [validity[k] for k in steps], (name, row)
+
+
+def test_a_card_cell_expands_into_the_cards_own_numbers():
+    sys.path.insert(0, str(ROOT / "docs_hooks"))
+    from model_cards import cards, expand_card_cells
+
+    table = "| validity % (FCD) | K = 4 | K = 22 |\n| --- | --- | --- |\n| TT | card:qm9-tt-r16 |\n"
+    rows = [line for line in (ROOT / "checkpoints" / "qm9-tt-r16" / "model_card.md").read_text().splitlines()
+            if line.startswith("| random | 4 |") or line.startswith("| random | 22 |")]
+    want = [f"{c[3]} ({c[6]})" for c in ([x.strip() for x in r.strip("|").split("|")] for r in rows)]
+    assert expand_card_cells(table, cards()).splitlines()[2] == f"| TT | {want[0]} | {want[1]} |"
+    with pytest.raises(ValueError, match="no bundled checkpoint"):
+        expand_card_cells(table.replace("qm9-tt-r16", "qm9-tt-r99"), cards())
+    with pytest.raises(ValueError, match="lacks"):
+        expand_card_cells(table.replace("K = 22", "K = 64"), cards())
