@@ -5,6 +5,7 @@ results/playground.png (the README shows it). The /depict route and the chemist'
 test_api.py."""
 
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,9 @@ def test_playground_streams_both_checkpoints_and_draws_the_molecules(qm9_server,
         errors = []
         page.on("pageerror", lambda e: errors.append(str(e)))
         page.goto(qm9_server + "/")
-        page.wait_for_function("document.querySelectorAll('#checkpoint-a option').length == 2")
+        # locator waits, not wait_for_function: its string predicate is polled by eval, which the page's CSP
+        # (script-src 'self') refuses when the first check is false
+        sync_api.expect(page.locator("#checkpoint-a option")).to_have_count(2)
         assert page.input_value("#checkpoint-a") == "qm9-tt-r16" and page.input_value("#checkpoint-b") == "qm9-none-r1"
         page.fill("#steps", "6")
         page.fill("#num-samples", "12")
@@ -62,8 +65,12 @@ def test_playground_streams_both_checkpoints_and_draws_the_molecules(qm9_server,
             valid = pane.query_selector_all(".mol.valid")
             assert len(cells) == 12 and valid, pane.inner_text()[:300]
             # every valid molecule got its picture, drawn by the server (an SVG from /depict, loaded)
-            page.wait_for_function("(pane) => [...pane.querySelectorAll('.mol.valid img')].every(i => i.complete "
-                                   "&& i.naturalWidth > 0)", arg=pane)
+            loaded = ("(pane) => [...pane.querySelectorAll('.mol.valid img')]"
+                      ".every(i => i.complete && i.naturalWidth > 0)")
+            deadline = time.monotonic() + 30
+            while not page.evaluate(loaded, pane) and time.monotonic() < deadline:  # evaluate is CSP-exempt
+                time.sleep(0.1)
+            assert page.evaluate(loaded, pane)
             assert len(pane.query_selector_all(".mol.valid img")) == len(valid)
             assert "valid " in pane.query_selector(".summary").inner_text()
         assert page.query_selector_all(".tok.new") == []  # the final answer replaces the step view

@@ -123,7 +123,7 @@ def _playground_generates(url: str, alphabet: set[str]) -> None:
         errors = []
         page.on("pageerror", lambda e: errors.append(str(e)))
         page.goto(url + "/")
-        page.wait_for_function("document.querySelectorAll('#checkpoint-a option').length == 2")
+        sync_api.expect(page.locator("#checkpoint-a option")).to_have_count(2)  # not wait_for_function: CSP
         page.fill("#steps", "4")
         page.fill("#num-samples", "3")
         page.click("#generate")
