@@ -35,19 +35,24 @@ def page(name: str, card: str) -> str:
 CARD_CELL = re.compile(r"\|\s*card:([\w.-]+)\s*\|")
 
 
-def random_order_cells(card: str) -> dict[int, str]:
-    """steps taken -> "validity (FCD)" from the random-order rows of a card's quality table."""
-    cells, columns = {}, None
+def random_order_rows(card: str) -> dict[int, dict[str, str]]:
+    """steps taken -> {column: cell} of the random-order rows of a card's quality table (the first row per
+    number of steps taken: K >= l rows repeat K = l)."""
+    rows, columns = {}, None
     for line in card.splitlines():
         row = [c.strip() for c in line.strip().strip("|").split("|")]
         if row and row[0] == "ordering":
             columns = row if "avg steps" in row else None  # the quality table
         elif columns and len(row) == len(columns) and row[0] == "random":
             values = dict(zip(columns, row))
-            fcd = values.get("FCD", "-")
-            cells.setdefault(round(float(values["avg steps"])),
-                             values["validity %"] + (f" ({fcd})" if fcd != "-" else ""))
-    return cells
+            rows.setdefault(round(float(values["avg steps"])), values)
+    return rows
+
+
+def random_order_cells(card: str) -> dict[int, str]:
+    """steps taken -> "validity (FCD)" ("validity" where the card has no FCD) of the random-order rows."""
+    return {k: v["validity %"] + (f" ({v['FCD']})" if v.get("FCD", "-") != "-" else "")
+            for k, v in random_order_rows(card).items()}
 
 
 def expand_card_cells(markdown: str, all_cards: dict[str, str]) -> str:

@@ -116,15 +116,13 @@ def test_readme_results_are_the_served_cards_numbers():
     assert rows
     header = next(line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| checkpoint |"))
     steps = [int(k) for k in re.findall(r"K = (\d+)", header)]
+    sys.path.insert(0, str(ROOT / "docs_hooks"))
+    from model_cards import random_order_rows
+
     for row in rows:
         name = re.match(r"\| `([\w-]+)`", row).group(1)
-        card = (ROOT / "checkpoints" / name / "model_card.md").read_text()
-        validity = {}
-        for line in card.splitlines():  # | random | K | avg steps | validity % | ...
-            cells = [c.strip() for c in line.strip("|").split("|")]
-            if cells[0] == "random" and len(cells) >= 4:
-                validity.setdefault(round(float(cells[2])), cells[3])  # keyed by the steps taken
-        assert list(_row_numbers(row)) == [validity[k] for k in steps], (name, row)
+        card = random_order_rows((ROOT / "checkpoints" / name / "model_card.md").read_text())
+        assert list(_row_numbers(row)) == [card[k]["validity %"] for k in steps], (name, row)
 
 
 def test_a_card_cell_expands_into_the_cards_own_numbers():

@@ -128,21 +128,23 @@ def this_command() -> str:
     return public_command(["python", f"training/{Path(sys.argv[0]).name}", *sys.argv[1:]])
 
 
+def _section_span(card: str, title: str) -> tuple[int, int]:
+    """(start, end) of section ``title`` in ``card``, up to the next ``## `` heading; start -1 when absent."""
+    start = card.find("\n" + title + "\n")
+    end = card.find("\n## ", start + 1) if start >= 0 else -1
+    return start, (end if end >= 0 else len(card))
+
+
 def replace_section(card: str, title: str, body: str) -> str:
     """``card`` with its section ``title`` (up to the next ``## `` heading) replaced by ``body``, or with
     ``body`` appended when it has none."""
-    start = card.find("\n" + title + "\n")
+    start, end = _section_span(card, title)
     if start < 0:
         return card.rstrip("\n") + "\n\n" + body.rstrip("\n") + "\n"
-    end = card.find("\n## ", start + 1)
-    rest = card[end:] if end >= 0 else ""
-    return card[:start].rstrip("\n") + "\n\n" + body.rstrip("\n") + "\n" + rest
+    return card[:start].rstrip("\n") + "\n\n" + body.rstrip("\n") + "\n" + card[end:]
 
 
 def remove_section(card: str, title: str) -> str:
     """``card`` without its section ``title`` (up to the next ``## `` heading), unchanged when it has none."""
-    start = card.find("\n" + title + "\n")
-    if start < 0:
-        return card
-    end = card.find("\n## ", start + 1)
-    return card[:start].rstrip("\n") + "\n" + (card[end:] if end >= 0 else "")
+    start, end = _section_span(card, title)
+    return card if start < 0 else card[:start].rstrip("\n") + "\n" + card[end:]
