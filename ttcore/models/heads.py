@@ -83,19 +83,9 @@ class JointHead(nn.Module):
         outputs of W', or E * d of W~, at most ``gather_max_outputs``) it runs over all E outputs and
         the rows' slices are gathered: a few large ops instead of one small matmul per distinct start.
         Otherwise rows sharing a start share one matmul on that slice of the weight."""
-        n, d = h.shape
-        idx = start[:, None] + torch.arange(count, device=h.device)  # [n, count]
-        rows = torch.arange(n, device=h.device)[:, None]
-        if self.head == "2layer":
-            if self.e * d <= self.gather_max_outputs:
-                mixed = self.mix(h).view(n, self.e, d)[rows, idx]  # [n, count, d]
-            else:
-                mixed = self._grouped(h, start, count, self.mix.weight, None, d)
-            return base(mixed)
-        v = self.proj.out_features // self.e
-        if self.e * v <= self.gather_max_outputs:
-            return self.proj(h).view(n, self.e, v)[rows, idx]
-        return self._grouped(h, start, count, self.proj.weight, self.proj.bias, v)
+        if self.e * self._width(h) <= self.gather_max_outputs:
+            return self._all_then_gather(h, start[:, None] + torch.arange(count, device=h.device), base)
+        return self._slices(h, start, count, base)
 
     def gather_logits(self, h: torch.Tensor, outputs: torch.Tensor, base: nn.Linear | None) -> torch.Tensor:
         """Any c outputs of each row: h [n, d], outputs [n, c] (indices into the E outputs) -> [n, c, v].
@@ -104,16 +94,27 @@ class JointHead(nn.Module):
         them, it runs once and the rows' outputs are gathered; otherwise each row's outputs run as rows of
         their own, one matmul per distinct output (``_grouped``)."""
         n, c = outputs.shape
+        if self.e * self._width(h) <= self.gather_max_outputs or 8 * c >= self.e:
+            return self._all_then_gather(h, outputs, base)
+        return self._slices(h.repeat_interleave(c, 0), outputs.flatten(), 1, base).view(n, c, -1)
+
+    def _width(self, h: torch.Tensor) -> int:
+        """Columns of the first matmul per output: v (W') or d (W~)."""
+        return h.shape[1] if self.head == "2layer" else self.proj.out_features // self.e
+
+    def _all_then_gather(self, h: torch.Tensor, outputs: torch.Tensor, base: nn.Linear | None) -> torch.Tensor:
+        """The first matmul over all E outputs, then each row's ``outputs`` [n, c] gathered -> [n, c, v]."""
+        n, width = h.shape[0], self._width(h)
         rows = torch.arange(n, device=h.device)[:, None]
-        width = h.shape[1] if self.head == "2layer" else self.proj.out_features // self.e
-        if self.e * width <= self.gather_max_outputs or 8 * c >= self.e:
-            if self.head == "2layer":
-                return base(self.mix(h).view(n, self.e, width)[rows, outputs])
-            return self.proj(h).view(n, self.e, width)[rows, outputs]
-        hc, flat = h.repeat_interleave(c, 0), outputs.flatten()
         if self.head == "2layer":
-            return base(self._grouped(hc, flat, 1, self.mix.weight, None, width).view(n, c, width))
-        return self._grouped(hc, flat, 1, self.proj.weight, self.proj.bias, width).view(n, c, width)
+            return base(self.mix(h).view(n, self.e, width)[rows, outputs])
+        return self.proj(h).view(n, self.e, width)[rows, outputs]
+
+    def _slices(self, h: torch.Tensor, start: torch.Tensor, count: int, base: nn.Linear | None) -> torch.Tensor:
+        """Outputs [start, start + count) of each row, one matmul per distinct start -> [n, count, v]."""
+        if self.head == "2layer":
+            return base(self._grouped(h, start, count, self.mix.weight, None, h.shape[1]))
+        return self._grouped(h, start, count, self.proj.weight, self.proj.bias, self._width(h))
 
     def _grouped(self, h, start, count, weight, bias, width) -> torch.Tensor:
         """One matmul per distinct start on rows [start * width, (start + count) * width) of ``weight``."""
