@@ -14,7 +14,7 @@ from _loop import fit
 from safetensors.torch import load_file
 
 from ttcore.data import SmilesDataset
-from ttcore.models import DiTConfig, JointModel, ModelConfig, load_checkpoint
+from ttcore.models import DiTConfig, JointModel, ModelConfig, load_checkpoint, read_train_config
 from ttcore.training import TrainConfig, evaluate_loss, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,7 +84,7 @@ def test_kill_and_resume_reaches_the_same_state(tmp_path):
 
 def test_finetune_recipe_from_base(tmp_path):
     base = _run(ROOT / "training" / "pretrain.py", "--config", "tiny", "--data", SAMPLE, "--out", tmp_path / "base",
-                "--max-steps", 20, "--quiet")
+                "--max-steps", 20, "--quiet", "--set", "model.n_blocks=1")  # not the tiny config's 2 blocks
     assert base.wait(timeout=300) == 0, base.stderr.read().decode()
     for dec, rank, head in (("tt", 3, "2layer"), ("cp", 4, "1layer"), ("none", 1, "1layer")):
         ft = _run(ROOT / "training" / "finetune.py", "--config", "tiny", "--data", SAMPLE, "--base", tmp_path / "base",
@@ -93,6 +93,9 @@ def test_finetune_recipe_from_base(tmp_path):
         assert ft.wait(timeout=300) == 0, ft.stderr.read().decode()
         model, _, config = load_checkpoint(tmp_path / dec)
         assert (config["model"]["decomposition"], config["model"]["rank"]) == (dec, rank)
+        # the recorded config and the card name the base's architecture, not the config file's defaults
+        assert model.cfg.dit.n_blocks == read_train_config(tmp_path / dec)["model"]["n_blocks"] == 1
+        assert '"n_blocks": 1' in (tmp_path / dec / "model_card.md").read_text()
     # a joint checkpoint as --base continues from its own weights, head included (lr 0: unchanged)
     more = _run(ROOT / "training" / "finetune.py", "--config", "tiny", "--data", SAMPLE, "--base", tmp_path / "tt",
                 "--decomposition", "tt", "--rank", 3, "--head", "2layer", "--out", tmp_path / "more",
