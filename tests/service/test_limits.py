@@ -54,6 +54,14 @@ def test_the_reviewed_oom_request_is_refused_up_front_on_the_bundled_checkpoints
         assert httpx.get(url + "/health").status_code == 200
         ok = httpx.post(url + "/generate", json={"model": "qm9", "num_samples": 4, "steps": 8, "seed": 0}, timeout=60)
         assert ok.status_code == 200 and len(ok.json()["samples"]) == 4
+        # the third bundled family: MOSES, its TT answering by default, rank 1 on request, molecule fields
+        for ask, name in (({}, "moses-tt-r8"), ({"decomposition": "none"}, "moses-none-r1")):
+            r = httpx.post(url + "/generate", json={"model": "moses", "num_samples": 3, "steps": 8, "seed": 0, **ask},
+                           timeout=60)
+            assert r.status_code == 200 and r.json()["checkpoint"] == name, r.text
+            samples = r.json()["samples"]
+            assert len(samples) == 3 and all(isinstance(s["valid"], bool) for s in samples)
+            assert all((s["canonical"] is not None) == s["valid"] for s in samples)
     finally:
         _stop(proc)
 
