@@ -24,10 +24,14 @@ from ttcore.metrics.moses import COLUMNS, HEADERS, PUBLISHED, PUBLISHED_SOURCE, 
 from ttcore.models import load_for_inference
 
 
-def settings(steps: list[int], gammas: list[float], eb_max_steps: int) -> list[tuple[str, int, dict]]:
-    """(label, K, generate's keyword arguments): random order at each K, then EB-Sampler at each gamma."""
+def settings(steps: list[int], gammas: list[float], eb_max_steps: int,
+             adaptive_path: str = "exact") -> list[tuple[str, int, dict]]:
+    """(label, K, generate's keyword arguments): random order at each K, then EB-Sampler at each gamma, by
+    the exact chain rule or on the fast path (the service's default; the label says ``fast``)."""
     out = [(f"random K={k}", k, {"ordering": "random"}) for k in steps]
-    out += [(f"EB gamma={g:g}", eb_max_steps, {"eb_gamma": g}) for g in gammas]
+    fast = " fast" if adaptive_path == "fast" else ""
+    out += [(f"EB gamma={g:g}{fast}", eb_max_steps, {"eb_gamma": g, "adaptive_path": adaptive_path})
+            for g in gammas]
     return out
 
 
@@ -56,6 +60,8 @@ def main():
     ap.add_argument("--steps", type=int, nargs="+", default=[4, 8, 16, 32, 64])
     ap.add_argument("--eb-gammas", type=float, nargs="*", default=[0.5, 1.0])
     ap.add_argument("--eb-max-steps", type=int, default=128)
+    ap.add_argument("--adaptive-path", choices=["exact", "fast"], default="exact",
+                    help="EB-Sampler by the exact chain rule or on the fast path (the service's default)")
     ap.add_argument("--batch", type=int, default=500)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--memory-mb", type=int, default=4096)
@@ -75,7 +81,7 @@ def main():
     rows = []
     for path in checkpoint_dirs(args.checkpoints):
         model, tok, _ = load_for_inference(path, args.device, args.precision)
-        for label, k, kw in settings(args.steps, args.eb_gammas, args.eb_max_steps):
+        for label, k, kw in settings(args.steps, args.eb_gammas, args.eb_max_steps, args.adaptive_path):
             res = run_setting(model, tok, args.samples, k, args.batch, args.seed, args.memory_mb, **kw)
             row = {"checkpoint": path.name, "decomposition": model.cfg.decomposition, "rank": model.cfg.rank,
                    "sampler": label, "steps": k, "avg_steps": res["avg_steps"], "seconds": res["seconds"],

@@ -34,10 +34,10 @@ def test_moses_table_recipe(tmp_path):
          "--out", tmp_path / "ck" / "tt", "--max-steps", 3, env=env)
     printed = _run("training/evaluate_moses.py", "--checkpoints", tmp_path / "ck", "--out", tmp_path / "r",
                    "--samples", 24, "--batch", 12, "--steps", 2, 4, "--eb-gammas", 1.0, "--reference-limit", 300,
-                   "--precision", "fp32", env=env)
+                   "--precision", "fp32", "--adaptive-path", "fast", env=env)
     rows = json.loads((tmp_path / "r" / "moses.json").read_text())
     assert [(r["checkpoint"], r["sampler"]) for r in rows] == [
-        (c, s) for c in ("base", "tt") for s in ("random K=2", "random K=4", "EB gamma=1")]
+        (c, s) for c in ("base", "tt") for s in ("random K=2", "random K=4", "EB gamma=1 fast")]
     for r in rows:
         assert r["samples"] == 24 and 0 <= r["valid"] <= 1 and r["unique@1k"] is None  # fewer than 1,000 valid
         assert r["n_valid"] == round(24 * r["valid"])
