@@ -113,7 +113,7 @@ class JointHead(nn.Module):
     def _slices(self, h: torch.Tensor, start: torch.Tensor, count: int, base: nn.Linear | None) -> torch.Tensor:
         """Outputs [start, start + count) of each row, one matmul per distinct start -> [n, count, v]."""
         if self.head == "2layer":
-            return base(self._grouped(h, start, count, self.mix.weight, None, h.shape[1]))
+            return base(self._grouped(h, start, count, self.mix.weight, None, self._width(h)))
         return self._grouped(h, start, count, self.proj.weight, self.proj.bias, self._width(h))
 
     def _grouped(self, h, start, count, weight, bias, width) -> torch.Tensor:
