@@ -161,8 +161,10 @@ def test_health_turns_503_while_a_worker_is_stalled_on_one_step(checkpoints):
     proc, url = start_uvicorn(checkpoints, "--stall-s", "0.05", "--max-step-s", "1000")
     try:
         seen = []
+        # the exact chain rule makes the one step last ~4 s here (the fast path's 0.3 s could finish between two
+        # polls on a faster machine: that is how CI once missed the 503)
         worker = threading.Thread(target=lambda: seen.append(httpx.post(url + "/generate", json=dict(
-            model="text", ordering="entropy", num_samples=256, steps=1, seed=0), timeout=300)))
+            model="text", ordering="entropy", adaptive_path="exact", num_samples=256, steps=1, seed=0), timeout=300)))
         worker.start()
         unhealthy = []
         assert _until(lambda: unhealthy.append(httpx.get(url + "/health")) or unhealthy[-1].status_code == 503, 60)
