@@ -1,8 +1,10 @@
 """The training loop of the recipes (``pretrain.py``, ``finetune.py``): they build a model and call ``fit``,
 which assembles the library's parts (``ttcore.training``: config, schedule, data order, EMA, checkpoint
 state, validation, cards). A run writes an atomic checkpoint every ``ckpt_minutes`` and at the end;
-``resume`` continues exactly (model, optimizer, LR schedule position, RNG, step, data position). Under
-torchrun, data-parallel across the processes (``ttcore.parallel``)."""
+``resume`` continues exactly (model, optimizer, LR schedule position, every process's mask stream, step, data
+position) when it runs on as many processes as wrote the checkpoint (on another number, the mask streams
+reseed from (seed, rank, step) and the state records it). Under torchrun, data-parallel across the processes
+(``ttcore.parallel``)."""
 
 import contextlib
 import resource
@@ -88,10 +90,14 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
     if saved is not None:
         tensors, meta = saved
         load_optimizer_state(opt, tensors, meta.pop("optimizer"))
-        if workers.main:  # the checkpoint holds process 0's mask stream; the others reseed from (seed, rank, step)
-            restore_generator(gen, tensors["rng.generator"], meta, cfg.seed)
+        # every process's mask stream continues where it stopped when the run resumes on as many processes;
+        # on another number of processes (or a checkpoint without them) the others reseed from (seed, rank, step)
+        own = "rng.generator" if workers.main else f"rng.generator.{workers.rank}"
+        if own in tensors and meta.get("processes", 1) == workers.world:
+            restore_generator(gen, tensors[own], meta, cfg.seed)
         else:
             gen.manual_seed(cfg.seed + RESEED_STRIDE * (meta["step"] + workers.rank * 1_000_003))
+            meta.setdefault("reseeded", []).append({"step": meta["step"], "processes": workers.world})
         torch.set_rng_state(tensors["rng.torch"])
         meta["device"] = str(device)
         order = BatchOrder(len(train_tokens), cfg.batch_size, cfg.seed, meta["epoch"], meta["index"])
@@ -114,12 +120,18 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
                                  precision=cfg.precision, eps=cfg.eps, device=device, kl_weight=cfg.kl_weight)
 
     def checkpoint():
+        """Called by every process (they exchange their mask streams' states); process 0 writes."""
+        states = workers.gather_states(gen.get_state())
+        if not workers.main:
+            return
+        meta["processes"] = workers.world
         meta["wall_seconds"] = start_wall + time.time() - start_time
         meta["seconds_per_step"] = meta["wall_seconds"] / max(1, meta["step"])
         meta["epoch"], meta["index"] = order.epoch, order.index
         meta["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         opt_tensors, opt_meta = optimizer_state(opt)
-        tensors = dict(opt_tensors, **{"rng.generator": gen.get_state(), "rng.torch": torch.get_rng_state()})
+        tensors = dict(opt_tensors, **{"rng.generator": states[0], "rng.torch": torch.get_rng_state()},
+                       **{f"rng.generator.{rank}": state for rank, state in enumerate(states) if rank})
         if ema is not None:
             meta["ema_updates"] = ema.updates
         with ema.applied(model) if ema is not None else contextlib.nullcontext() as raw:
@@ -134,7 +146,13 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
     stop = _StopOnSignal()  # SIGTERM / SIGINT: finish the step, checkpoint, return
     while meta["step"] < max_steps:
         out_of_time = max_minutes is not None and time.time() - start_time > 60 * max_minutes
-        if workers.any(out_of_time or stop.requested, device):  # every process stops on the same step
+        due = workers.main and meta["step"] > 0 and time.time() - last_ckpt > 60 * cfg.ckpt_minutes
+        # every process stops, and checkpoints, on the same step (process 0's clock decides when one is due)
+        stop_now, checkpoint_now = workers.any_of([out_of_time or stop.requested, due], device)
+        if checkpoint_now:
+            checkpoint()
+            last_ckpt = time.time()
+        if stop_now:
             break
         step = meta["step"]
         for group in opt.param_groups:
@@ -144,7 +162,8 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
             if model.latent_dim:
                 losses = vadd_loss(model, x0, mask_id, cfg.kl_weight, cfg.eps, generator=gen)
             else:
-                losses = mdlm_loss(model, x0, mask_id, cfg.eps, generator=gen, marginal_weight=cfg.marginal_weight)
+                losses = mdlm_loss(model, x0, mask_id, cfg.eps, generator=gen, marginal_weight=cfg.marginal_weight,
+                                   processes=workers)
         opt.zero_grad(set_to_none=True)
         losses["loss"].backward()
         workers.average_gradients(params)  # the global batch's mean gradient on every process
@@ -169,16 +188,11 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
             meta["val"] = validate()
             if not quiet:
                 bar.write(f"step {meta['step']}: val " + " ".join(f"{k} {v:.4f}" for k, v in meta["val"].items()))
-        if time.time() - last_ckpt > 60 * cfg.ckpt_minutes:
-            checkpoint()
-            last_ckpt = time.time()
     bar.close()
     stop.restore()
     workers.check_replicas(model)
-    if workers.main:
-        if not meta["val"]:
-            meta["val"] = validate()
-        meta["processes"] = workers.world
-        checkpoint()
+    if workers.main and not meta["val"]:
+        meta["val"] = validate()
+    checkpoint()
     workers.close()
     return meta

@@ -36,7 +36,7 @@ def forward_mask(x0: torch.Tensor, t: torch.Tensor, mask_id: int,
 
 def mdlm_loss(model, x0: torch.Tensor, mask_id: int, eps: float = 1e-3,
               generator: torch.Generator | None = None, t: torch.Tensor | None = None,
-              marginal_weight: float = 0.0) -> dict:
+              marginal_weight: float = 0.0, mask: torch.Tensor | None = None, processes=None) -> dict:
     """One batch of the objective (Eq. 20: L_NLL + L_C). Returns, for this batch:
     - ``loss``: the joint NLL per masked token (below) plus L_C, plus ``marginal_weight`` times
       ``marginal_nll`` (the marginal-consistency term: the paper's L_marginal of Eq. 4, which it uses only
@@ -53,23 +53,50 @@ def mdlm_loss(model, x0: torch.Tensor, mask_id: int, eps: float = 1e-3,
     The per-decomposition terms are in ``ttcore.decompositions`` (rank 1: Eq. 4; CP: Eqs. 6, 14-15;
     TT: Eqs. 9, 16-17, 19).
     ``marginal_nll`` and ``nelbo`` are metrics, computed without gradient unless ``marginal_weight`` > 0.
+
+    ``t`` [b] and ``mask`` [b, l] (bool) fix the times and the masked set instead of drawing them.
+
+    Data-parallel training (``processes``: ``ttcore.parallel.Workers``, or anything with ``world`` and
+    ``all_sum``): ``x0`` is this process's share of a global batch, and every per-token normalizer (|M| of
+    ``nll``, ``marginal_nll`` and L_C's 1/N) is the global batch's, summed across the processes. ``loss`` is
+    then ``world`` times this process's part of the global objective, so that averaging the gradients over the
+    processes (``Workers.average_gradients``) gives the gradient of the single-process objective on the global
+    batch, whatever each share's masked count (a mean of per-process means would weigh a token of a share with
+    few masked tokens more). The metrics returned beside it stay this process's own (its share's ratios).
     """
     b, l = x0.shape
     if t is None:
         t = sample_times(b, eps, x0.device, generator)
-    x_t, mask = forward_mask(x0, t, mask_id, generator)
+    if mask is None:
+        x_t, mask = forward_mask(x0, t, mask_id, generator)
+    else:
+        x_t = torch.where(mask, torch.full_like(x0, mask_id), x0)
     out = model(x_t, mask, sigma=t)
     nll = -out.log_prob(x0)  # [b]
     n_masked = mask.sum().clamp_min(1)
-    lc = out.auxiliary_loss()
+    lc = out.auxiliary_loss()  # a mean over this share's masked positions (TT: Eq. 19's 1/N)
     with torch.set_grad_enabled(torch.is_grad_enabled() and marginal_weight > 0):
         per_position = per_sequence(-out.marginal_log_probs(x0), mask)  # [b]
     per_token = nll.sum() / n_masked
     marginal = per_position.sum() / n_masked
-    loss = per_token + lc + marginal_weight * marginal if marginal_weight > 0 else per_token + lc
+    if processes is None or processes.world == 1:
+        loss = per_token + lc + marginal_weight * marginal if marginal_weight > 0 else per_token + lc
+    else:
+        loss = _global_share(nll.sum(), per_position.sum(), lc * mask.sum(), mask.sum(), marginal_weight,
+                              processes)
     per_position = per_position.detach()
     return {"loss": loss, "nll": per_token.detach(), "lc": lc.detach(),
             "marginal_nll": marginal.detach(), "nelbo": (per_position / t).sum() / (b * l)}
+
+
+def _global_share(nll_sum: torch.Tensor, marginal_sum: torch.Tensor, lc_sum: torch.Tensor, n_masked: torch.Tensor,
+                  marginal_weight: float, processes) -> torch.Tensor:
+    """This process's part of Eq. 20 (plus the marginal-consistency term) on the global batch: its sums over
+    masked tokens divided by the global masked count, times the number of processes (``mdlm_loss``), so that
+    the averaged gradient is the global objective's."""
+    total = nll_sum + lc_sum + (marginal_weight * marginal_sum if marginal_weight > 0 else 0)
+    n_global = processes.all_sum(n_masked.detach().float()).clamp_min(1)
+    return total * processes.world / n_global
 
 
 def vadd_loss(model, x0: torch.Tensor, mask_id: int, kl_weight: float = 1.0, eps: float = 1e-3,

@@ -5,12 +5,14 @@
 
 Every process reads the same global batch order (``BatchOrder``, the run's seed) and trains on its share of
 each batch (rows ``rank::world``), so the global batch size and the data order are those of a one-process run
-with the same config. Gradients are averaged across processes after each backward pass (one flattened
-all-reduce: the average over the global batch, since every share is the same size), so the replicas stay
-identical. Process 0 validates, logs and writes checkpoints; the others wait for it at the next all-reduce.
-Decisions that depend on a clock or a signal (time budget, SIGTERM) are agreed by all processes each step, so
-they stop on the same step. Backend: NCCL on CUDA, gloo on CPU. Without torchrun's environment (``WORLD_SIZE``
-unset or 1) nothing here communicates.
+with the same config. Each process's loss is its part of the global batch's objective, normalized by the
+global masked-token count (``mdlm_loss(..., processes=workers)``), and gradients are averaged across processes
+after each backward pass (one flattened all-reduce), so every process holds the gradient a single process
+computes on the global batch and the replicas stay identical. Process 0 validates, logs and writes checkpoints
+(with every process's mask-stream state, gathered); the others wait for it at the next collective. Decisions
+that depend on a clock or a signal (time budget, checkpoint due, SIGTERM) are agreed by all processes each
+step, so they stop and checkpoint on the same step. Backend: NCCL on CUDA, gloo on CPU. Without torchrun's
+environment (``WORLD_SIZE`` unset or 1) nothing here communicates.
 """
 
 import os
@@ -59,28 +61,51 @@ class Workers:
             raise ValueError(f"batch_size {batch_size} must be divisible by the {self.world} training processes "
                              "(each trains on an equal share of every global batch)")
 
+    def all_sum(self, value: torch.Tensor) -> torch.Tensor:
+        """The sum of ``value`` over the processes (no gradient flows through it: a count or a normalizer)."""
+        if self.world == 1:
+            return value
+        total = value.detach().clone()
+        dist.all_reduce(total)
+        return total
+
     def average_gradients(self, params: list[torch.nn.Parameter]) -> None:
-        """Replace each gradient by its average over the processes (one all-reduce of all of them; a missing
-        gradient counts as zeros, so every process sends the same layout)."""
+        """Replace each gradient by its average over the processes (one all-reduce of all of them). A parameter
+        that no process gave a gradient keeps none, as in a single process (so AdamW skips it, neither
+        decaying it nor moving its moments); one that only some processes reached counts as zeros on the
+        others (its true contribution there)."""
         if self.world == 1:
             return
+        reached = torch.tensor([p.grad is not None for p in params], dtype=torch.float32, device=params[0].device)
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
+        flat = torch.cat([reached] + [g.reshape(-1) for g in grads])
         dist.all_reduce(flat)
-        flat /= self.world
+        reached, flat = flat[:len(params)] > 0, flat[len(params):] / self.world
         offset = 0
-        for p, g in zip(params, grads):
+        for p, g, any_grad in zip(params, grads, reached.tolist()):
             n = g.numel()
-            p.grad = flat[offset:offset + n].view_as(p).to(p.dtype)
+            p.grad = flat[offset:offset + n].view_as(p).to(p.dtype) if any_grad else None
             offset += n
+
+    def gather_states(self, state: torch.Tensor) -> list[torch.Tensor]:
+        """Every process's ``state`` (a generator's byte state, say), in rank order, on every process."""
+        if self.world == 1:
+            return [state]
+        everyone = [None] * self.world
+        dist.all_gather_object(everyone, state.cpu())
+        return everyone
 
     def any(self, flag: bool, device: torch.device) -> bool:
         """True on every process when it is true on any (a stop decision all of them take on the same step)."""
+        return self.any_of([flag], device)[0]
+
+    def any_of(self, flags: list[bool], device: torch.device) -> list[bool]:
+        """``any`` for several decisions in one all-reduce."""
         if self.world == 1:
-            return flag
-        t = torch.tensor([int(flag)], device=device)
+            return list(flags)
+        t = torch.tensor([int(f) for f in flags], device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return bool(t.item())
+        return [bool(v) for v in t.tolist()]
 
     def broadcast_parameters(self, model: torch.nn.Module) -> None:
         """Process 0's weights everywhere (the replicas start identical whatever each process loaded)."""

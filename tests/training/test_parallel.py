@@ -15,6 +15,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
+from ttcore.losses import mdlm_loss
+from ttcore.models import DiTConfig, JointModel, ModelConfig
 from ttcore.parallel import Workers
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,18 +34,21 @@ def _averaged_gradient(rank: int, world: int, port: int, out: str) -> None:
     workers = Workers.from_env(torch.device("cpu"))
     torch.manual_seed(0)
     model = torch.nn.Linear(5, 3)
+    model.unused = torch.nn.Parameter(torch.ones(2))  # no process reaches it
     x, y = torch.randn(8, 5, generator=torch.Generator().manual_seed(1)), torch.randn(8, 3)
     workers.broadcast_parameters(model)
     loss = (model(workers.share(x)) - workers.share(y)).pow(2).mean()
     loss.backward()
     workers.average_gradients(list(model.parameters()))
-    save_file({n: p.grad.contiguous() for n, p in model.named_parameters()}, f"{out}/{rank}.safetensors")
+    assert model.unused.grad is None  # as in one process, so AdamW skips it (a zero gradient would decay it)
+    save_file({n: p.grad.contiguous() for n, p in model.named_parameters() if p.grad is not None},
+              f"{out}/{rank}.safetensors")
     dist.destroy_process_group()
 
 
 def test_averaged_shares_give_the_full_batch_gradient(tmp_path):
     """Two processes, each with half of a batch of 8: after the all-reduce both hold the gradient of the mean
-    loss over the whole batch, as one process computes it."""
+    loss over the whole batch, as one process computes it, and a parameter no process reached has none."""
     mp.spawn(_averaged_gradient, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
     torch.manual_seed(0)
     model = torch.nn.Linear(5, 3)
@@ -51,31 +56,95 @@ def test_averaged_shares_give_the_full_batch_gradient(tmp_path):
     (model(x) - y).pow(2).mean().backward()
     for rank in (0, 1):
         grads = load_file(tmp_path / f"{rank}.safetensors")
+        assert set(grads) == {"weight", "bias"}
         for n, p in model.named_parameters():
             assert torch.allclose(grads[n], p.grad, atol=1e-6), (rank, n)
 
 
+V, L, B = 5, 6, 4
+
+
+def _tt_batch():
+    """A tiny TT model and a global batch of 4 whose two shares (rows 0, 2 and 1, 3) hold 11 and 6 masked
+    tokens: a mean of per-share means weighs them unequally."""
+    torch.manual_seed(0)
+    model = JointModel(ModelConfig(DiTConfig(vocab_size=V + 1, out_vocab=V, length=L, hidden_dim=16, cond_dim=8,
+                                             n_blocks=1, n_heads=2), decomposition="tt", rank=3))
+    x0 = torch.randint(0, V, (B, L), generator=torch.Generator().manual_seed(3))
+    mask = torch.zeros(B, L, dtype=torch.bool)
+    mask[0, :6] = mask[2, :5] = True  # share 0: 11
+    mask[1, :4] = mask[3, :2] = True  # share 1: 6
+    return model, x0, torch.tensor([0.9, 0.5, 0.8, 0.3]), mask
+
+
+def _real_loss_gradient(rank: int, world: int, port: int, out: str, marginal_weight: float) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    workers = Workers.from_env(torch.device("cpu"))
+    model, x0, t, mask = _tt_batch()
+    share = workers.share
+    losses = mdlm_loss(model, share(x0), V, t=share(t), mask=share(mask), marginal_weight=marginal_weight,
+                       processes=workers)
+    losses["loss"].backward()
+    workers.average_gradients(list(model.parameters()))
+    save_file({n: p.grad.contiguous() for n, p in model.named_parameters() if p.grad is not None},
+              f"{out}/{rank}.safetensors")
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("marginal_weight", [0.0, 0.5])
+def test_data_parallel_mdlm_loss_gives_the_single_process_gradient(tmp_path, marginal_weight):
+    """The real objective (joint NLL + L_C of Eq. 19, plus the marginal-consistency term) on two processes whose
+    shares hold 11 and 6 masked tokens: after the all-reduce each holds the gradient one process computes on the
+    whole batch (the global per-token mean). A mean of the two per-share means is 7% off here, so this fails
+    if any term is normalized by a share's own count."""
+    mp.spawn(_real_loss_gradient, args=(2, _free_port(), str(tmp_path), marginal_weight), nprocs=2, join=True)
+    model, x0, t, mask = _tt_batch()
+    whole = mdlm_loss(model, x0, V, t=t, mask=mask, marginal_weight=marginal_weight)
+    assert whole["lc"] > 0  # the TT's L_C term is part of what is compared
+    whole["loss"].backward()
+    reference = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    # the mean of per-share means, as the recipe computed it before: measurably different
+    model.zero_grad()
+    halves = [mdlm_loss(model, x0[r::2], V, t=t[r::2], mask=mask[r::2], marginal_weight=marginal_weight)["loss"]
+              for r in (0, 1)]
+    (sum(halves) / 2).backward()
+    ref_flat = torch.cat([g.flatten() for g in reference.values()])
+    naive = torch.cat([model.get_parameter(n).grad.flatten() for n in reference])
+    assert (naive - ref_flat).norm() / ref_flat.norm() > 0.01
+    for rank in (0, 1):
+        grads = load_file(tmp_path / f"{rank}.safetensors")
+        assert grads.keys() == reference.keys()
+        got = torch.cat([grads[n].flatten() for n in reference])
+        assert (got - ref_flat).norm() / ref_flat.norm() < 1e-5, rank
+
+
 @pytest.mark.slow
-def test_torchrun_trains_a_tiny_model_on_two_processes_and_resumes(tmp_path):
+def test_torchrun_trains_a_tiny_model_on_two_processes_and_resumes_exactly(tmp_path):
     """The documented command at its smallest: ``torchrun --nproc_per_node 2 training/pretrain.py``. Process 0
-    writes the checkpoint (the run records 2 processes), the replicas end identical (``check_replicas`` raises
-    otherwise), the validation loss drops, and a resumed run on two processes continues to the new target."""
-    out = tmp_path / "ddp"
-    common = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-              str(ROOT / "training" / "pretrain.py"), "--config", "tiny", "--data", str(SAMPLE), "--out", str(out),
-              "--quiet", "--set", "threads=1", "val_every=10"]
+    writes the checkpoint (the run records 2 processes and both processes' mask streams), the replicas end
+    identical (``check_replicas`` raises otherwise), the validation loss drops, and 10 steps then a resumed 10
+    give the weights of 20 steps in one run, bit for bit (process 1's mask stream continues too)."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    first = subprocess.run(common + ["--max-steps", "20"], cwd=ROOT, env=env, capture_output=True, text=True,
-                           timeout=600)
-    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
+
+    def torchrun(out, *extra):
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                               str(ROOT / "training" / "pretrain.py"), "--config", "tiny", "--data", str(SAMPLE),
+                               "--out", str(out), "--quiet", "--set", "threads=1", "val_every=10", *extra], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+        return done, json.loads((out / "train_state" / "state.json").read_text())
+
+    first, state = torchrun(tmp_path / "ddp", "--max-steps", "10")
     assert first.stdout.count("wrote ") == 1, first.stdout  # process 0 only
-    state = json.loads((out / "train_state" / "state.json").read_text())
-    assert state["step"] == 20 and state["processes"] == 2
-    again = subprocess.run(common + ["--max-steps", "40", "--resume"], cwd=ROOT, env=env, capture_output=True,
-                           text=True, timeout=600)
-    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
-    state2 = json.loads((out / "train_state" / "state.json").read_text())
-    assert state2["step"] == 40 and state2["val"]["nll"] < state["val"]["nll"]
+    assert state["step"] == 10 and state["processes"] == 2
+    assert "rng.generator.1" in load_file(tmp_path / "ddp" / "train_state" / "state.safetensors")
+    _, state2 = torchrun(tmp_path / "ddp", "--max-steps", "20", "--resume")
+    assert state2["step"] == 20 and state2["val"]["nll"] < state["val"]["nll"] and "reseeded" not in state2
+    torchrun(tmp_path / "straight", "--max-steps", "20")
+    a = load_file(tmp_path / "ddp" / "model.safetensors")
+    b = load_file(tmp_path / "straight" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_ray_train_runs_the_recipe_as_torchrun_does(tmp_path):
