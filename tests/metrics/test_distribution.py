@@ -41,7 +41,7 @@ def test_scaffold_counts_and_their_cosine():
     assert scaffolds(["c1ccccc1C", "CCO", "C1CC1CN"], min_rings=1) == {"c1ccccc1": 1, "C1CC1": 1}
     other = {"c1ccc2ccccc2c1": 1, "C1CCC1": 3}
     assert cosine_similarity(counts, other) == pytest.approx(2 / (math.sqrt(5) * math.sqrt(10)))
-    assert cosine_similarity(counts, {}) == 0.0
+    assert math.isnan(cosine_similarity(counts, {})) and math.isnan(cosine_similarity({}, {}))  # as MOSES
 
 
 @pytest.mark.slow

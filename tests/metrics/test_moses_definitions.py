@@ -7,6 +7,7 @@ and its SA-score module imports ``rdkit.six`` (removed from RDKit). Both are sup
 by the functions they named (``pd.concat``, ``dict.items``); neither touches the metrics compared."""
 
 import importlib
+import math
 import importlib.util
 import pickle
 import sys
@@ -65,6 +66,15 @@ def test_distribution_metrics_match_moses(moses_metrics, sets):
     assert theirs["scaf"] > 0.05 and theirs["frag"] < 0.999  # sets on which the definitions could differ
     for name, value in theirs.items():
         assert ours[name] == pytest.approx(float(value), rel=1e-5, abs=1e-6), name
+
+
+def test_cosine_of_an_empty_count_set_is_nan_as_in_moses(moses_metrics):
+    from ttcore.metrics.distribution import cosine_similarity
+
+    counts = {"c1ccccc1": 2, "C1CC1": 1}
+    for a, b in ((counts, {}), ({}, counts), ({}, {})):
+        assert math.isnan(moses_metrics.cos_similarity(a, b)) and math.isnan(cosine_similarity(a, b))
+    assert cosine_similarity(counts, counts) == pytest.approx(moses_metrics.cos_similarity(counts, counts))
 
 
 def test_counting_metrics_match_moses(moses_metrics, sets):

@@ -96,11 +96,14 @@ def moses_counts(generated: list[str], training: set[str], ks: tuple[int, ...] =
 
 
 def cosine_similarity(a: dict, b: dict) -> float:
-    """Cosine of the two count vectors over the union of their keys (0 if either is empty)."""
+    """Cosine of the two count vectors over the union of their keys; NaN if either is empty (MOSES's
+    ``cos_similarity``: a sample set without a scaffold has no Scaf, not a Scaf of 0)."""
+    if not a or not b:
+        return float("nan")
     keys = list(set(a) | set(b))
     u, v = np.array([a.get(k, 0) for k in keys], float), np.array([b.get(k, 0) for k in keys], float)
     norm = np.linalg.norm(u) * np.linalg.norm(v)
-    return float(u @ v / norm) if norm > 0 else 0.0
+    return float(u @ v / norm) if norm > 0 else float("nan")
 
 
 @functools.cache
