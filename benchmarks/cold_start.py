@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
-LOADED = re.compile(r"loaded (\S+): .*?per sequence: ([\d.]+) s a step, about ([\d.]+) s of chain-rule picks")
+LOADED = re.compile(r"loaded (\S+): .*?per sequence: ([\d.]+) s a step .*?about ([\d.]+) s of exact chain-rule picks")
 
 
 def _port() -> int:

@@ -4,15 +4,17 @@ Memory: ``ttcore.sampling.cost`` gives the bytes one step holds per sequence (fr
 a request larger than the memory budget is drawn in micro-batches of sequences (``max_rows_per_pass``),
 so its peak stays under the budget whatever ``num_samples`` is.
 
-Compute: at start-up every checkpoint is timed on this machine (``calibrate``, best of three short
-timings): a predetermined step per sequence, for TT an exact-contraction step per sequence, a fast adaptive
-step (a cheap choice, then a joint draw) per sequence, and the chain-rule picks of a whole adaptive
-generation per sequence (from one pick). The engine then corrects
-each estimate from the time every finished request took (``Speed.observe``). A request's estimate is
-sequences x (steps x step time + chain-rule time); it must fit the request's deadline, and its longest
-step must fit the stall limit that ``/health`` watches. A request that cannot fit gets a 422 naming a
-setting that would (the largest ``num_samples``, or ``steps``), checked by this same rule.
-"""
+Compute: at start-up every checkpoint is timed on this machine (``calibrate``, best of a few short
+timings at one row and at ``CALIBRATION_ROWS`` rows): a predetermined step, for TT an exact-contraction
+step, a fast adaptive step (a cheap choice, then a joint draw), each as a per-step overhead plus a cost per
+sequence, and the chain-rule picks of a whole adaptive generation per sequence (from one pick). The engine
+then corrects each per-sequence cost from the time every request took (``Speed.observe``). A request's
+estimate is steps x (overhead + sequences x step cost) + sequences x chain-rule time; it must fit the
+request's deadline, and its longest step must fit the step limit (half the stall limit that ``/health``
+watches). A request that cannot fit gets a 422 naming a setting that would (the largest ``num_samples``,
+two significant digits, or ``steps``), checked by this same rule. Before refusing a request of a kind that
+no request has measured yet, the service re-times that kind on its model's idle worker
+(``Speed.recalibrate``) and decides by the fresh timing."""
 
 import math
 import statistics
@@ -34,29 +36,42 @@ class TooLarge(ValueError):
 
 WINDOW = 8  # observations per kind of work that the estimate is the median of
 CALIBRATION_REPEATS = 3  # best of this many short timings at start-up
+CALIBRATION_ROWS = 16  # the batched calibration step: a step of n rows costs overhead + n x per-row
+RECALIBRATE_EVERY_S = 60.0  # a kind is re-timed before a refusal at most this often (each costs < 1 s of work)
 
 
 class Speed:
-    """Seconds on this machine, per sequence, of four kinds of work (``SamplerConfig.work_kind``): one
-    predetermined step (forward + joint draw), one exact-contraction step (TT), one fast adaptive step
-    (forward + choice + joint draw), and a whole generation's chain-rule picks (adaptive orderings and EB
-    by the exact chain rule, any step count).
+    """Seconds on this machine of four kinds of work (``SamplerConfig.work_kind``): one predetermined step
+    (forward + joint draw), one exact-contraction step (TT), one fast adaptive step (forward + choice + joint
+    draw), and a whole generation's chain-rule picks (adaptive orderings and EB by the exact chain rule, any
+    step count), per sequence.
 
-    Each estimate is the median of the last ``WINDOW`` observations of its kind, and starts with one: the
-    start-up calibration (``calibrate``). Every request the engine finishes adds one observation, its
-    measured time per sequence (``observe``), so a calibration taken while the machine was busy is
-    outvoted after two ordinary requests, and a machine that turns busy raises the estimate as fast."""
+    A step of n sequences is estimated as ``overhead + n x per_row`` (``step_seconds``): a step of 256 rows
+    is not 256 one-row steps (measured on qm9-cp-r64: 4.8 ms for one row, 249 ms for 256, 0.97 ms a row).
+    The overhead is the start-up calibration's (``calibrate``: one row and ``CALIBRATION_ROWS`` rows), and is
+    fixed; the per-row cost is the median of the last ``WINDOW`` observations of its kind and starts with
+    one: the calibration's. Every request the engine runs adds one observation when it finishes or its
+    deadline passes (``observe``), so a calibration taken while the machine was busy is outvoted after two
+    ordinary requests, and a machine that turns busy raises the estimate as fast. A kind that no request
+    has measured yet, whose requests are all refused, would never be corrected: the service re-times it
+    (``recalibrate``) on its model's idle worker before it refuses such a request, at most once every
+    ``RECALIBRATE_EVERY_S`` per kind, so a calibration inflated by a busy start cannot go on refusing what
+    the machine now serves."""
 
     KINDS = ("predetermined_step", "exact_step", "chooser_step", "chain_rule")
 
     def __init__(self, predetermined_step: float, exact_step: float, chain_rule: float,
-                 chooser_step: float | None = None):
+                 chooser_step: float | None = None, overhead: dict[str, float] | None = None):
         first = dict(predetermined_step=predetermined_step, exact_step=exact_step, chain_rule=chain_rule,
                      chooser_step=predetermined_step if chooser_step is None else chooser_step)
         self._seen = {k: deque([first[k]], maxlen=WINDOW) for k in self.KINDS}
+        self.overhead = {k: 0.0 for k in self.KINDS} | dict(overhead or {})
+        self.overhead["chain_rule"] = 0.0
+        self.measured: set[str] = set()
+        self._recalibrated: dict[str, float] = {}  # kind -> when it was last re-timed (time.monotonic)
 
     def estimate(self, kind: str) -> float:
-        """The current estimate of a kind of work: the median of its recent observations."""
+        """The current per-sequence estimate of a kind of work: the median of its recent observations."""
         return statistics.median(self._seen[kind])
 
     predetermined_step = property(lambda self: self.estimate("predetermined_step"))
@@ -64,28 +79,56 @@ class Speed:
     chooser_step = property(lambda self: self.estimate("chooser_step"))
     chain_rule = property(lambda self: self.estimate("chain_rule"))
 
-    def step_seconds(self, kind: str) -> float:
-        """One step of a run of this kind, per sequence (a chain-rule run's steps: the predetermined step's,
-        its picks are ``chain_rule``)."""
+    def _step_kind(self, kind: str) -> str:
         if kind not in self.KINDS:
             raise ValueError(f"kind must be one of {self.KINDS}, got {kind!r}")
-        return self.estimate("predetermined_step" if kind == "chain_rule" else kind)
+        return "predetermined_step" if kind == "chain_rule" else kind  # a chain-rule run's steps
 
-    def observe(self, *, kind: str, rows: int, steps: int, seconds: float) -> None:
-        """A finished request of this kind of work: ``rows`` sequences, ``steps`` engine steps, ``seconds``
-        of compute charged to it (its shares of the batched steps it was part of)."""
+    def step_seconds(self, kind: str, rows: int = 1) -> float:
+        """One step of a run of this kind over ``rows`` sequences: overhead + rows x per-row (a chain-rule
+        run's steps are predetermined steps; its picks are ``chain_rule``, per sequence)."""
+        kind = self._step_kind(kind)
+        return self.overhead[kind] + rows * self.estimate(kind)
+
+    def unmeasured(self, kind: str) -> bool:
+        """Whether no request of this kind has been measured yet (only the start-up calibration speaks)."""
+        return kind not in self.measured
+
+    def observe(self, *, kind: str, rows: int, steps: int, seconds: float, overhead_steps: float | None = None) -> None:
+        """A request of this kind of work that ran ``steps`` engine steps over ``rows`` sequences and was
+        charged ``seconds`` of compute (its shares of the batched steps it was part of). ``overhead_steps``:
+        the steps' overhead it was charged, in steps (its share of each step's sequences, summed; default:
+        ``steps``, as when it ran alone)."""
         if rows <= 0 or steps <= 0 or not math.isfinite(seconds) or seconds <= 0:
             return
-        per_row = seconds / rows
+        step_kind = self._step_kind(kind)
+        overhead = self.overhead[step_kind] * (steps if overhead_steps is None else overhead_steps)
+        per_row = max(seconds - overhead, 0.0) / rows
         if kind == "chain_rule":  # the steps' own cost as now estimated; the rest is the chain rule's
-            self._seen["chain_rule"].append(max(per_row - steps * self.step_seconds(kind), 0.0))
+            self._seen["chain_rule"].append(max(per_row - steps * self.estimate(step_kind), 0.0))
         else:
-            self.step_seconds(kind)  # raises for an unknown kind
             self._seen[kind].append(per_row / steps)
+        self.measured.add(kind)
+
+
+    def may_recalibrate(self, kind: str) -> bool:
+        """Whether a refusal of this kind should first re-time it: no request has measured it, and it was not
+        re-timed in the last ``RECALIBRATE_EVERY_S``."""
+        last = self._recalibrated.get(kind)
+        return self.unmeasured(kind) and (last is None or time.monotonic() - last > RECALIBRATE_EVERY_S)
+
+    def recalibrate(self, model, kind: str) -> None:
+        """Re-time one kind as ``calibrate`` does and start its estimate afresh from that timing (runs on the
+        model's worker; a few tenths of a second at most for the bundled models)."""
+        self._recalibrated[kind] = time.monotonic()
+        for k, (overhead, per_row) in _calibrate_kinds(model, [kind]).items():
+            if k == kind or self.unmeasured(k):  # what requests measured stays (a chain rule re-times its steps)
+                self.overhead[k] = overhead if k != "chain_rule" else 0.0
+                self._seen[k] = deque([per_row], maxlen=WINDOW)
 
 
 def _best(model, n: int, steps: int, repeats: int = CALIBRATION_REPEATS, **settings) -> float:
-    """The shortest of ``repeats`` timings of one step of a fresh run, per sequence (the shortest: a busy
+    """The shortest of ``repeats`` timings of one step of a fresh run of ``n`` sequences (the shortest: a busy
     machine only ever slows a timing down)."""
     times = []
     for _ in range(repeats):
@@ -93,25 +136,60 @@ def _best(model, n: int, steps: int, repeats: int = CALIBRATION_REPEATS, **setti
         t0 = time.perf_counter()
         with model.compute_context():
             run.step()
-        times.append((time.perf_counter() - t0) / n)
+        times.append(time.perf_counter() - t0)
     return min(times)
 
 
+def _affine(model, steps: int, repeats: int, **settings) -> tuple[float, float]:
+    """(overhead, per row) of one step, from a one-row and a ``CALIBRATION_ROWS``-row timing."""
+    one = _best(model, 1, steps, repeats, **settings)
+    many = _best(model, CALIBRATION_ROWS, steps, repeats, **settings)
+    per_row = max(many - one, 0.0) / (CALIBRATION_ROWS - 1) or many / CALIBRATION_ROWS
+    return max(one - per_row, 0.0), per_row
+
+
+def _calibrate_kinds(model, kinds) -> dict[str, tuple[float, float]]:
+    """(overhead, per row) of each kind in ``kinds`` (chain_rule: (0, its per-sequence estimate)), timed after
+    a warm-up step; a chain-rule estimate needs the predetermined step's timing and takes it too."""
+    _best(model, 1, 4, 1)  # warm-up: allocator, kernels
+    out = {}
+    if "predetermined_step" in kinds or "chain_rule" in kinds:
+        out["predetermined_step"] = _affine(model, 4, CALIBRATION_REPEATS)
+    if "exact_step" in kinds:
+        has_exact = "exact" in get_decomposition(model.cfg.decomposition).contractions
+        out["exact_step"] = _affine(model, 4, 2, contraction="exact") if has_exact else \
+            out.get("predetermined_step") or _affine(model, 4, CALIBRATION_REPEATS)
+    if "chooser_step" in kinds:
+        out["chooser_step"] = _affine(model, 4, CALIBRATION_REPEATS, ordering="top_prob", adaptive_path="fast")
+    if "chain_rule" in kinds:
+        l = model.cfg.dit.length
+        step = sum(out["predetermined_step"])  # one row: overhead + per row
+        first_pick = max(_best(model, 1, l, 2, ordering="top_prob") - step, 0.0)
+        out["chain_rule"] = (0.0, l * first_pick / 2)
+    return out
+
+
 def calibrate(model) -> Speed:
-    """Start-up estimates from one step of each kind (after a warm-up; the cheap predetermined step best of
-    three, the exact step and the first chain-rule pick, on one sequence, best of two): about a second for
-    the bundled text model, milliseconds for QM9. The chain rule is not run to the end (a text model's
-    picks take many seconds): one pick is timed and the whole is taken as l picks at half that cost each
-    (the picks shrink as positions are conditioned; measured at text size the whole was 0.29 of l first
-    picks, at QM9 size 0.6). This is approximate by construction: finished requests replace it (``Speed.observe``)."""
-    _best(model, 1, 4)  # warm-up: allocator, kernels
-    pred = _best(model, 2, 4)
-    has_exact = "exact" in get_decomposition(model.cfg.decomposition).contractions
-    exact = _best(model, 1, 4, 2, contraction="exact") if has_exact else pred
-    chooser = _best(model, 2, 4, ordering="top_prob", adaptive_path="fast")
-    l = model.cfg.dit.length
-    first_pick = max(_best(model, 1, l, 2, ordering="top_prob") - pred, 0.0)
-    return Speed(pred, exact, l * first_pick / 2, chooser)
+    """Start-up estimates from short timings of each kind of step, after a warm-up (the predetermined and
+    fast adaptive steps best of three, the exact step best of two), each at one row and at
+    ``CALIBRATION_ROWS`` rows (``Speed``'s overhead and per-row cost), and the first chain-rule pick on one
+    sequence: about a second for the bundled text model, tenths of a second for QM9. The chain rule is not
+    run to the end (a text model's picks take many seconds): one pick is timed and the whole is taken as l
+    picks at half that cost each (the picks shrink as positions are conditioned; measured at text size the
+    whole was 0.29 of l first picks, at QM9 size 0.6). This is approximate by construction: measured
+    requests replace it (``Speed.observe``)."""
+    timed = _calibrate_kinds(model, Speed.KINDS)
+    return Speed(timed["predetermined_step"][1], timed["exact_step"][1], timed["chain_rule"][1],
+                 timed["chooser_step"][1], {k: v[0] for k, v in timed.items()})
+
+
+def _round_down(n: int) -> int:
+    """A hint that stays put while the estimate moves by a percent: two significant digits, rounded down
+    (152 and 151 both say 150)."""
+    if n < 100:
+        return n
+    scale = 10 ** (len(str(n)) - 2)
+    return n // scale * scale
 
 
 @dataclass
@@ -120,6 +198,15 @@ class Plan:
     max_rows_per_pass: int | None
     seconds: float  # estimated compute of the whole request
     step_seconds: float  # estimated compute of its longest step
+
+
+def _largest(fits, below: int) -> int:
+    """The largest n in [1, below) with fits(n) (fits is monotone: True up to some n), or 0."""
+    lo, hi = 0, below  # fits(lo) holds (or lo = 0); fits(hi) does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
 
 
 def plan(model, speed: Speed, *, num_samples: int, steps: int, config: SamplerConfig, timeout_s: float,
@@ -137,53 +224,67 @@ def plan(model, speed: Speed, *, num_samples: int, steps: int, config: SamplerCo
                                    f"ordering, above the server's memory budget of {memory_budget >> 20} MB; "
                                    "use a predetermined ordering (random, left_to_right, halton)")
     l = cfg.dit.length
-    per_step = speed.step_seconds(kind)
+    chain = speed.chain_rule if adaptive else 0.0
 
-    def per_row(k: int) -> tuple[float, float]:
-        """(the whole run, its longest step) per sequence at ``k`` steps; idle steps cost nothing."""
+    def estimate(n: int, k: int) -> tuple[float, float]:
+        """(the whole run, its longest step) of n sequences at ``k`` steps; idle steps cost nothing; a step
+        of more than ``rows`` sequences runs in passes, each with the step's overhead."""
         k = min(k, l)
-        chain = speed.chain_rule if adaptive else 0.0
-        return k * per_step + chain, per_step + chain * math.ceil(l / k) / l  # a step makes <= ceil(l/k) picks
+        step = speed.step_seconds(kind, n) + speed.overhead[speed._step_kind(kind)] * (math.ceil(n / rows) - 1)
+        return k * step + n * chain, step + n * chain * math.ceil(l / k) / l  # a step makes <= ceil(l/k) picks
 
     def fits(n: int, k: int) -> bool:
-        whole, step = per_row(k)
-        return n * whole <= timeout_s and n * step <= step_limit_s
+        whole, step = estimate(n, k)
+        return whole <= timeout_s and step <= step_limit_s
 
-    whole, step = per_row(steps)
-    seconds, step_seconds = num_samples * whole, num_samples * step
-    if not fits(num_samples, steps):
-        fit = int(min(timeout_s / whole, step_limit_s / step))
-        if fit >= 1:
-            raise TooLarge("num_samples", f"this setting needs about {seconds:.3g} s of compute here (one step "
-                                          f"about {step_seconds:.3g} s); within timeout_s {timeout_s:g} and "
-                                          f"the {step_limit_s:g} s step limit, num_samples can be at most {fit}")
-        for n in (num_samples, 1):  # a step count that fits, the largest below the one asked
-            k = next((k for k in range(min(steps, l), 0, -1) if fits(n, k)), None)
-            if k is not None:
-                with_n = "" if n == num_samples else " with num_samples 1"
-                raise TooLarge("steps", f"one sequence needs about {whole:.3g} s here, more than fits timeout_s "
-                                        f"{timeout_s:g} and the {step_limit_s:g} s step limit; use at most {k} "
-                                        f"steps{with_n}")
-        raise TooLarge("timeout_s", f"no num_samples or steps fits timeout_s {timeout_s:g} here: one sequence at "
-                                    f"one step needs about {per_row(1)[0]:.3g} s"
-                                    + ("; use a predetermined ordering (random, left_to_right, halton)"
-                                       if adaptive else ""))
-    return Plan(rows if rows < num_samples else None, seconds, step_seconds)
+    seconds, step_seconds = estimate(num_samples, steps)
+    micro = rows if rows < num_samples else None
+    if fits(num_samples, steps):
+        return Plan(micro, seconds, step_seconds)
+    fit = _largest(lambda n: fits(n, steps), num_samples)
+    if fit >= 1:
+        raise TooLarge("num_samples", f"this setting needs about {seconds:.3g} s of compute here (one step "
+                                      f"about {step_seconds:.3g} s); within timeout_s {timeout_s:g} and "
+                                      f"the {step_limit_s:g} s step limit, num_samples can be at most "
+                                      f"{_round_down(fit)}")
+    for n in (num_samples, 1):  # a step count that fits, the largest below the one asked
+        k = next((k for k in range(min(steps, l), 0, -1) if fits(n, k)), None)
+        if k is not None:
+            with_n = "" if n == num_samples else " with num_samples 1"
+            raise TooLarge("steps", f"one sequence needs about {estimate(1, steps)[0]:.3g} s here, more than fits "
+                                    f"timeout_s {timeout_s:g} and the {step_limit_s:g} s step limit; use at most {k} "
+                                    f"steps{with_n}")
+    raise TooLarge("timeout_s", f"no num_samples or steps fits timeout_s {timeout_s:g} here: one sequence at "
+                                f"one step needs about {estimate(1, 1)[0]:.3g} s"
+                                + ("; use a predetermined ordering (random, left_to_right, halton)"
+                                   if adaptive else ""))
 
 
-def check_passes(sequences: int, draws: int, per_pass: float, timeout_s: float, step_limit_s: float,
+def check_passes(sequences: int, draws: int, rows: int, pass_seconds, timeout_s: float, step_limit_s: float,
                  mode: str) -> float:
-    """Scoring's admission: ``sequences`` x ``draws`` model passes at ``per_pass`` seconds each must fit
-    the deadline; one pass of every sequence (the largest piece) the step limit. -> estimated seconds, or
-    TooLarge naming the largest ``num_mc`` or number of ``sequences`` that fits."""
-    seconds = sequences * draws * per_pass
-    if seconds <= timeout_s and sequences * per_pass <= step_limit_s:
+    """Scoring's admission: ``draws`` rounds over ``sequences``, each in pieces of at most ``rows`` sequences,
+    a piece of n sequences taking ``pass_seconds(n)``; the whole must fit the deadline and the largest
+    piece the step limit. -> estimated seconds, or TooLarge naming the field to lower and the rule that
+    refused (the deadline, ``timeout_s``, or the step limit, the server's ``--max-step-s``)."""
+    def total(n: int, d: int) -> float:
+        full, rest = divmod(n, rows)
+        return d * (full * pass_seconds(rows) + (pass_seconds(rest) if rest else 0.0))
+
+    seconds, piece = total(sequences, draws), pass_seconds(min(rows, sequences))
+    if seconds <= timeout_s and piece <= step_limit_s:
         return seconds
-    fit_draws = int(timeout_s / (sequences * per_pass)) if sequences * per_pass <= step_limit_s else 0
+    if piece > step_limit_s:  # the step limit refused: fewer sequences per pass is what helps
+        fit = _largest(lambda n: pass_seconds(n) <= step_limit_s, min(rows, sequences))
+        raise TooLarge("sequences", f"one pass over {min(rows, sequences)} sequences needs about {piece:.3g} s here, "
+                                    f"above the server's step limit of {step_limit_s:g} s (--max-step-s: no piece "
+                                    f"of work may hold the model's worker longer); "
+                                    + (f"at most {_round_down(fit)} sequences fit it" if fit >= 1 else
+                                       "even one sequence does not: send shorter sequences"))
+    fit_draws = int(timeout_s / total(sequences, 1))
     if mode == "elbo" and fit_draws >= 1:
-        raise TooLarge("num_mc", f"{sequences} sequences x {draws} draws need about {seconds:.3g} s of compute here, "
-                                 f"more than timeout_s {timeout_s:g}; num_mc can be at most {fit_draws}")
-    fit = int(min(timeout_s / (draws * per_pass), step_limit_s / per_pass))
+        raise TooLarge("num_mc", f"{sequences} sequences x {draws} draws need about {seconds:.3g} s of compute "
+                                 f"here, more than timeout_s {timeout_s:g}; num_mc can be at most {fit_draws}")
+    fit = _round_down(_largest(lambda n: total(n, draws) <= timeout_s, sequences))
     raise TooLarge("sequences", f"{sequences} sequences x {draws} passes need about {seconds:.3g} s of compute "
-                                f"here, more than timeout_s {timeout_s:g}; at most {max(fit, 0)} sequences fit"
+                                f"here, more than timeout_s {timeout_s:g}; at most {fit} sequences fit"
                                 + ("" if fit >= 1 else ": use a longer timeout_s"))

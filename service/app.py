@@ -135,6 +135,16 @@ def create_app(serving: Serving, security: SecurityConfig | None = None) -> Fast
     async def validation_error(request: Request, exc: RequestValidationError):
         errors = public_errors(exc.errors())
         not_json = any(e["type"] == "json_invalid" for e in errors)
+        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        body_refused = any(e["loc"][:1] == ["body"] for e in errors)
+        if body_refused and not (content_type == "application/json" or content_type.endswith("+json")):
+            # FastAPI parses only a JSON content type; anything else arrives as raw bytes and read as "Input
+            # should be a valid dictionary", which names neither the cause nor the fix
+            message = (f"the body must be JSON sent with content-type: application/json (this request's content "
+                       f"type: {clip(content_type or 'none', 64)!r}; curl: -H 'content-type: application/json')")
+            if request.url.path.startswith("/v1/"):
+                return openai_error(400, message, None)
+            return JSONResponse(status_code=400, content={"detail": message})
         if request.url.path.startswith("/v1/"):  # OpenAI clients expect their error object
             first = errors[0]
             field = ".".join(p for p in first["loc"] if p != "body")
@@ -155,7 +165,7 @@ def create_app(serving: Serving, security: SecurityConfig | None = None) -> Fast
     @app.post("/generate", response_model=GenerateResponse, responses=GENERATE_RESPONSES)
     async def generate(req: GenerateRequest, request: Request):
         try:
-            job = serving.submit(req)
+            job = await serving.admit(req)
         except REFUSED as e:
             return _refused(refusal(e))
         start = time.perf_counter()

@@ -79,6 +79,7 @@ class Job:
     paused_since: float | None = None  # its backlog of unread outputs is full
     forward_s: float = 0.0  # its share of the backbone passes it took part in (split by sequences)
     sampling_s: float = 0.0  # its share of the rest of those steps: heads and joint draws
+    overhead_steps: float = 0.0  # its share of those steps' sequences, summed (admission's per-step overhead)
     tokens_per_step: list[int] = field(default_factory=list)
 
     @property
@@ -130,6 +131,7 @@ class _Batcher:
                 job.outputs.put_nowait(EngineError(f"the request's deadline of {job.timeout_s:g} s passed after "
                                                    f"{job.run.step_index} of {job.run.steps} steps", "timeout"))
                 self.engine.metrics.timeouts.labels(self.lm.family).inc()
+                self._observe(job)  # what it ran corrects the estimate that let it in
                 self._finish(job)
             elif job.outputs.qsize() >= MAX_BACKLOG:
                 job.paused_since = job.paused_since or now
@@ -170,11 +172,15 @@ class _Batcher:
                     self.engine.metrics.first_event.labels(self.lm.family).observe(now - job.arrived)
                 job.outputs.put_nowait(out)
                 if out.finished:
-                    if job.kind is not None:  # admission's estimates follow what requests really take
-                        self.lm.speed.observe(kind=job.kind, rows=job.run.tokens.shape[0],
-                                              steps=sum(1 for n in job.tokens_per_step if n),  # idle: free
-                                              seconds=job.forward_s + job.sampling_s)
+                    self._observe(job)
                     self._finish(job)
+
+    def _observe(self, job: Job) -> None:
+        """Admission's estimates follow what requests really take (finished, or stopped by their deadline)."""
+        if job.kind is not None:
+            self.lm.speed.observe(kind=job.kind, rows=job.run.tokens.shape[0],
+                                  steps=sum(1 for n in job.tokens_per_step if n),  # idle steps are free
+                                  seconds=job.forward_s + job.sampling_s, overhead_steps=job.overhead_steps)
 
     def _finish(self, job: Job, cancelled: bool = False) -> None:
         if job in self.jobs:
@@ -221,6 +227,7 @@ class _Batcher:
             share = rows[id(job)]
             job.forward_s += self._forward_s * share / forward_rows if id(job) in self._forward_jobs else 0.0
             job.sampling_s += (step_s - self._forward_s) * share / sum(rows.values())
+            job.overhead_steps += share / forward_rows if id(job) in self._forward_jobs else 0.0
             committed = [[] for _ in range(state.committed.shape[0])]
             for i, pos in committed_mask.nonzero().tolist():  # one op for all rows, not one per row
                 committed[i].append(pos)
@@ -253,6 +260,11 @@ class Engine:
             if b.busy_since is not None and now - b.busy_since > self.stall_s:
                 return False, f"the worker of {name} has been on one step for {now - b.busy_since:.0f} s"
         return True, "ok"
+
+    def idle(self, lm: LoadedModel) -> bool:
+        """Whether ``lm`` has no request in flight (admission runs an unmeasured kind's first request then)."""
+        batcher = self._batchers.get(lm.name)
+        return batcher is None or (not batcher.jobs and batcher.busy_since is None)
 
     def submit(self, lm: LoadedModel, run: GenerationRun, cost_s: float = 0.0,
                timeout_s: float = float("inf"), kind: str | None = None) -> Job:

@@ -83,7 +83,7 @@ def openai_router(serving: Serving) -> APIRouter:
             # admission would hold a slot (and run the job) with no reader
             lm = registry.resolve(gen.model, gen.decomposition, gen.rank)
             prompt = serving.completion_prompt(lm, req.prompt)
-            job = serving.submit(gen)
+            job = await serving.admit(gen)
         except ValidationError as e:
             err = e.errors()[0]
             return openai_error(400, f"{'.'.join(map(str, err['loc']))}: {err['msg']}", str(err["loc"][-1]))

@@ -104,9 +104,11 @@ class ModelRegistry:
                          summary=[line[2:] for line in (card or "").splitlines() if line.startswith("- ")][:8],
                          base="vadd" if cfg.dit.latent_dim else "mdlm", latent_dim=cfg.dit.latent_dim)
         speed = calibrate(model)
-        log.info("loaded %s: %s %s r=%d; per sequence: %.3f s a step, about %.3f s of chain-rule picks (start-up "
-                 "estimates: finished requests correct them)", d.name, family,
-                 cfg.decomposition, cfg.rank, speed.predetermined_step, speed.chain_rule)
+        log.info("loaded %s: %s %s r=%d; per sequence: %.4f s a step (plus %.4f s a step whatever the batch), "
+                 "%.4f s a fast adaptive step (EB and adaptive orderings by default), about %.3f s of exact "
+                 "chain-rule picks a generation (adaptive_path exact only); start-up estimates: measured requests "
+                 "correct them", d.name, family, cfg.decomposition, cfg.rank, speed.predetermined_step,
+                 speed.overhead["predetermined_step"], speed.chooser_step, speed.chain_rule)
         return LoadedModel(d.name, family, tok.kind, model, tok, info, speed, card)
 
     @property
@@ -114,8 +116,10 @@ class ModelRegistry:
         return bool(self.models)
 
     def model_infos(self) -> list[ModelInfo]:
-        return [lm.info.model_copy(update={"estimated_seconds": {k: lm.speed.estimate(k) for k in Speed.KINDS}})
-                for lm in self.models]
+        return [lm.info.model_copy(update={
+            "estimated_seconds": {k: lm.speed.estimate(k) for k in Speed.KINDS},
+            "estimated_step_overhead_seconds": {k: v for k, v in lm.speed.overhead.items() if k != "chain_rule"}})
+            for lm in self.models]
 
     def resolve(self, family: str | None, decomposition: str | None, rank: int | None) -> LoadedModel:
         """The checkpoint for (family, decomposition, rank); defaults pick the best available."""

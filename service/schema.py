@@ -264,13 +264,19 @@ class Score(BaseModel):
     token_log_probs: list[float | None] | None = Field(
         None, description="joint: log p(x^i | x_t) per position under the joint's exact marginal; null where "
                           "not masked.")
-    nll_per_token: float | None = Field(None, description="elbo: the MDLM bound's terms of the sequence's real "
-                                                          "tokens, per real token (nats; padding is masked and "
-                                                          "scored by the model but not counted). exp of it is the "
-                                                          "ELBO perplexity. A bound for sampling from the exact "
-                                                          "marginals; the TT head contraction samples another "
-                                                          "distribution.")
-    stderr: float | None = Field(None, description="elbo: the sample standard error of nll_per_token over the "
+    nelbo_per_token: float | None = Field(None, description="elbo: the MDLM bound (NELBO) of the sequence, per "
+                                                            "real token (nats; its tokens before padding); exp of "
+                                                            "it is the ELBO perplexity. `nelbo_terms` says which "
+                                                            "positions' terms it sums. A bound for sampling from "
+                                                            "the exact marginals; the TT head contraction samples "
+                                                            "another distribution.")
+    nelbo_terms: Literal["all", "real"] | None = Field(
+        None, description="elbo: `all`: every position's term, padding included (families of variable length, "
+                          "which generate the padding: a bound on -log p(x) of the sequence); `real`: the real "
+                          "tokens' terms only (families cut into fixed-length blocks, which never generate "
+                          "padding: for a sequence shorter than the block, the real tokens' share of the bound, "
+                          "not a bound on its likelihood; for a full block, the bound).")
+    stderr: float | None = Field(None, description="elbo: the sample standard error of nelbo_per_token over the "
                                                    "draws; the draws are heavy-tailed (1/t weights), so at a few "
                                                    "draws it understates the spread: a rough figure.")
     real_tokens: int | None = Field(None, description="Tokens of the sequence before padding.")
@@ -308,9 +314,13 @@ class ModelInfo(BaseModel):
                                                                 "metrics), so a client need not fetch the card.")
     estimated_seconds: dict[str, float] = Field(
         default_factory=dict, description="Admission's current compute estimates on this server, per sequence "
-        "(approximate: a start-up calibration corrected by the time each finished request took): "
+        "(approximate: a start-up calibration corrected by the time each measured request took): "
         "`predetermined_step`, `exact_step` (a TT step with the exact contraction), `chooser_step` (a step of "
-        "`adaptive_path: fast`), `chain_rule` (the picks of a whole `adaptive_path: exact` generation).")
+        "`adaptive_path: fast`), `chain_rule` (the picks of a whole `adaptive_path: exact` generation). A step "
+        "of n sequences is estimated as its kind's `estimated_step_overhead_seconds` plus n times this.")
+    estimated_step_overhead_seconds: dict[str, float] = Field(
+        default_factory=dict, description="Admission's per-step overhead of each step kind (whatever the number "
+        "of sequences), from the start-up calibration.")
     adaptive_paths: list[str] = Field(
         default_factory=lambda: ["fast", "exact"], description="The `adaptive_path` values this checkpoint serves.")
 

@@ -11,6 +11,7 @@ import torch
 
 from ttcore import scoring
 from ttcore.decompositions import get_decomposition
+from ttcore.losses import sample_times
 from ttcore.sampling import GenerationRun, InvalidSampler, cost
 from ttcore.tokenizers.symbols import MASK  # every tokenizer spells it so: a prompt with it is a template
 
@@ -157,6 +158,29 @@ class Serving:
         if any(lm.molecules for lm in registry.models):
             smiles_checker()  # says at start-up, not at the first answer, when RDKit is missing
 
+    async def admit(self, request: GenerateRequest) -> Ticket:
+        """``submit`` for a client's request: a compute refusal (``admission.TooLarge``) of a kind of work that no
+        request has measured yet first re-times that kind on its model's idle worker and decides again
+        (``Speed.recalibrate``), so that a start-up calibration inflated by a busy machine does not go on
+        refusing requests the machine now serves. Must run on the event loop."""
+        try:
+            return self.submit(request)
+        except admission.TooLarge as e:
+            lm = self.registry.resolve(request.model, request.decomposition, request.rank)
+            kind = request.to_sampler_config().work_kind(lm.model.cfg)
+            if e.field == "ordering" or not (self.engine.idle(lm) and lm.speed.may_recalibrate(kind)):
+                self.metrics.too_large.labels(lm.family, e.field).inc()
+                raise
+        before = lm.speed.estimate(kind)
+        await self.engine.run_on_worker(lm, lambda: lm.speed.recalibrate(lm.model, kind))
+        log.info("re-timed %s's %s before refusing a request: %.4g s a sequence, %.4g s at start-up", lm.name, kind,
+                 lm.speed.estimate(kind), before)
+        try:
+            return self.submit(request)
+        except admission.TooLarge as e:
+            self.metrics.too_large.labels(lm.family, e.field).inc()
+            raise
+
     def submit(self, request: GenerateRequest) -> Ticket:
         """Admit a request (raises ModelNotFound, PromptError, Unsupported, admission.TooLarge, Overloaded). Must run on
         the event loop."""
@@ -170,13 +194,9 @@ class Serving:
             config = request.to_sampler_config()
         except InvalidSampler as e:  # settings no step class runs together (the schema checked each alone)
             raise Unsupported(e.field, str(e)) from None
-        try:
-            plan = admission.plan(lm.model, lm.speed, num_samples=request.num_samples, steps=request.steps,
-                                  config=config, timeout_s=timeout, memory_budget=self.memory_budget,
-                                  step_limit_s=self.max_step_s)
-        except admission.TooLarge as e:
-            self.metrics.too_large.labels(lm.family, e.field).inc()
-            raise
+        plan = admission.plan(lm.model, lm.speed, num_samples=request.num_samples, steps=request.steps,
+                              config=config, timeout_s=timeout, memory_budget=self.memory_budget,
+                              step_limit_s=self.max_step_s)
         run = GenerationRun(lm.model, request.num_samples, request.steps, config, seed=request.seed, prompt=prompt,
                             device=self.registry.device, max_rows_per_pass=plan.max_rows_per_pass)
         return Ticket(self.engine.submit(lm, run, plan.seconds, timeout, kind=config.work_kind(lm.model.cfg)))
@@ -276,24 +296,35 @@ class Serving:
         draws = request.num_mc if request.mode == "elbo" else 1
         # scoring computes every masked position's exact marginals: what an exact step costs, where a format has one
         exact = "exact" in get_decomposition(lm.info.decomposition).contractions
-        per_pass = lm.speed.exact_step if exact else lm.speed.predetermined_step
+        kind = "exact_step" if exact else "predetermined_step"
+
+        def check():
+            admission.check_passes(len(x0), draws, rows, lambda n: lm.speed.step_seconds(kind, n), timeout,
+                                   self.max_step_s, request.mode)
         try:
-            admission.check_passes(len(x0), draws, per_pass, timeout, self.max_step_s, request.mode)
+            try:
+                check()
+            except admission.TooLarge:  # as ``admit``: an unmeasured kind is re-timed once before a refusal
+                if not (self.engine.idle(lm) and lm.speed.may_recalibrate(kind)):
+                    raise
+                await self.engine.run_on_worker(lm, lambda: lm.speed.recalibrate(model, kind))
+                check()
         except admission.TooLarge as e:
             self.metrics.too_large.labels(lm.family, e.field).inc()
             raise
         generator = torch.Generator().manual_seed(request.seed if request.seed is not None else
                                                   int(torch.randint(0, 2**62, (1,))))
         device = self.registry.device
-        counted = torch.arange(tok.length)[None] < torch.tensor(lengths)[:, None]  # real tokens, not padding
-        times = scoring.sample_times(draws, 1e-3, torch.device("cpu"), generator) if request.mode == "elbo" else None
+        real = torch.arange(tok.length)[None] < torch.tensor(lengths)[:, None]  # the tokens before padding
+        times = sample_times(draws, 1e-3, torch.device("cpu"), generator) if request.mode == "elbo" else None
 
         def piece(s: int, t):
             x, m = x0[s:s + rows].to(device), mask[s:s + rows].to(device)
             with model.compute_context():
                 if t is None:
                     return scoring.score(model, x, m)
-                return scoring.elbo_draw(model, x, t.to(device), counted[s:s + rows].to(device), generator).cpu()
+                return scoring.elbo_draw(model, x, t.to(device), real[s:s + rows].to(device), tok.pads,
+                                         generator).cpu()
 
         out = []
         for s in range(0, len(x0), rows):
@@ -312,7 +343,9 @@ class Serving:
                         for lp, tl, k in zip(log_prob.tolist(), token.tolist(), lengths[s:s + n])]
             else:
                 mean, stderr = scoring.elbo_summary(torch.stack(values))
-                out += [Score(tokens=tok.length, real_tokens=k, nll_per_token=mu, stderr=None if se != se else se)
+                terms = "all" if tok.pads else "real"
+                out += [Score(tokens=tok.length, real_tokens=k, nelbo_per_token=mu, nelbo_terms=terms,
+                              stderr=None if se != se else se)
                         for mu, se, k in zip(mean.tolist(), stderr.tolist(), lengths[s:s + n])]
         return ScoreResponse(model=lm.family, checkpoint=lm.name, decomposition=lm.info.decomposition,
                              rank=lm.info.rank, mode=request.mode, scores=out)

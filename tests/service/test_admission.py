@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from service.admission import Speed, TooLarge, calibrate, plan
+from service.admission import CALIBRATION_ROWS, Speed, TooLarge, calibrate, check_passes, plan
 from ttcore.models import DiTConfig, JointModel, ModelConfig
 from ttcore.sampling import SamplerConfig
 
@@ -43,6 +43,85 @@ def test_calibration_is_a_few_short_timings():
     speed = calibrate(_model())
     assert 0 < speed.predetermined_step < 1 and 0 < speed.exact_step < 1 and 0 <= speed.chain_rule < 5
     assert 0 < speed.chooser_step < 1
+    assert not speed.measured  # only the calibration speaks yet
+
+
+def test_a_step_of_many_rows_is_estimated_as_overhead_plus_rows_not_rows_one_row_steps():
+    """The review: a 256-row step was estimated as 256 one-row steps (QM9 CP r=64: 274 s estimated on a busy
+    start for a request served in seconds). The calibration times one row and CALIBRATION_ROWS rows and
+    keeps the per-step overhead apart, so many rows cost less than as many one-row steps, and a measured
+    request corrects the per-row cost after subtracting its share of the overhead."""
+    speed = calibrate(_model("cp"))
+    one, many = speed.step_seconds("predetermined_step", 1), speed.step_seconds("predetermined_step", 256)
+    assert speed.overhead["predetermined_step"] > 0 and many < 256 * one
+    speed = Speed(predetermined_step=0.001, exact_step=0.002, chain_rule=0.0, overhead={"predetermined_step": 0.005})
+    assert speed.step_seconds("predetermined_step", 256) == pytest.approx(0.005 + 0.256)
+    assert speed.step_seconds("chain_rule", 4) == pytest.approx(0.005 + 0.004)  # its steps are predetermined
+    # alone: 64 rows x 4 steps at 0.003 s a row plus the overhead of each step
+    speed.observe(kind="predetermined_step", rows=64, steps=4, seconds=4 * (0.005 + 64 * 0.003))
+    speed.observe(kind="predetermined_step", rows=64, steps=4, seconds=4 * (0.005 + 64 * 0.003))
+    assert speed.predetermined_step == pytest.approx(0.003)
+    # batched with others: charged a quarter of each step's overhead
+    speed.observe(kind="predetermined_step", rows=8, steps=2, seconds=2 * (0.005 / 4 + 8 * 0.003), overhead_steps=0.5)
+    assert speed.predetermined_step == pytest.approx(0.003)
+
+
+def test_an_inflated_calibration_of_an_unmeasured_kind_is_re_timed_instead_of_refusing_for_ever():
+    """The review: a server calibrated on a busy machine refused QM9 CP r=64 256 x 4 as "about 274 s", and a
+    kind whose requests are all refused never finishes one, so nothing corrected it. Before such a refusal
+    the service re-times the kind (``Speed.recalibrate``, here on a real model) and decides by the fresh
+    timing; only unmeasured kinds, and at most once a minute each, so refusals cannot buy calibrations."""
+    model = _model("cp")
+    busy = Speed(predetermined_step=0.5, exact_step=0.5, chain_rule=0.0, overhead={"predetermined_step": 0.1})
+    kw = dict(num_samples=256, steps=4, config=SamplerConfig(), timeout_s=60.0, memory_budget=1 << 30,
+              step_limit_s=60.0)
+    with pytest.raises(TooLarge):
+        plan(model, busy, **kw)
+    assert busy.may_recalibrate("predetermined_step")
+    busy.recalibrate(model, "predetermined_step")
+    assert busy.predetermined_step < 0.05 and plan(model, busy, **kw).seconds < 60
+    assert busy.exact_step == 0.5  # only the kind asked for
+    assert not busy.may_recalibrate("predetermined_step")  # not again within RECALIBRATE_EVERY_S
+    measured = Speed(predetermined_step=0.5, exact_step=0.5, chain_rule=0.0)
+    measured.observe(kind="exact_step", rows=4, steps=2, seconds=4.0)
+    assert not measured.may_recalibrate("exact_step")  # a measured kind: requests speak for it
+    chain = Speed(predetermined_step=0.5, exact_step=0.5, chain_rule=100.0)
+    chain.recalibrate(model, "chain_rule")
+    assert chain.chain_rule < 100.0 and chain.predetermined_step < 0.5  # its steps were unmeasured: re-timed too
+
+
+def test_a_hint_does_not_drift_with_the_estimate():
+    """The review: identical requests were told "at most 152", then "at most 151" (the estimate moves with
+    every measured request). Hints of 100 or more keep two significant digits, rounded down."""
+    model = _model("none")
+    hints = set()
+    for per_row in (0.0100, 0.01003, 0.01006):  # at most 152, 152 and 151 before
+        speed = Speed(predetermined_step=per_row, exact_step=per_row, chain_rule=0.0)
+        with pytest.raises(TooLarge) as e:
+            plan(model, speed, num_samples=1000, steps=4, config=SamplerConfig(), timeout_s=6.1,
+                 memory_budget=1 << 30, step_limit_s=60.0)
+        hints.add(int(re.search(r"at most (\d+)", str(e.value)).group(1)))
+    assert hints == {150}, hints
+
+
+def test_scoring_names_the_step_limit_when_the_step_limit_refused():
+    """The review: /score's 422 said ``timeout_s`` when the per-step limit (``--max-step-s``) refused it. Each
+    refusal now names the rule that refused, and its hint is admitted."""
+    def pass_seconds(n):
+        return 0.01 + 0.1 * n
+
+    with pytest.raises(TooLarge) as e:  # a deadline of an hour: only the step limit can refuse
+        check_passes(50, 1, 64, pass_seconds, 3600.0, 2.0, "joint")
+    assert e.value.field == "sequences" and "step limit of 2 s (--max-step-s" in str(e.value)
+    assert "timeout_s" not in str(e.value)
+    fit = int(re.search(r"at most (\d+) sequences", str(e.value)).group(1))
+    assert check_passes(fit, 1, 64, pass_seconds, 3600.0, 2.0, "joint") > 0
+    with pytest.raises(TooLarge) as e:  # the deadline refuses: it says timeout_s
+        check_passes(50, 4, 8, pass_seconds, 3.0, 2.0, "joint")
+    assert "timeout_s 3" in str(e.value) and "step limit" not in str(e.value)
+    fit = int(re.search(r"at most (\d+) sequences", str(e.value)).group(1))
+    assert check_passes(fit, 4, 8, pass_seconds, 3.0, 2.0, "joint") <= 3.0
+    assert CALIBRATION_ROWS > 1
 
 
 def _admitted(model, speed, **kw):

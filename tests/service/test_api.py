@@ -159,6 +159,13 @@ def test_malformed_json_and_unknown_model(server):
     assert r.status_code == 400  # as the OpenAPI document says
     r = httpx.post(server + "/generate", json=dict(model="proteins"))
     assert r.status_code == 404 and "qm9/tt/r2" in r.json()["detail"]
+    # curl -d without a content type sends a form: the answer says the body must be JSON, and how
+    r = httpx.post(server + "/generate", content=b'{"num_samples": 2}',
+                   headers={"content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 400 and "content-type: application/json" in r.json()["detail"], r.text
+    assert "application/x-www-form-urlencoded" in r.json()["detail"]
+    r = httpx.post(server + "/v1/completions", content=b'{"prompt": "C"}', headers={"content-type": "text/plain"})
+    assert r.status_code == 400 and "content-type: application/json" in r.json()["error"]["message"], r.text
     r = httpx.post(server + "/generate", json=dict(decomposition="tt", rank=8))
     assert r.status_code == 404 and {"model": "qm9", "decomposition": "tt", "rank": 2} in r.json()["available"]
 
@@ -293,7 +300,8 @@ def test_valid_only_answers_what_it_found_when_the_deadline_passes_in_a_later_ro
         assert httpx.post(server + "/generate", json=body, timeout=120).status_code == 200
         one_round = max(one_round, time.perf_counter() - t0)
     info = next(m for m in httpx.get(server + "/models").json()["models"] if m["checkpoint"] == "qm9-tt-r2")
-    admitted_at = 64 * min(64, info["length"]) * info["estimated_seconds"]["predetermined_step"]  # admission's rule
+    admitted_at = min(64, info["length"]) * (info["estimated_step_overhead_seconds"]["predetermined_step"]
+                                             + 64 * info["estimated_seconds"]["predetermined_step"])  # admission's rule
     timeout = max(1.8 * one_round, 1.05 * admitted_at)  # the first round is admitted; all four rarely fit
     r = httpx.post(server + "/generate", json=dict(body, valid_only=True, timeout_s=timeout), timeout=120)
     assert r.status_code == 200, r.text
