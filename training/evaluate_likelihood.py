@@ -39,19 +39,24 @@ def contraction_error(model, tokens: torch.Tensor, mask_id: int, seed: int = 123
     return {"head_tv_mean": tv.mean().item(), "head_tv_max": tv.max().item(), "head_tv_positions": len(tv)}
 
 
-def elbo_perplexity(model, tokens: torch.Tensor, batch: int, device: str, num_mc: int = 4, seed: int = 1234) -> dict:
-    """exp of the NELBO per token of the held-out sequences (``ttcore.scoring.elbo``, the same function as
-    POST /score's elbo mode): mean over sequences, with the standard error of that mean."""
+def elbo_perplexity(model, tokenizer, tokens: torch.Tensor, batch: int, device: str, num_mc: int = 4,
+                    seed: int = 1234) -> dict:
+    """exp of the NELBO per real token of the held-out sequences (``ttcore.scoring.elbo``, the quantity POST
+    /score's elbo mode returns: every position's term for a family that pads, the real tokens' for one of
+    fixed-length blocks, divided by the real tokens), the mean over sequences, with the standard error of
+    that mean (each sequence draws its own times, so the sequences' estimates are independent)."""
     g = torch.Generator(device).manual_seed(seed)
     values = []
     with model.compute_context():
         for s in range(0, len(tokens), batch):
-            mean, _ = elbo(model, tokens[s:s + batch].to(device), num_mc, g)
+            x0 = tokens[s:s + batch].to(device)
+            real = x0 != tokenizer.pad_id if tokenizer.pads else torch.ones_like(x0, dtype=torch.bool)
+            mean, _ = elbo(model, x0, num_mc, g, real=real, all_terms=tokenizer.pads)
             values.append(mean)
     v = torch.cat(values)
     stderr = (v.std() / len(v) ** 0.5).item() if len(v) > 1 else float("nan")
     return {"elbo_nll": v.mean().item(), "elbo_stderr": stderr, "elbo_ppl": float(torch.exp(v.mean())),
-            "elbo_sequences": len(v), "elbo_draws": num_mc}
+            "elbo_sequences": len(v), "elbo_draws": num_mc, "elbo_terms": "all" if tokenizer.pads else "real"}
 
 
 def evaluate_likelihood(paths: list[Path], precision: str, cards: bool, out: Path, data: str | None,
@@ -67,13 +72,13 @@ def evaluate_likelihood(paths: list[Path], precision: str, cards: bool, out: Pat
         metrics = evaluate_loss(model, val, tok.mask_id, batch_size=cfg.batch_size, batches=cfg.val_batches,
                                 precision=precision, eps=cfg.eps, device=torch.device(device))
         model.eval()
-        metrics.update(elbo_perplexity(model, val[: cfg.batch_size * cfg.val_batches], cfg.batch_size, device))
+        metrics.update(elbo_perplexity(model, tok, val[: cfg.batch_size * cfg.val_batches], cfg.batch_size, device))
         if "exact" in get_decomposition(model.cfg.decomposition).contractions:  # the head's contraction has an error
             metrics.update(contraction_error(model, val[: cfg.batch_size].to(device), tok.mask_id))
         rows.append({"checkpoint": path.name, "decomposition": model.cfg.decomposition, "rank": model.cfg.rank,
                      "precision": precision, "val_batches": cfg.val_batches, "batch_size": cfg.batch_size, **metrics})
         print(f"{path.name:>16}: {validation_summary(metrics)}; ELBO perplexity {metrics['elbo_ppl']:.3f} "
-              f"(NELBO {metrics['elbo_nll']:.4f} +- {metrics['elbo_stderr']:.4f} nats per token)"
+              f"(NELBO {metrics['elbo_nll']:.4f} +- {metrics['elbo_stderr']:.4f} nats per real token)"
               + (f"; head TV mean {metrics['head_tv_mean']:.4f} max {metrics['head_tv_max']:.4f}"
                  if "head_tv_mean" in metrics else ""), flush=True)
         if cards:

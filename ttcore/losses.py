@@ -47,7 +47,8 @@ def mdlm_loss(model, x0: torch.Tensor, mask_id: int, eps: float = 1e-3,
       batch totals, so every masked token weighs the same (not a mean of per-sequence averages);
     - ``marginal_nll``: the same with each token scored by its exact single-position marginal,
       sum_b sum_{i in M_b} -log p(x^i | x_t) / sum_b |M_b| (equal to ``nll`` for rank 1);
-    - ``nelbo``: a one-sample Monte Carlo estimate of the NELBO in nats per token (module docstring),
+    - ``nelbo``: a one-sample Monte Carlo estimate of the NELBO in nats per position (padding included;
+      module docstring),
       sum_b (1/t_b) sum_{i in M_b} -log p(x^i | x_t) / (b * l), t_b ~ U[eps, 1];
     - ``lc``: the decomposition's extra term (TT: L_C of Eq. 19; zero otherwise).
     The per-decomposition terms are in ``ttcore.decompositions`` (rank 1: Eq. 4; CP: Eqs. 6, 14-15;

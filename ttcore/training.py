@@ -212,7 +212,7 @@ def evaluate_loss(model, tokens: torch.Tensor, mask_id: int, *, batch_size: int,
     ``min(batches, len(tokens) // batch_size)`` batches of what ``mdlm_loss`` returns per batch:
     ``nll`` (joint NLL per masked token, the training objective), ``marginal_nll`` (per masked token,
     each scored by its exact single-position marginal) and ``nelbo`` (the continuous-time bound's
-    one-sample estimate, nats per token; comparable across ranks)."""
+    one-sample estimate, nats per position, padding included; comparable across ranks)."""
     model.eval()
     g = torch.Generator(device).manual_seed(1234)
     vadd = bool(getattr(model, "latent_dim", 0))
@@ -295,7 +295,14 @@ def validation_summary(val: dict) -> str:
                 f"{val['kl']:.4f} nats per sequence, Eq. 21 objective {val['objective']:.4f} nats per token (VADD)")
     return (f"joint NLL {val.get('nll', nan):.4f} nats per masked token (the training objective), "
             f"marginal NLL {val.get('marginal_nll', nan):.4f} per masked token, "
-            f"NELBO {val.get('nelbo', nan):.4f} nats per token (bound from the exact marginals)")
+            f"NELBO {val.get('nelbo', nan):.4f} nats per position (bound from the exact marginals, padding "
+            f"included)")
+
+
+def _stopped_early(stop: dict) -> str:
+    by = "the wall-clock safety stop (--max-minutes)" if stop["by"] == "max_minutes" else "a signal"
+    return (f"- stopped early: at step {stop['step']} of the {stop['of']} asked, by {by}; a comparison at an equal "
+            "budget needs equal steps")
 
 
 def model_card(title: str, cfg: TrainConfig, model: JointModel, meta: dict) -> str:
@@ -307,6 +314,7 @@ def model_card(title: str, cfg: TrainConfig, model: JointModel, meta: dict) -> s
              f"split seed 0; family {cfg.data.family}, metrics {cfg.data.metrics})",
              f"- steps: {meta['step']}, wall time {meta['wall_seconds'] / 3600:.2f} h "
              f"({meta['seconds_per_step']:.3f} s/step, batch {cfg.batch_size}, {meta['device']})",
+             *([_stopped_early(meta["stopped_early"])] if meta.get("stopped_early") else []),
              "- validation: " + validation_summary(meta["val"]),
              *([f"- weights: the EMA of the training weights (decay {cfg.ema_decay:g}, {meta.get('ema_updates', 0)} "
                 f"updates); validation uses them too"] if cfg.ema_decay > 0 else []),

@@ -74,7 +74,7 @@ def test_score_is_admitted_interleaved_with_generation_cancelled_and_keeps_healt
         health = httpx.get(url + "/health")
         worker.join()
         assert small.status_code == 200 and health.status_code == 200, health.text
-        assert scored[0].status_code == 200 and all(s["nll_per_token"] > 0 for s in scored[0].json()["scores"])
+        assert scored[0].status_code == 200 and all(s["nelbo_per_token"] > 0 for s in scored[0].json()["scores"])
         assert waited < 5, waited  # between the score's pieces, not after all of them
         # a client that leaves cancels its score: the next request does not wait behind it
         with pytest.raises(httpx.TimeoutException):

@@ -41,7 +41,8 @@ def test_elbo_mode_and_bad_sequences(server):
     body = {"model": "qm9", "sequences": ["CC(=O)O", "CCN"], "mode": "elbo", "num_mc": 8, "seed": 3}
     a = httpx.post(server + "/score", json=body, timeout=60).json()["scores"]
     b = httpx.post(server + "/score", json=body, timeout=60).json()["scores"]
-    assert a == b and all(s["nll_per_token"] > 0 and s["stderr"] > 0 for s in a)  # seeded: reproducible
+    assert a == b and all(s["nelbo_per_token"] > 0 and s["stderr"] > 0 for s in a)  # seeded: reproducible
+    assert all(s["nelbo_terms"] == "all" for s in a)  # SMILES end in padding, which the model generates
     bad = httpx.post(server + "/score", json={"model": "qm9", "sequences": ["CC", "CXC"]})
     assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "sequences", 1]
     long = httpx.post(server + "/score", json={"model": "qm9", "sequences": ["C" * 500]})
@@ -52,8 +53,11 @@ def test_elbo_mode_and_bad_sequences(server):
     assert ignored.status_code == 422 and ignored.json()["detail"][0]["loc"] == ["body", "template"]
 
 
-def test_elbo_counts_real_tokens_not_padding(server, checkpoints):
-    """The review: the README's text example averaged over 125 padding positions (97% of its 7.05 nats)."""
+def test_elbo_is_the_whole_bound_per_real_token_where_the_family_pads(server, checkpoints):
+    """The review: the figure over real tokens only is not a bound (padding is generated too). For a SMILES
+    family /score returns the NELBO over every position, padding included, per real token (the library's
+    ``elbo(..., all_terms=True)``), not the all-positions average (divided by the padded length) and not
+    the real tokens' terms alone; for a text family of packed blocks (no padding), the real tokens' terms."""
     body = {"model": "qm9", "decomposition": "none", "sequences": ["CC(=O)O"], "mode": "elbo", "num_mc": 64,
             "seed": 0}
     got = httpx.post(server + "/score", json=body, timeout=60).json()["scores"][0]
@@ -61,10 +65,11 @@ def test_elbo_counts_real_tokens_not_padding(server, checkpoints):
     x0 = torch.tensor([tok.encode("CC(=O)O")])
     real = torch.arange(tok.length)[None] < 7
     with model.compute_context():
-        counted, _ = elbo(model, x0, 64, torch.Generator().manual_seed(1), counted=real)
-        everything, _ = elbo(model, x0, 64, torch.Generator().manual_seed(1))
-    assert got["real_tokens"] == 7 and got["tokens"] == tok.length
-    # the service's figure is the real tokens' share: near the library's counted estimate (other draws),
-    # and not the all-positions average, which padding dilutes
-    assert abs(got["nll_per_token"] - counted.item()) < 0.35 * counted.item()
-    assert abs(got["nll_per_token"] - everything.item()) > abs(got["nll_per_token"] - counted.item())
+        whole, _ = elbo(model, x0, 256, torch.Generator().manual_seed(1), real=real, all_terms=True)
+        real_only, _ = elbo(model, x0, 256, torch.Generator().manual_seed(1), real=real, all_terms=False)
+    assert got["real_tokens"] == 7 and got["tokens"] == tok.length and got["nelbo_terms"] == "all"
+    assert abs(got["nelbo_per_token"] - whole.item()) < 0.35 * whole.item()
+    assert abs(got["nelbo_per_token"] - whole.item()) < abs(got["nelbo_per_token"] - real_only.item())
+    text = httpx.post(server + "/score", json={"model": "text", "sequences": ["the cat"], "mode": "elbo",
+                                               "num_mc": 4, "seed": 0}, timeout=60).json()["scores"][0]
+    assert text["nelbo_terms"] == "real" and text["nelbo_per_token"] > 0

@@ -7,9 +7,11 @@ factorized components; rank 1 is the standard MDM.
 import torch
 
 from ._checks import check_float, check_masked, check_ndim, check_positions, check_simplex, check_tokens
+from ._precision import own_precision
 from .categorical import sample_categorical
 
 
+@own_precision
 def cp_log_prob(weights: torch.Tensor, factors: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """log sum_a w_a prod_i f_{i,a}(x^i)  (Eq. 6), in log space. -> [b]."""
     idx = x[:, :, None, None].expand(-1, -1, factors.shape[2], 1)  # [b, l, r, 1]
@@ -17,6 +19,7 @@ def cp_log_prob(weights: torch.Tensor, factors: torch.Tensor, x: torch.Tensor) -
     return torch.logsumexp(weights.log() + log_f.sum(1), dim=-1)
 
 
+@own_precision
 def cp_posterior(weights: torch.Tensor, factors: torch.Tensor, x_cond: torch.Tensor) -> torch.Tensor:
     """Component posterior p(a | x_S) from the conditioning factors of Sec. 4.3 (Eq. 14). -> [b, r].
 
@@ -30,6 +33,7 @@ def cp_posterior(weights: torch.Tensor, factors: torch.Tensor, x_cond: torch.Ten
     return torch.softmax(weights.log() + log_cond, dim=-1)
 
 
+@own_precision
 def cp_marginals(weights: torch.Tensor, factors: torch.Tensor, x_cond: torch.Tensor) -> torch.Tensor:
     """p(x^i | x_S) ∝ sum_a w_a p^(a,i)(x^i) prod_j pbar^(a,j)  (Eq. 15). -> [b, l, v]."""
     post = cp_posterior(weights, factors, x_cond)  # [b, r]

@@ -8,6 +8,7 @@ to state k. Rank 1 is the standard MDM.
 import torch
 
 from ._checks import check_float, check_masked, check_ndim, check_positions, check_simplex, check_tokens
+from ._precision import own_precision
 from .categorical import sample_categorical
 
 
@@ -17,6 +18,7 @@ def _rescale(mats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return mats / c, c.log()[..., 0, 0]
 
 
+@own_precision
 def tt_chain_log_value(mats: torch.Tensor) -> torch.Tensor:
     """log((1/r) 1^T M_1 ... M_l 1) for mats [b, l, r, r] -> [b].
 
@@ -47,6 +49,7 @@ def tt_log_prob(cores: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return tt_chain_log_value(tt_select(cores, x))
 
 
+@own_precision
 def _scan(mats: torch.Tensor, reverse: bool = False) -> torch.Tensor:
     """Inclusive products P_i = M_1 ... M_i (reverse: M_i ... M_l), [b, l, r, r], each known only up to
     a positive factor (every matrix is rescaled by its max). Hillis-Steele: log2(l) batched matmuls."""
@@ -61,6 +64,7 @@ def _scan(mats: torch.Tensor, reverse: bool = False) -> torch.Tensor:
     return mats
 
 
+@own_precision
 def tt_state_marginals(contracted: torch.Tensor) -> torch.Tensor:
     """Distribution of the hidden state entering each position, every other position summed out:
     pi_1 = 1/r, pi_i = pi_{i-1} Gbar_{i-1}. With row-stochastic Gbar (Eq. 16 with S empty: the sum
@@ -101,6 +105,7 @@ def tt_contract(cores: torch.Tensor, x_cond: torch.Tensor, summed: torch.Tensor 
     return torch.where(known, tt_select(cores, x_cond), cores.sum(2) if summed is None else summed)
 
 
+@own_precision
 def tt_marginals(cores: torch.Tensor, x_cond: torch.Tensor, summed: torch.Tensor | None = None) -> torch.Tensor:
     """p(x^i | x_S) ∝ 1^T Gbar_1..Gbar_{i-1} G_i(x^i) Gbar_{i+1}..Gbar_l 1  (Eq. 17) -> [b, l, v].
 
@@ -122,6 +127,7 @@ def tt_marginals(cores: torch.Tensor, x_cond: torch.Tensor, summed: torch.Tensor
     return torch.where(known, onehot, marg)
 
 
+@own_precision
 def tt_gap_products(contracted: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
     """Segmented scan: Q_i = product of contracted cores Gbar_j over (last chosen position <= i, i].
 
@@ -144,6 +150,7 @@ def tt_gap_products(contracted: torch.Tensor, chosen: torch.Tensor) -> torch.Ten
     return mats
 
 
+@own_precision
 def tt_prefix_products(contracted: torch.Tensor, upto: torch.Tensor) -> torch.Tensor:
     """P = product of Gbar_j over j < upto, per row, by a balanced tree (log l small batched matmuls).
 

@@ -15,6 +15,7 @@ _SPECIAL = re.compile(r"(\[MASK\]|\[PAD\])")
 
 class SymbolTokenizer:
     kind = ""
+    pads = True  # a sequence shorter than the length ends in [PAD]s, which the model generates as tokens
 
     @staticmethod
     def split(text: str) -> list[str]:

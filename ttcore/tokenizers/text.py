@@ -37,6 +37,7 @@ def _byte_level(tok: Tokenizer) -> Tokenizer:
 
 class TextTokenizer:
     kind = "text"
+    pads = False  # documents are packed into blocks of the length: a sample never ends in padding
 
     def __init__(self, bpe: Tokenizer, length: int, name: str):
         self.bpe, self.length, self.name = bpe, length, name
