@@ -53,8 +53,8 @@ def config_from_args(args, extra: dict | None = None):
 def dataset(cfg, tokenizer=None):
     """The family of ``cfg.data``; with ``tokenizer`` (a base model's), encoded with it."""
     ds = load_dataset(cfg.data, tokenizer)
-    if getattr(ds, "dropped", 0) and is_main_process():
-        print(f"data: left out {ds.dropped} sequences longer than {ds.tokenizer.length} tokens (data.length)")
+    if hasattr(ds, "summary") and is_main_process():
+        print(f"data: {ds.summary()}")
     return ds
 
 

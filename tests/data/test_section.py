@@ -39,8 +39,10 @@ def test_char_family_splits_lengths_and_tokens(tmp_path):
     assert section.metrics == "none" and section.family == "pep"
     ds = load_dataset(section)
     assert isinstance(ds.tokenizer, CharTokenizer) and ds.tokenizer.length == 5
-    assert ds.dropped == 10  # KRKRKRK (7 characters) x 10 is longer than 5
-    assert len(ds.train) + len(ds.val) == 50 and "KRKRKRK" not in ds.train + ds.val  # split first (12 held out)
+    assert ds.repeats == 54  # each of the 6 lines once
+    dropped = sum(n for reasons in ds.dropped.values() for n in reasons.values())
+    assert len(ds.train) + len(ds.val) + dropped == 6 and "KRKRKRK" not in ds.train + ds.val  # longer than 5
+    assert len(ds.val) + sum(ds.dropped["val"].values()) == 1  # split first (1 of 6 held out)
     assert all(ds.tokenizer.decode(row) == s for row, s in zip(ds.train_tokens.tolist(), ds.train))
     assert ds.references == {"val": ds.val}
     ds.tokenizer.save(tmp_path)
@@ -49,6 +51,25 @@ def test_char_family_splits_lengths_and_tokens(tmp_path):
     assert tok.tokenize("A[MASK]D[PAD]", allow_mask=True) == [tok.index["A"], tok.mask_id, tok.index["D"], 0]
     with pytest.raises(ValueError, match="not in the vocabulary"):
         tok.encode("AZ")
+
+
+def test_vocabulary_and_length_come_from_the_training_split_and_lines_are_counted_once(tmp_path):
+    """The review: a validation-only symbol became a model output and a validation line set the length. Now the
+    tokenizer is the training split's; validation lines it cannot encode are left out and counted per split and
+    reason; a repeated line is kept once (never in both splits)."""
+    train = ["ACDK", "GGLK", "MKVL", "ACDK", "GGLK"]
+    (tmp_path / "train.txt").write_text("\n".join(train))
+    (tmp_path / "val.txt").write_text("\n".join(["ACDKGGLKMM", "ACZ", "MKVL", "KLMA", "KLMA"]))
+    ds = load_dataset(DataSection(source=str(tmp_path / "train.txt"), val=str(tmp_path / "val.txt"),
+                                  tokenizer="char"))
+    assert ds.tokenizer.length == 4 and "Z" not in ds.tokenizer.vocab  # the longest training line; its symbols
+    assert ds.train == ["ACDK", "GGLK", "MKVL"] and ds.val == ["KLMA"]
+    assert ds.dropped["val"] == {"longer than the length (data.length)": 1,
+                                 "with symbols outside the training split's vocabulary": 1}
+    assert not ds.dropped["train"] and ds.repeats == 2 + 2  # 2 repeated training lines; KLMA twice, MKVL in train
+    summary = ds.summary()
+    assert "3 training and 1 validation" in summary and "val: 1 longer than the length" in summary
+    assert "4 repeated sequences removed" in summary
 
 
 def test_defaults_and_refusals():
@@ -89,7 +110,7 @@ def test_configs_before_the_section(tmp_path):
 def test_moses_is_a_corpus():
     ds = load_dataset(DataSection(source="moses", val_fraction=0.01))
     assert ds.tokenizer.kind == "smiles" and ds.tokenizer.length == 54 and ds.tokenizer.vocab_size == 25
-    assert len(ds.train) + len(ds.val) == 1_584_663 and ds.dropped == 0
+    assert len(ds.train) + len(ds.val) == 1_584_663 and not any(ds.dropped.values()) and ds.repeats == 0
     assert {k: len(v) for k, v in ds.references.items()} == {"test": 176_074, "test_scaffolds": 176_225}
 
 
@@ -97,6 +118,7 @@ def test_moses_is_a_corpus():
 def test_qm9_with_its_own_length_is_read_from_the_package():
     """A packaged corpus with settings its cache does not cover (here a length) is read from the package."""
     ds = load_dataset(DataSection(source="qm9", length=12))
-    assert ds.tokenizer.length == 12 and ds.dropped > 0 and len(ds.train) > 1000
+    assert ds.tokenizer.length == 12 and ds.dropped["train"]["longer than the length (data.length)"] > 0
+    assert len(ds.train) > 1000
     assert all(len(ds.tokenizer.tokenize(s)) <= 12 for s in ds.train[:500])
 

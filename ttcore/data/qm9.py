@@ -59,7 +59,7 @@ class SmilesDataset(SequenceDataset):
     """Train / validation SMILES with their tokenizer (built from them unless given) and token arrays."""
 
     def __init__(self, train: list[str], val: list[str], tokenizer: SmilesTokenizer | None = None):
-        super().__init__(train, val, tokenizer or SmilesTokenizer.build(train + val))
+        super().__init__(train, val, tokenizer or SmilesTokenizer.build(train))  # the training split's vocabulary
 
     @classmethod
     def from_file(cls, path: str | Path, val_fraction: float = 0.1, seed: int = 0) -> "SmilesDataset":

@@ -140,13 +140,22 @@ def load_dataset(section: DataSection, tokenizer=None):
         if ds is not None:
             return ds
     seqs = corpus.sequences() if corpus is not None else read_sequences(section.source, section.column)
-    train, val = (seqs, read_sequences(section.val, section.column)) if section.val is not None else \
-        split(seqs, section.val_fraction, 0)
-    if section.packed:
+    if section.packed:  # documents: repeats are text, and the blocks cut across them
+        train, val = (seqs, read_sequences(section.val, section.column)) if section.val is not None else \
+            split(seqs, section.val_fraction, 0)
         return _packed(section, train, val, tokenizer)
-    if tokenizer is None:
-        tokenizer = _symbol_tokenizer(section.tokenizer).build(train + val, section.length)
+    # one example a line: each sequence once, so that no line is in both splits or weighs twice
+    distinct = list(dict.fromkeys(seqs))
+    repeats = len(seqs) - len(distinct)
+    if section.val is not None:
+        train, held_out = distinct, read_sequences(section.val, section.column)
+        val = [s for s in dict.fromkeys(held_out) if s not in set(train)]
+        repeats += len(held_out) - len(val)
+    else:
+        train, val = split(distinct, section.val_fraction, 0)
+    if tokenizer is None:  # the vocabulary and the default length are the training split's alone
+        tokenizer = _symbol_tokenizer(section.tokenizer).build(train, section.length)
     references = corpus.references() if corpus is not None and corpus.references is not None else None
     if section.test is not None:
         references = {"test": read_sequences(section.test, section.column)}
-    return SequenceDataset(train, val, tokenizer, references)
+    return SequenceDataset(train, val, tokenizer, references, repeats)
