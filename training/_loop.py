@@ -113,6 +113,7 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
     mask_id = tokenizer.mask_id
     max_steps = cfg.total_steps if max_steps is None else max_steps
     start_time, start_wall, last_ckpt = time.time(), meta["wall_seconds"], time.time()
+    meta.pop("stopped_early", None)  # this run's own stop decides
 
     def validate():
         with ema.applied(model) if ema is not None else contextlib.nullcontext():
@@ -152,7 +153,9 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
         if checkpoint_now:
             checkpoint()
             last_ckpt = time.time()
-        if stop_now:
+        if stop_now:  # the budget is steps; wall time and signals are safety stops, and the card says so
+            meta["stopped_early"] = {"step": meta["step"], "of": max_steps,
+                                     "by": "max_minutes" if out_of_time else "signal"}
             break
         step = meta["step"]
         for group in opt.param_groups:

@@ -7,8 +7,8 @@ and its SA-score module imports ``rdkit.six`` (removed from RDKit). Both are sup
 by the functions they named (``pd.concat``, ``dict.items``); neither touches the metrics compared."""
 
 import importlib
-import math
 import importlib.util
+import math
 import pickle
 import sys
 import types

@@ -1,9 +1,11 @@
 """The playground page in a real headless browser (Debian's chromium driven by Playwright), against a real
 uvicorn server on the bundled QM9 checkpoints (TT r=8 beside the rank-1 base): the page loads, a generation
-streams step by step, the molecule pictures appear, the side-by-side mode runs both at once. Saves
-results/playground.png (the README shows it). The /depict route and the chemist's options are tested in
-test_api.py."""
+streams step by step, the molecule pictures appear, the side-by-side mode runs both at once. Takes a
+screenshot into the test's temporary folder (a test does not change the repository); to refresh the docs'
+picture, ``TTCORE_PLAYGROUND_PNG=results/playground.png pytest tests/service/test_playground.py``. The
+/depict route and the chemist's options are tested in test_api.py."""
 
+import os
 import shutil
 import time
 from pathlib import Path
@@ -75,7 +77,7 @@ def test_playground_streams_both_checkpoints_and_draws_the_molecules(qm9_server,
             assert "valid " in pane.query_selector(".summary").inner_text()
         assert page.query_selector_all(".tok.new") == []  # the final answer replaces the step view
         assert not errors, errors
-        out = ROOT / "results" / "playground.png"
+        out = Path(os.environ.get("TTCORE_PLAYGROUND_PNG") or tmp_path / "playground.png")
         page.screenshot(path=str(out), full_page=True)
         assert out.stat().st_size > 20_000
         # the same checkpoint on both sides: its joint draw beside its rank-1 view (joint: false)

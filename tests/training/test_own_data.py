@@ -30,6 +30,7 @@ def page_blocks() -> tuple[str, list[str], dict]:
     config = re.search(r'```yaml title="peptides.yaml"\n(.*?)```', text, re.S).group(1)
     bash = re.findall(r"```bash\n(.*?)```", text, re.S)
     commands = [line for line in bash[0].splitlines() if line.strip()]
+    assert "localhost:8001/generate" in bash[1]
     body = json.loads(re.search(r"-d '(\{.*\})'", bash[1]).group(1))
     return config, commands, body
 
@@ -44,15 +45,15 @@ def peptides(n: int, seed: int = 0) -> list[str]:
     return out
 
 
-def _argv(command: str) -> list[str]:
-    argv = shlex.split(command)
-    assert argv[0] == "python"
+SMOKE_STEPS = {"STEPS": "4", "FT_STEPS": "4"}  # the smallest size: a few steps instead of minutes
+
+
+def _argv(command: str, env: dict) -> list[str]:
+    argv = [a.replace("$FT_STEPS", env["FT_STEPS"]).replace("$STEPS", env["STEPS"]) for a in shlex.split(command)]
+    assert argv[0] == "python" and not any("$" in a for a in argv), argv
     argv[0] = sys.executable
     if len(argv) > 1 and argv[1].startswith("training/"):
         argv[1] = str(ROOT / argv[1])
-    for k, arg in enumerate(argv):  # the smallest size: a few steps instead of minutes
-        if arg == "--max-minutes":
-            argv[k:k + 2] = ["--max-steps", "4"]
     return argv
 
 
@@ -67,26 +68,34 @@ def test_own_data_page_commands(tmp_path):
     (tmp_path / values["data"]["source"]).write_text("\n".join(train) + "\n")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
 
-    *recipes, serve = commands
-    assert serve.startswith("python -m service")
+    size, *recipes, serve = commands
+    assert size.startswith("export STEPS=") and serve.startswith("python -m service")
+    assert all("--max-steps" in c for c in recipes if "pretrain.py" in c or "finetune.py" in c)  # budgets by steps
     for command in recipes:
-        done = subprocess.run(_argv(command), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        done = subprocess.run(_argv(command, SMOKE_STEPS), cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=600)
         assert done.returncode == 0, f"{command}\n{done.stderr[-3000:]}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["peptides.txt", "peptides.yaml", "runs"]  # all under runs/
+    runs = tmp_path / "runs"
+    fine_tunes = [json.loads((runs / name / "train_state" / "state.json").read_text())
+                  for name in ("peptides-tt-r8", "peptides-none-r1")]
+    assert [s["step"] for s in fine_tunes] == [4, 4] and not any(s.get("stopped_early") for s in fine_tunes)
 
-    tok = json.loads((tmp_path / "served" / "peptides-tt-r8" / "tokenizer.json").read_text())
+    tok = json.loads((runs / "served" / "peptides-tt-r8" / "tokenizer.json").read_text())
     assert tok["type"] == "char" and set(tok["symbols"]) == set("".join(train))
-    rows = json.loads((tmp_path / "results" / "peptides" / "likelihood.json").read_text())
+    rows = json.loads((runs / "results" / "peptides" / "likelihood.json").read_text())
     assert {r["checkpoint"] for r in rows} == {"peptides-tt-r8", "peptides-none-r1"}
     assert all(0 < r["nll"] < 10 for r in rows)
-    samples = json.loads((tmp_path / "results" / "peptides" / "sequence_results.json").read_text())
+    samples = json.loads((runs / "results" / "peptides" / "sequence_results.json").read_text())
     assert {(r["checkpoint"], r["ordering"], r["steps"]) for r in samples} == {
         (c, o, k) for c in ("peptides-tt-r8", "peptides-none-r1") for o in ("random", "top_prob") for k in (4, 16)}
     assert all(0 < r["uniqueness"] <= 1 and 0 <= r["novelty"] <= 1 and r["mean_length"] <= 24 for r in samples)
 
     port = free_port()
-    proc = subprocess.Popen([*_argv(serve), "--port", str(port), "--threads", "1", "--precision", "fp32",
-                             "--log-level", "warning"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
+    assert _argv(serve, SMOKE_STEPS)[-2:] == ["--port", "8001"]  # not the port `bash dev.sh run` serves on
+    proc = subprocess.Popen([*_argv(serve, SMOKE_STEPS)[:-2], "--port", str(port), "--threads", "1",
+                             "--precision", "fp32", "--log-level", "warning"], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, 180, proc)
