@@ -27,11 +27,12 @@ from ttcore.sampling import GenerationRun, SamplerConfig, cost
 
 
 class TooLarge(ValueError):
-    """The request can never fit this server's limits; ``field`` names what to lower."""
+    """The request can never fit this server's limits; ``field`` names what to lower. ``compute``: refused by
+    the compute estimate (which a re-timing may revise), not by memory or the stream limit."""
 
-    def __init__(self, field: str, message: str):
+    def __init__(self, field: str, message: str, compute: bool = False):
         super().__init__(message)
-        self.field = field
+        self.field, self.compute = field, compute
 
 
 WINDOW = 8  # observations per kind of work that the estimate is the median of
@@ -246,18 +247,18 @@ def plan(model, speed: Speed, *, num_samples: int, steps: int, config: SamplerCo
         raise TooLarge("num_samples", f"this setting needs about {seconds:.3g} s of compute here (one step "
                                       f"about {step_seconds:.3g} s); within timeout_s {timeout_s:g} and "
                                       f"the {step_limit_s:g} s step limit, num_samples can be at most "
-                                      f"{_round_down(fit)}")
+                                      f"{_round_down(fit)}", compute=True)
     for n in (num_samples, 1):  # a step count that fits, the largest below the one asked
         k = next((k for k in range(min(steps, l), 0, -1) if fits(n, k)), None)
         if k is not None:
             with_n = "" if n == num_samples else " with num_samples 1"
             raise TooLarge("steps", f"one sequence needs about {estimate(1, steps)[0]:.3g} s here, more than fits "
                                     f"timeout_s {timeout_s:g} and the {step_limit_s:g} s step limit; use at most {k} "
-                                    f"steps{with_n}")
+                                    f"steps{with_n}", compute=True)
     raise TooLarge("timeout_s", f"no num_samples or steps fits timeout_s {timeout_s:g} here: one sequence at "
                                 f"one step needs about {estimate(1, 1)[0]:.3g} s"
                                 + ("; use a predetermined ordering (random, left_to_right, halton)"
-                                   if adaptive else ""))
+                                   if adaptive else ""), compute=True)
 
 
 def check_passes(sequences: int, draws: int, rows: int, pass_seconds, timeout_s: float, step_limit_s: float,
@@ -288,3 +289,37 @@ def check_passes(sequences: int, draws: int, rows: int, pass_seconds, timeout_s:
     raise TooLarge("sequences", f"{sequences} sequences x {draws} passes need about {seconds:.3g} s of compute "
                                 f"here, more than timeout_s {timeout_s:g}; at most {fit} sequences fit"
                                 + ("" if fit >= 1 else ": use a longer timeout_s"))
+
+
+# A streamed answer's size, per position of every sequence in every step event: the partial sequence's text (a
+# masked position is "[MASK]", 6 bytes, more than a SMILES symbol or an average BPE token takes) and, with
+# step_tokens, the position's piece as a JSON string ('"[MASK]",': 9 bytes). The committed positions and the
+# final answer add less than one such event.
+STREAM_BYTES_PER_POSITION, STEP_TOKEN_BYTES_PER_POSITION = 6, 9
+
+
+def stream_bytes(num_samples: int, steps: int, length: int, step_tokens: bool, rounds: int = 1) -> int:
+    """An upper estimate of a streamed /generate answer in bytes: ``rounds`` x min(steps, length) step events,
+    each with every sequence at every position."""
+    per_position = STREAM_BYTES_PER_POSITION + (STEP_TOKEN_BYTES_PER_POSITION if step_tokens else 0)
+    return rounds * min(steps, length) * num_samples * length * per_position
+
+
+def check_stream(num_samples: int, steps: int, length: int, step_tokens: bool, rounds: int, limit_bytes: int) -> int:
+    """A streamed answer must fit ``limit_bytes`` (``--max-stream-mb``) -> its estimate, or TooLarge naming
+    ``step_tokens`` when the answer fits without them, else the largest ``num_samples``, else ``steps``."""
+    size = stream_bytes(num_samples, steps, length, step_tokens, rounds)
+    if size <= limit_bytes:
+        return size
+    said = f"a stream of about {size / 2**20:.3g} MB ({rounds * min(steps, length)} step events of {num_samples} " \
+           f"sequences of {length} positions)"
+    limit = f"the server's stream limit of {limit_bytes / 2**20:g} MB (--max-stream-mb)"
+    if step_tokens and stream_bytes(num_samples, steps, length, False, rounds) <= limit_bytes:
+        raise TooLarge("step_tokens", f"{said} is above {limit}; without step_tokens it fits")
+    fit = _largest(lambda n: stream_bytes(n, steps, length, step_tokens, rounds) <= limit_bytes, num_samples)
+    if fit >= 1:
+        raise TooLarge("num_samples", f"{said} is above {limit}; num_samples can be at most {_round_down(fit)}, "
+                                      "or ask without stream for the final answer only")
+    k = _largest(lambda k: stream_bytes(1, k, length, step_tokens, rounds) <= limit_bytes, min(steps, length))
+    raise TooLarge("steps", f"{said} is above {limit}; "
+                            + (f"use at most {k} steps with num_samples 1" if k >= 1 else "ask without stream"))

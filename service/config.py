@@ -45,6 +45,9 @@ class ServiceArgs(BaseModel):
                                                     "longer than this")
     max_step_s: float | None = Field(None, gt=0, description="admission refuses a request whose longest step is "
                                                              "estimated above this (default: half of stall_s)")
+    max_stream_mb: float = Field(16.0, gt=0, description="a streamed /generate answer is estimated before it is "
+                                                         "admitted (every step event holds every sequence) and "
+                                                         "refused with a 422 above this many MB")
     reader_timeout_s: float = Field(30.0, gt=0, description="a request whose client stops reading (its unread "
                                                             "backlog full) is cancelled after this")
     allowed_hosts: list[str] | None = Field(

@@ -155,6 +155,7 @@ class Serving:
         self.registry, self.engine, self.metrics = registry, engine, engine.metrics
         self.memory_budget, self.max_timeout_s = args.memory_budget_mb << 20, args.max_timeout_s
         self.max_step_s = engine.stall_s / 2 if args.max_step_s is None else args.max_step_s
+        self.max_stream_bytes = int(args.max_stream_mb * 2**20)
         if any(lm.molecules for lm in registry.models):
             smiles_checker()  # says at start-up, not at the first answer, when RDKit is missing
 
@@ -168,7 +169,7 @@ class Serving:
         except admission.TooLarge as e:
             lm = self.registry.resolve(request.model, request.decomposition, request.rank)
             kind = request.to_sampler_config().work_kind(lm.model.cfg)
-            if e.field == "ordering" or not (self.engine.idle(lm) and lm.speed.may_recalibrate(kind)):
+            if not (e.compute and self.engine.idle(lm) and lm.speed.may_recalibrate(kind)):
                 self.metrics.too_large.labels(lm.family, e.field).inc()
                 raise
         before = lm.speed.estimate(kind)
@@ -194,6 +195,9 @@ class Serving:
             config = request.to_sampler_config()
         except InvalidSampler as e:  # settings no step class runs together (the schema checked each alone)
             raise Unsupported(e.field, str(e)) from None
+        if request.stream:
+            admission.check_stream(request.num_samples, request.steps, lm.model.cfg.dit.length, request.step_tokens,
+                                   MAX_VALID_ROUNDS if request.valid_only else 1, self.max_stream_bytes)
         plan = admission.plan(lm.model, lm.speed, num_samples=request.num_samples, steps=request.steps,
                               config=config, timeout_s=timeout, memory_budget=self.memory_budget,
                               step_limit_s=self.max_step_s)

@@ -187,3 +187,23 @@ def test_a_text_eb_request_of_64_samples_and_16_steps_is_admitted_on_the_default
         assert slow.max_rows_per_pass is not None and slow.seconds > admitted.seconds
     except TooLarge as e:  # on a slow machine the chain rule does not fit at all
         assert e.field in ("num_samples", "steps", "timeout_s")
+
+
+def test_a_stream_is_refused_above_the_stream_limit_naming_what_to_lower():
+    """The review: a 100-byte request streamed 57-66 MB (text, 256 samples x 1024 positions with step tokens).
+    Streams are estimated before admission and held under ``--max-stream-mb``; each hint fits."""
+    from service.admission import check_stream, stream_bytes
+
+    limit = 16 << 20
+    assert 57e6 <= stream_bytes(256, 16, 1024, True) <= 66e6  # the review's request: what it measured
+    with pytest.raises(TooLarge) as e:
+        check_stream(256, 16, 1024, True, 1, limit)
+    assert e.value.field == "num_samples" and "--max-stream-mb" in str(e.value) and not e.value.compute
+    fit = int(re.search(r"at most (\d+)", str(e.value)).group(1))
+    assert check_stream(fit, 16, 1024, True, 1, limit) <= limit
+    with pytest.raises(TooLarge) as e:  # fits without the step tokens: says so
+        check_stream(100, 16, 1024, True, 1, limit)
+    assert e.value.field == "step_tokens" and check_stream(100, 16, 1024, False, 1, limit) <= limit
+    with pytest.raises(TooLarge) as e:  # valid_only streams up to MAX_VALID_ROUNDS rounds
+        check_stream(100, 16, 1024, False, 4, limit)
+    assert e.value.field == "num_samples"

@@ -312,3 +312,4 @@ def test_valid_only_answers_what_it_found_when_the_deadline_passes_in_a_later_ro
         assert answer["stopped_early"] == "deadline" and len(answer["samples"]) < 64 and answer["rounds"] < 4
     else:  # every round it needed fit the deadline
         assert len(answer["samples"]) == 64 or answer["rounds"] == 4
+

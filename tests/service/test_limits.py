@@ -262,3 +262,30 @@ def test_a_calibration_taken_on_a_busy_machine_is_corrected_by_the_requests_that
         assert min(measured) <= after <= max(measured), (measured, after, at_start, info())  # the start outvoted
     finally:
         _stop(proc)
+
+
+def test_a_stream_above_the_stream_limit_is_refused_and_the_estimate_bounds_what_is_sent(checkpoints):
+    """The stream limit (``--max-stream-mb``; 0.5 here) refuses a stream before it starts, naming what to lower
+    (and the hint is admitted); the estimate is an upper bound of the step events a stream really sends."""
+    from service.admission import stream_bytes
+
+    proc, url = start_uvicorn(checkpoints, "--max-stream-mb", "0.5")
+    try:
+        length = next(m for m in httpx.get(url + "/models").json()["models"] if m["model"] == "text")["length"]
+        big = dict(model="text", num_samples=256, steps=length, seed=0, stream=True, step_tokens=True)
+        r = httpx.post(url + "/generate", json=big, timeout=60)
+        detail = r.json()["detail"][0]
+        assert r.status_code == 422 and detail["loc"] == ["body", "num_samples"], r.text
+        assert "--max-stream-mb" in detail["msg"]
+        fit = int(re.search(r"at most (\d+)", detail["msg"]).group(1))
+        with httpx.stream("POST", url + "/generate", json=dict(big, num_samples=fit), timeout=120) as ok:
+            streamed = sum(len(chunk) for chunk in ok.iter_bytes())
+        assert ok.status_code == 200
+        body = dict(model="text", num_samples=3, steps=5, seed=0, stream=True, step_tokens=True)
+        with httpx.stream("POST", url + "/generate", json=body, timeout=60) as r:
+            sent = sum(len(chunk) for chunk in r.iter_bytes())
+        answer = len(httpx.post(url + "/generate", json=dict(body, stream=False), timeout=60).content)
+        assert 0 < sent - answer <= stream_bytes(3, 5, length, True)  # the step events stay under the estimate
+        assert streamed <= 0.5 * 2**20 + answer * fit  # the admitted stream stayed near the limit
+    finally:
+        _stop(proc)
