@@ -217,10 +217,10 @@ def plan(model, speed: Speed, *, num_samples: int, steps: int, config: SamplerCo
     cfg = model.cfg
     adaptive, exact = config.step_kind(cfg)
     kind = config.work_kind(cfg)
-    chooses = kind == "chooser_step"
-    rows = cost.rows_per_pass(cfg, adaptive, memory_budget, exact, chooses)
+    chooses = getattr(config.step, "chooses", False)  # the fast path's choice (at temperature != 1 too)
+    rows = cost.rows_per_pass(cfg, adaptive, memory_budget, exact, chooses, config.chooser_outputs)
     if rows == 0:
-        need = cost.step_row_bytes(cfg, adaptive, chooses) >> 20
+        need = cost.step_row_bytes(cfg, adaptive, chooses, config.chooser_outputs) >> 20
         raise TooLarge("ordering", f"one sequence of this model needs about {need} MB per step with this "
                                    f"ordering, above the server's memory budget of {memory_budget >> 20} MB; "
                                    "use a predetermined ordering (random, left_to_right, halton)")

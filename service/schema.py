@@ -77,6 +77,13 @@ class SamplerFields(BaseModel):
                             "`exact`: the exact chain rule (Sec. 4.2), re-ranking after every pick (the reference; "
                             "full V x r x r outputs on every masked position, many times slower at text size). "
                             "No effect on predetermined orderings, `joint: false` or rank-1 checkpoints.")
+    chooser_outputs: int | None = Field(
+        None, ge=1, le=4096, description="`adaptive_path: fast`: the head outputs per masked position its choice "
+                                         "evaluates (c). Default: 2048 // V (every output at QM9's vocabulary, "
+                                         "one at text's: about the cost of a random-order step). Larger c "
+                                         "brings the choice's distributions to the head's full mixture (their "
+                                         "distance to it is at most the dropped weight) at c times the "
+                                         "cost; Benchmarks has the distance by c for each bundled checkpoint.")
     joint: bool = Field(True, strict=True,
                         description="`false`: the rank-1 view of a CP / TT checkpoint: each position drawn "
                                     "independently from its exact marginal under the joint the step would "
@@ -96,6 +103,7 @@ class SamplerFields(BaseModel):
         return SamplerConfig(ordering=self.ordering, schedule=self.schedule, temperature=temperature,
                              eb_gamma=self.eb_gamma if self.sampler == "eb" else None, eb_proxy=self.eb_proxy,
                              contraction=self.contraction, joint=self.joint, adaptive_path=self.adaptive_path,
+                             chooser_outputs=self.chooser_outputs,
                              sampler=None if self.sampler in ("fixed", "eb") else self.sampler)
 
 

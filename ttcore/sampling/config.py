@@ -30,7 +30,10 @@ class SamplerConfig:
     view); ``bernoulli``: per-position unmasking coins instead of exact counts; ``sampler``: a step class
     registered by name (``steps.register_step``), None: the built-in one the settings select;
     ``adaptive_path``: adaptive orderings and EB by the exact chain rule (``exact``, the reference) or with
-    one marginal inference per step and a joint draw of the chosen set (``fast``, ``steps.fast_adaptive``)."""
+    one marginal inference per step and a joint draw of the chosen set (``fast``, ``steps.fast_adaptive``);
+    ``chooser_outputs``: the head outputs per masked position the fast path's choice evaluates (c; None: the
+    default of ``steps.fast_adaptive.chooser_outputs``, about the cost of a random-order step; up to every
+    output, which makes the choice's marginals those of the head's mixture: ``benchmarks/chooser_distance.py``)."""
     ordering: str = "random"
     schedule: str = "loglinear"
     eb_gamma: float | None = None
@@ -41,8 +44,11 @@ class SamplerConfig:
     bernoulli: bool = False
     sampler: str | None = None
     adaptive_path: str = "exact"
+    chooser_outputs: int | None = None
 
     def __post_init__(self):
+        if self.chooser_outputs is not None and self.chooser_outputs < 1:
+            raise InvalidSampler("chooser_outputs", f"chooser_outputs must be >= 1, got {self.chooser_outputs}")
         if self.adaptive_path not in ("exact", "fast"):
             raise InvalidSampler("adaptive_path",
                                  f"adaptive_path must be exact or fast, got {self.adaptive_path!r}")

@@ -29,13 +29,14 @@ def predetermined_row_bytes(cfg) -> int:
     return 2 * l * v * 8 + l * r * r * 8 + ROW_SLACK_BYTES
 
 
-def chooser_row_bytes(cfg) -> int:
+def chooser_row_bytes(cfg, outputs: int | None = None) -> int:
     """One sequence of the fast adaptive step's choice (``steps.fast_adaptive``): c head outputs of every
-    position (logits and float32 probabilities) and the [l, v] marginals it scores."""
+    position (logits and float32 probabilities) and the [l, v] marginals it scores; ``outputs``: the request's
+    c (None: the default)."""
     from .steps.fast_adaptive import chooser_outputs  # the step module owns c
 
     l, v = cfg.dit.length, cfg.dit.out_vocab
-    c = chooser_outputs(get_decomposition(cfg.decomposition).outputs_per_position(cfg.rank), v)
+    c = chooser_outputs(get_decomposition(cfg.decomposition).outputs_per_position(cfg.rank), v, outputs)
     return l * v * (c * 8 + 4)
 
 
@@ -50,18 +51,21 @@ def forward_row_bytes(cfg) -> int:
     return FORWARD_BYTES_PER_TOKEN_WIDTH * cfg.dit.length * cfg.dit.hidden_dim
 
 
-def step_row_bytes(cfg, adaptive: bool, chooses: bool = False) -> int:
-    """Peak bytes per sequence of one step (``chooses``: the fast adaptive step's choice comes first)."""
+def step_row_bytes(cfg, adaptive: bool, chooses: bool = False, chooser_outputs: int | None = None) -> int:
+    """Peak bytes per sequence of one step (``chooses``: the fast adaptive step's choice comes first, with
+    ``chooser_outputs`` outputs per position)."""
     if adaptive:
         return forward_row_bytes(cfg) + chain_rule_row_bytes(cfg)
-    return forward_row_bytes(cfg) + predetermined_row_bytes(cfg) + (chooser_row_bytes(cfg) if chooses else 0)
+    return forward_row_bytes(cfg) + predetermined_row_bytes(cfg) + (
+        chooser_row_bytes(cfg, chooser_outputs) if chooses else 0)
 
 
-def rows_per_pass(cfg, adaptive: bool, budget_bytes: int, exact: bool = False, chooses: bool = False) -> int:
+def rows_per_pass(cfg, adaptive: bool, budget_bytes: int, exact: bool = False, chooses: bool = False,
+                  chooser_outputs: int | None = None) -> int:
     """How many sequences one pass of a step may hold within ``budget_bytes``; 0 when not even one fits.
     ``exact``: a TT step that sums the cores (counted for predetermined steps only)."""
     fixed = exact_contraction_bytes(cfg) if exact and not adaptive else 0
-    return max(0, (budget_bytes - fixed) // step_row_bytes(cfg, adaptive, chooses))
+    return max(0, (budget_bytes - fixed) // step_row_bytes(cfg, adaptive, chooses, chooser_outputs))
 
 
 def sampler_config(**settings) -> SamplerConfig:
@@ -80,4 +84,5 @@ def rows_for(cfg, budget_bytes: int, **settings) -> int:
     """``rows_per_pass`` of a run with these flat settings (its step class says what a step holds)."""
     config = sampler_config(**settings)
     adaptive, exact = config.step_kind(cfg)
-    return rows_per_pass(cfg, adaptive, budget_bytes, exact, config.work_kind(cfg) == "chooser_step")
+    return rows_per_pass(cfg, adaptive, budget_bytes, exact, getattr(config.step, "chooses", False),
+                         config.chooser_outputs)

@@ -2,27 +2,42 @@
 ``SamplerConfig(adaptive_path="fast")``), beside the exact chain rule (``chain_rule``, ``eb``) that stays the
 reference.
 
-A step chooses its set T from every masked position's single-position marginal, computed once per step
-(not once per pick) and cheaply, then draws x_T jointly with the format's predetermined draw (Sec. 4.3).
-The draw is exact with respect to the joint the predetermined step draws from (the head's contraction, or
-the cores with ``contraction="exact"``); only the choice of T is approximate.
+A step chooses its set T by scoring every masked position once (not once per pick, as the chain rule does),
+then draws x_T jointly with the format's predetermined draw (Sec. 4.3), which is exact with respect to the
+joint a predetermined step draws from (the head's contraction outside T, or the cores with
+``contraction="exact"`` or a temperature other than 1). Only the choice of T is approximate: what it
+scores by is the ``chooser``, defined here and measured against the exact marginals by
+``benchmarks/chooser_distance.py`` (docs: Benchmarks, "the fast path's chooser").
 
-The marginals it chooses by: each format writes p(x^i | x_t) as a mixture of its E head outputs with
-weights that cost no V-sized output (``Decomposition.component_weights``: rank 1 one output; CP the
-mixture weights, Eqs. 14-15; TT pi_{i,j} Gbar_{i,jk} from the contracted-core head, Eqs. 16-17). The step
-evaluates only the ``c`` heaviest outputs of each masked position, c = CHOOSER_OUTPUTS // V (at least 1,
-at most E), and chooses by their renormalized mixture: at QM9's vocabulary (V = 31) c = 66, so TT r <= 8
-and CP r <= 64 evaluate every output and their marginals are exact (w.r.t. that joint), while TT r = 16
-(E = 256) chooses by its 66 heaviest; at text size (V = 8192) c = 1, one V-sized output per masked
-position, what a rank-1 model computes for an adaptive step. Scores then rank positions as the chain rule's first pick
-does (fixed samplers: the ``counts`` best; EB: positions by the error proxy, the largest prefix whose
-entropies satisfy sum H - max H <= gamma, at least one); the chain rule re-ranks after every pick with
-marginals conditional on the step's earlier picks, this step does not.
+The chooser of a masked position i: each format writes p(x^i | x_t) as a mixture of its E head outputs
+(``Decomposition.component_weights``): rank 1 one output; CP the tempered mixture weights (Eqs. 14-15); TT
+w_{(j,k)} = pi_{i,j} Gbar_{i,jk} (Eqs. 16-17) with pi and Gbar from the contracted-core head at every
+masked position (position i included: its row j split over k by the head's Gbar_i, not by the sums of its
+own cores) and the outputs at temperature T (the weights at temperature 1). The step evaluates the c
+heaviest outputs (c = ``SamplerConfig.chooser_outputs``, default CHOOSER_OUTPUTS // V, in [1, E]) and
+renormalizes their mixture, so its distance to the full mixture is at most the dropped weight (total
+variation <= 1 - the c weights' sum). Its distance to the exact marginal adds the head's error: for CP and
+rank 1 the full mixture is exact; for TT it is the marginal of the train whose masked positions are all the
+head's contracted cores. Measured on the bundled checkpoints (bf16, their own samples masked at t = 0.25 to
+1), mean TV to the exact marginal: QM9 CP r = 64 0 (c = E), QM9 TT r = 16 0.014 (c = 66 of 256), MOSES TT
+r = 8 0.034 (c = E), text TT r = 4 0.54 at the default c = 1 of 16, 0.12 at c = 8 and 0.031 at c = 16, where
+the choice costs several random-order steps: at text size the default chooser is a cheap confidence
+heuristic, not a marginal. Where the predetermined step sums a TT's cores exactly (``contraction="exact"``,
+or a temperature other than 1, whose sums the head does not predict), the chooser is the exact
+marginal of the joint that step draws from (Eqs. 16-17 with every masked position summed, tempered), at the
+cost of that exact sum.
 
-What EB's rule means here: for independent draws, sum H - max H bounds the error of drawing T from the
-product of its marginals instead of the joint (their total correlation); a joint draw does not make that
-error, so the rule is kept as a budget on how much uncertainty one step commits (its steps-against-quality
-trade-off), not as a bound.
+Scores then rank positions as the chain rule's first pick does (fixed samplers: the ``counts`` best; EB:
+positions by the error proxy, the largest prefix whose chooser entropies satisfy sum H - max H <= gamma, at
+least one); the chain rule re-ranks after every pick with marginals conditional on the step's earlier picks,
+this step does not.
+
+What EB's rule is here: for independent draws from exact marginals, sum H - max H bounds the error of
+drawing T from the product of its marginals instead of the joint (their total correlation). This step
+computes it from the chooser's entropies, so it bounds nothing: it is a budget on the chooser's
+uncertainty per step (a steps-against-quality dial), and at text size, where the chooser is far from the
+marginal, the exact entropies of a chosen set can exceed gamma (the fourth review measured it in 7 of 24 steps,
+by up to 1.67 at gamma 0.5). A joint draw does not make the error the rule bounds in any case.
 """
 
 import torch
@@ -38,18 +53,26 @@ CHOOSER_OUTPUTS = 2048  # values per masked position the choice may compute (c =
 # small backbone (QM9's) the float32 softmax and mixture over c * V values per position is what a step costs
 
 
-def chooser_outputs(e: int, vocab: int) -> int:
-    """c, the head outputs per masked position the fast step evaluates: CHOOSER_OUTPUTS // V, in [1, E]."""
-    return max(1, min(e, CHOOSER_OUTPUTS // vocab))
+def chooser_outputs(e: int, vocab: int, asked: int | None = None) -> int:
+    """c, the head outputs per masked position the fast step evaluates: ``asked`` (a request's), else
+    CHOOSER_OUTPUTS // V; in [1, E]."""
+    return max(1, min(e, CHOOSER_OUTPUTS // vocab if asked is None else asked))
 
 
-def chooser_marginals(model, h: torch.Tensor, masked: torch.Tensor, temperature: float) -> torch.Tensor:
-    """The marginals the fast step chooses by: for each masked position, the renormalized mixture of its c
-    heaviest head outputs (``Decomposition.component_weights``), float32. -> [m, v], row-major over ``masked``."""
-    weights = get_decomposition(model.cfg.decomposition).component_weights(model, h, masked, temperature)  # [m, E]
+def chooser_marginals(model, h: torch.Tensor, masked: torch.Tensor, temperature: float,
+                      outputs: int | None = None, contraction: str = "head") -> torch.Tensor:
+    """The distributions the fast step chooses by (module docstring): the exact marginals where the
+    predetermined step sums the format's outputs exactly (TT: ``contraction="exact"`` or a temperature other
+    than 1), else for each masked position the renormalized mixture of its c heaviest head outputs
+    (``Decomposition.component_weights``; c = ``chooser_outputs(E, V, outputs)``), float32. -> [m, v],
+    row-major over ``masked``."""
+    dec = get_decomposition(model.cfg.decomposition)
+    if dec.sums_exactly(contraction, temperature, True, False):
+        return dec.chosen_marginals(model, h, masked, masked, temperature, contraction).float()
+    weights = dec.component_weights(model, h, masked, temperature)  # [m, E]
     m, e = weights.shape
     hm = h[masked]
-    c = chooser_outputs(e, model.cfg.dit.vocab_size - 1)
+    c = chooser_outputs(e, model.cfg.dit.vocab_size - 1, outputs)
     if c == e:  # every output: one head pass over the masked positions
         top_w = weights
         logits = model.select_logits(hm, torch.zeros(m, dtype=torch.long, device=h.device), e)  # [m, e, v]
@@ -85,7 +108,7 @@ class FastAdaptiveStep(ConfiguredStep):
         ``counts`` best, or EB's prefix)."""
         c = self.config
         b, l = tokens.shape
-        marg = chooser_marginals(run.model, h, masked, c.temperature)  # [m, v]: the masked positions only
+        marg = chooser_marginals(run.model, h, masked, c.temperature, c.chooser_outputs, c.contraction)  # [m, v]
         score_fn = ADAPTIVE[c.ordering] if c.eb_gamma is None else eb_score(c.eb_proxy)
         score = torch.full((b, l), -float("inf"), dtype=torch.float64, device=tokens.device)
         score[masked] = score_fn(marg).double()
