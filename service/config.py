@@ -45,6 +45,9 @@ class ServiceArgs(BaseModel):
                                                     "longer than this")
     max_step_s: float | None = Field(None, gt=0, description="admission refuses a request whose longest step is "
                                                              "estimated above this (default: half of stall_s)")
+    release_idle_memory: bool = Field(True, description="when a model's queue has been empty for a second, return "
+                                                        "the memory its requests freed to the OS (glibc "
+                                                        "malloc_trim; CUDA's cache)")
     max_stream_mb: float = Field(16.0, gt=0, description="a streamed /generate answer is estimated before it is "
                                                          "admitted (every step event holds every sequence) and "
                                                          "refused with a 422 above this many MB")
@@ -85,8 +88,8 @@ def add_arguments(ap: argparse.ArgumentParser, model: type[BaseModel]) -> None:
         default = field.get_default(call_default_factory=True)
         kind, many, choices = _flag_type(field.annotation)
         help_text = f"{field.description or ''} (default: {default})".strip()
-        if kind is bool:
-            ap.add_argument(flag, action="store_true", help=help_text)
+        if kind is bool:  # --flag / --no-flag
+            ap.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
         elif many:
             ap.add_argument(flag, nargs="*", type=kind, default=default, help=help_text)
         else:
