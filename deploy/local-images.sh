@@ -25,9 +25,17 @@ ROOTFS="${ROOTFS:-/var/tmp/ttcore-rootfs}"
 DOCKER="${DOCKER:-docker}"
 
 if ! "$DOCKER" image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
-  if [ ! -x "$ROOTFS/usr/bin/python3.11" ]; then
-    debootstrap --variant=minbase --include=python3.11,python3.11-venv,ca-certificates,passwd \
-      bookworm "$ROOTFS" "$MIRROR"
+  if [ ! -f "$ROOTFS/.ttcore-complete" ]; then  # a half-built root (an earlier failure) is started over
+    rm -rf "$ROOTFS"
+    # debootstrap's --include does not resolve virtual packages (python3.11-venv depends on
+    # python3.11-distutils, which only python3-distutils provides: it failed so on bookworm); apt inside the
+    # new root resolves the dependencies of what we name, whatever the distribution's packaging does next
+    debootstrap --variant=minbase --include=ca-certificates,passwd bookworm "$ROOTFS" "$MIRROR"
+    chroot "$ROOTFS" apt-get update -qq
+    chroot "$ROOTFS" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      python3.11 python3.11-venv
+    chroot "$ROOTFS" python3.11 -m venv --help >/dev/null  # the venv module the Dockerfile uses is there
+    touch "$ROOTFS/.ttcore-complete"
   fi
   ln -sf /usr/bin/python3.11 "$ROOTFS/usr/local/bin/python"  # the Dockerfile runs `python`
   rm -rf "$ROOTFS"/var/cache/apt/archives/*.deb "$ROOTFS"/var/lib/apt/lists/*

@@ -63,11 +63,23 @@ def _wait(check, seconds: float, what: str):
     raise AssertionError(f"{what} within {seconds:.0f} s (last: {last!r})")
 
 
+def _pip_configured_cert() -> str | None:
+    """The CA bundle pip trusts on this machine: its configured ``global.cert``, else the system's bundle (which
+    holds a TLS-intercepting proxy's CA where the machine trusts one), if either exists."""
+    done = subprocess.run([str(BIN / "python"), "-m", "pip", "config", "get", "global.cert"], capture_output=True,
+                          text=True)
+    for path in (done.stdout.strip() if done.returncode == 0 else "", "/etc/ssl/certs/ca-certificates.crt"):
+        if path and os.path.isfile(path):
+            return path
+    return None
+
+
 @pytest.mark.skipif(DOCKER is None, reason="no Docker engine answers `docker info` here")
 def test_docker_compose_up_serves_scrapes_and_scales():
     build_env = dict(os.environ, DOCKER=DOCKER)
-    if os.environ.get("PIP_CERT"):
-        build_env["PIP_CA"] = os.environ["PIP_CERT"]
+    ca = os.environ.get("PIP_CERT") or _pip_configured_cert()
+    if ca:
+        build_env["PIP_CA"] = ca
     wheels = sorted(glob.glob("/opt/wheels/torch-2.13.0+cpu-cp311-*.whl"))
     if wheels:
         build_env["TORCH_WHEEL"] = wheels[0]
