@@ -84,3 +84,18 @@ def test_soak_smoke(checkpoints):
     rows = {m: line for line in out.splitlines() for m in ("embedded", "ray") if line.strip().startswith(m)}
     assert set(rows) == {"embedded", "ray"}, out
     assert all(int(line.split("|")[2].split()[1]) == 0 for line in rows.values()), out  # no errors
+
+
+def test_chooser_distance_smoke():
+    out = _bench(ROOT / "benchmarks" / "chooser_distance.py", "--smoke")
+    rows = [line for line in out.splitlines() if re.match(r"\s+smoke-tt3\s+[\d.]+\s+(\d+\*?|exact)\s+9 \|", line)]
+    assert len(rows) == 5 + 1, out  # c = 1, 2, 4, 8 and E = 9 at temperature 1; the exact chooser at 0.7
+    tv = {(r.split()[1], r.split()[2]): float(r.split("|")[1].split()[0]) for r in rows}
+    assert tv[("0.7", "exact")] < 1e-6 < tv[("1", "1")]  # at temperature != 1 the TT chooser is the marginal
+
+
+def test_idle_memory_smoke():
+    out = _bench(ROOT / "benchmarks" / "idle_memory.py", "--smoke", "--idle-s", "3", timeout=600)
+    assert "(0 not 200)" in out, out
+    rows = [line for line in out.splitlines() if re.match(r"\s+--(no-)?release-idle-memory \|", line)]
+    assert len(rows) == 2 and all(line.rstrip().endswith("x") for line in rows), out

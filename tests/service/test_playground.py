@@ -76,6 +76,11 @@ def test_playground_streams_both_checkpoints_and_draws_the_molecules(qm9_server,
             assert len(pane.query_selector_all(".mol.valid img")) == len(valid)
             assert "valid " in pane.query_selector(".summary").inner_text()
         assert page.query_selector_all(".tok.new") == []  # the final answer replaces the step view
+        # an invalid molecule's tile (no picture) is as tall as a tile with one: rows do not collapse to strips
+        heights = {kind: [el.bounding_box()["height"] for el in page.query_selector_all(f".mol.{kind}")]
+                   for kind in ("valid", "invalid")}
+        if heights["valid"] and heights["invalid"]:
+            assert min(heights["invalid"]) >= 0.8 * max(heights["valid"]), heights
         assert not errors, errors
         out = Path(os.environ.get("TTCORE_PLAYGROUND_PNG") or tmp_path / "playground.png")
         page.screenshot(path=str(out), full_page=True)
