@@ -4,10 +4,11 @@ Memory: ``ttcore.sampling.cost`` gives the bytes one step holds per sequence (fr
 a request larger than the memory budget is drawn in micro-batches of sequences (``max_rows_per_pass``),
 so its peak stays under the budget whatever ``num_samples`` is.
 
-Compute: at start-up every checkpoint is timed on this machine (``calibrate``, best of a few short
-timings at one row and at ``CALIBRATION_ROWS`` rows): a predetermined step, for TT an exact-contraction
-step, a fast adaptive step (a cheap choice, then a joint draw), each as a per-step overhead plus a cost per
-sequence, and the chain-rule picks of a whole adaptive generation per sequence (from one pick). The engine
+Compute: each kind of work of a checkpoint is timed on this machine when a request first needs it
+(``Speed.ensure``, best of a few short timings at one row and at ``CALIBRATION_ROWS`` rows): a predetermined
+step, for TT an exact-contraction step, a fast adaptive step (a cheap choice, then a joint draw), each as a
+per-step overhead plus a cost per sequence, and the chain-rule picks of a whole adaptive generation per
+sequence (from one pick). The engine
 then corrects each per-sequence cost from the time every request took (``Speed.observe``). A request's
 estimate is steps x (overhead + sequences x step cost) + sequences x chain-rule time; it must fit the
 request's deadline, and its longest step must fit the step limit (half the stall limit that ``/health``
@@ -49,27 +50,55 @@ class Speed:
 
     A step of n sequences is estimated as ``overhead + n x per_row`` (``step_seconds``): a step of 256 rows
     is not 256 one-row steps (measured on qm9-cp-r64: 4.8 ms for one row, 249 ms for 256, 0.97 ms a row).
-    The overhead is the start-up calibration's (``calibrate``: one row and ``CALIBRATION_ROWS`` rows), and is
-    fixed; the per-row cost is the median of the last ``WINDOW`` observations of its kind and starts with
-    one: the calibration's. Every request the engine runs adds one observation when it finishes or its
-    deadline passes (``observe``), so a calibration taken while the machine was busy is outvoted after two
-    ordinary requests, and a machine that turns busy raises the estimate as fast. A kind that no request
-    has measured yet, whose requests are all refused, would never be corrected: the service re-times it
-    (``recalibrate``) on its model's idle worker before it refuses such a request, at most once every
-    ``RECALIBRATE_EVERY_S`` per kind, so a calibration inflated by a busy start cannot go on refusing what
-    the machine now serves."""
+    Both start from a timing of the kind on this machine (``calibrate_kinds``: one row and
+    ``CALIBRATION_ROWS`` rows), taken when a request first needs the kind (``ensure``, on the model's worker:
+    ``Speed.lazy()``), not at start-up, so a server starts in seconds whatever it serves and however busy the
+    machine is then (timing every kind of the bundled checkpoints at start took 15 s quiet, 42 s beside two
+    CPU burners). The overhead stays the timing's; the per-row cost is the median of the last ``WINDOW``
+    observations of its kind and starts with the timing's. Every request the engine runs adds one observation
+    when it finishes or its deadline passes (``observe``), so a timing taken while the machine was busy is
+    outvoted after two ordinary requests, and a machine that turns busy raises the estimate as fast. A kind
+    that no request has measured yet, whose requests are all refused, would never be corrected: the service
+    re-times it (``recalibrate``) on its model's idle worker before it refuses such a request, at most once
+    every ``RECALIBRATE_EVERY_S`` per kind."""
 
     KINDS = ("predetermined_step", "exact_step", "chooser_step", "chain_rule")
 
-    def __init__(self, predetermined_step: float, exact_step: float, chain_rule: float,
+    def __init__(self, predetermined_step: float | None, exact_step: float | None, chain_rule: float | None,
                  chooser_step: float | None = None, overhead: dict[str, float] | None = None):
         first = dict(predetermined_step=predetermined_step, exact_step=exact_step, chain_rule=chain_rule,
                      chooser_step=predetermined_step if chooser_step is None else chooser_step)
-        self._seen = {k: deque([first[k]], maxlen=WINDOW) for k in self.KINDS}
+        self._seen = {k: deque([] if first[k] is None else [first[k]], maxlen=WINDOW) for k in self.KINDS}
         self.overhead = {k: 0.0 for k in self.KINDS} | dict(overhead or {})
         self.overhead["chain_rule"] = 0.0
         self.measured: set[str] = set()
         self._recalibrated: dict[str, float] = {}  # kind -> when it was last re-timed (time.monotonic)
+
+    @classmethod
+    def lazy(cls) -> "Speed":
+        """No kind timed yet: each is timed when a request first needs it (``ensure``)."""
+        return cls(None, None, None)
+
+    def timed(self, kind: str) -> bool:
+        """Whether the kind has an estimate (a timing or a measured request)."""
+        return bool(self._seen[kind])
+
+    def needs(self, kind: str) -> list[str]:
+        """The kinds an estimate of ``kind`` reads (a chain-rule run's steps are predetermined steps) that have
+        none yet."""
+        wanted = {self._step_kind(kind)} | ({"chain_rule"} if kind == "chain_rule" else set())
+        return sorted(k for k in wanted if not self.timed(k))
+
+    def ensure(self, model, kind: str) -> None:
+        """Time what an estimate of ``kind`` needs and does not have yet (``calibrate_kinds``; on the model's
+        worker, or wherever the model may run)."""
+        missing = self.needs(kind)
+        if missing:
+            for k, (overhead, per_row) in calibrate_kinds(model, missing).items():
+                if not self.timed(k):
+                    self.overhead[k] = overhead if k != "chain_rule" else 0.0
+                    self._seen[k].append(per_row)
+                    self._recalibrated[k] = time.monotonic()  # just timed: no re-timing before a refusal
 
     def estimate(self, kind: str) -> float:
         """The current per-sequence estimate of a kind of work: the median of its recent observations."""
@@ -122,7 +151,7 @@ class Speed:
         """Re-time one kind as ``calibrate`` does and start its estimate afresh from that timing (runs on the
         model's worker; a few tenths of a second at most for the bundled models)."""
         self._recalibrated[kind] = time.monotonic()
-        for k, (overhead, per_row) in _calibrate_kinds(model, [kind]).items():
+        for k, (overhead, per_row) in calibrate_kinds(model, [kind]).items():
             if k == kind or self.unmeasured(k):  # what requests measured stays (a chain rule re-times its steps)
                 self.overhead[k] = overhead if k != "chain_rule" else 0.0
                 self._seen[k] = deque([per_row], maxlen=WINDOW)
@@ -149,7 +178,7 @@ def _affine(model, steps: int, repeats: int, **settings) -> tuple[float, float]:
     return max(one - per_row, 0.0), per_row
 
 
-def _calibrate_kinds(model, kinds) -> dict[str, tuple[float, float]]:
+def calibrate_kinds(model, kinds) -> dict[str, tuple[float, float]]:
     """(overhead, per row) of each kind in ``kinds`` (chain_rule: (0, its per-sequence estimate)), timed after
     a warm-up step; a chain-rule estimate needs the predetermined step's timing and takes it too."""
     _best(model, 1, 4, 1)  # warm-up: allocator, kernels
@@ -171,7 +200,8 @@ def _calibrate_kinds(model, kinds) -> dict[str, tuple[float, float]]:
 
 
 def calibrate(model) -> Speed:
-    """Start-up estimates from short timings of each kind of step, after a warm-up (the predetermined and
+    """Every kind timed now (the service times each when first needed: ``Speed.lazy``, ``Speed.ensure``): short
+    timings of each kind of step, after a warm-up (the predetermined and
     fast adaptive steps best of three, the exact step best of two), each at one row and at
     ``CALIBRATION_ROWS`` rows (``Speed``'s overhead and per-row cost), and the first chain-rule pick on one
     sequence: about a second for the bundled text model, tenths of a second for QM9. The chain rule is not
@@ -179,7 +209,7 @@ def calibrate(model) -> Speed:
     picks at half that cost each (the picks shrink as positions are conditioned; measured at text size the
     whole was 0.29 of l first picks, at QM9 size 0.6). This is approximate by construction: measured
     requests replace it (``Speed.observe``)."""
-    timed = _calibrate_kinds(model, Speed.KINDS)
+    timed = calibrate_kinds(model, Speed.KINDS)
     return Speed(timed["predetermined_step"][1], timed["exact_step"][1], timed["chain_rule"][1],
                  timed["chooser_step"][1], {k: v[0] for k, v in timed.items()})
 

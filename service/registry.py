@@ -12,7 +12,7 @@ from ttcore.data.section import default_metrics
 from ttcore.decompositions import DECOMPOSITIONS, get_decomposition
 from ttcore.models import CheckpointError, load_for_inference, resolve_precision
 
-from .admission import Speed, calibrate
+from .admission import Speed
 from .schema import ModelInfo
 
 log = logging.getLogger("ttcore.registry")
@@ -103,12 +103,9 @@ class ModelRegistry:
                          card_url=f"/models/{d.name}/card" if card is not None else None,
                          summary=[line[2:] for line in (card or "").splitlines() if line.startswith("- ")][:8],
                          base="vadd" if cfg.dit.latent_dim else "mdlm", latent_dim=cfg.dit.latent_dim)
-        speed = calibrate(model)
-        log.info("loaded %s: %s %s r=%d; per sequence: %.4f s a step (plus %.4f s a step whatever the batch), "
-                 "%.4f s a fast adaptive step (EB and adaptive orderings by default), about %.3f s of exact "
-                 "chain-rule picks a generation (adaptive_path exact only); start-up estimates: measured requests "
-                 "correct them", d.name, family, cfg.decomposition, cfg.rank, speed.predetermined_step,
-                 speed.overhead["predetermined_step"], speed.chooser_step, speed.chain_rule)
+        log.info("loaded %s: %s %s r=%d (admission times each kind of work when a request first needs it)",
+                 d.name, family, cfg.decomposition, cfg.rank)
+        speed = Speed.lazy()
         return LoadedModel(d.name, family, tok.kind, model, tok, info, speed, card)
 
     @property
@@ -117,8 +114,9 @@ class ModelRegistry:
 
     def model_infos(self) -> list[ModelInfo]:
         return [lm.info.model_copy(update={
-            "estimated_seconds": {k: lm.speed.estimate(k) for k in Speed.KINDS},
-            "estimated_step_overhead_seconds": {k: v for k, v in lm.speed.overhead.items() if k != "chain_rule"}})
+            "estimated_seconds": {k: lm.speed.estimate(k) for k in Speed.KINDS if lm.speed.timed(k)},
+            "estimated_step_overhead_seconds": {k: v for k, v in lm.speed.overhead.items()
+                                                if k != "chain_rule" and lm.speed.timed(k)}})
             for lm in self.models]
 
     def resolve(self, family: str | None, decomposition: str | None, rank: int | None) -> LoadedModel:

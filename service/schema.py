@@ -322,13 +322,14 @@ class ModelInfo(BaseModel):
                                                                 "metrics), so a client need not fetch the card.")
     estimated_seconds: dict[str, float] = Field(
         default_factory=dict, description="Admission's current compute estimates on this server, per sequence "
-        "(approximate: a start-up calibration corrected by the time each measured request took): "
+        "(approximate: a timing taken when a request first needed the kind, corrected by the time each measured "
+        "request took; a kind no request has needed yet is absent): "
         "`predetermined_step`, `exact_step` (a TT step with the exact contraction), `chooser_step` (a step of "
         "`adaptive_path: fast`), `chain_rule` (the picks of a whole `adaptive_path: exact` generation). A step "
         "of n sequences is estimated as its kind's `estimated_step_overhead_seconds` plus n times this.")
     estimated_step_overhead_seconds: dict[str, float] = Field(
         default_factory=dict, description="Admission's per-step overhead of each step kind (whatever the number "
-        "of sequences), from the start-up calibration.")
+        "of sequences), from its timing.")
     adaptive_paths: list[str] = Field(
         default_factory=lambda: ["fast", "exact"], description="The `adaptive_path` values this checkpoint serves.")
 

@@ -162,13 +162,19 @@ class Serving:
     async def admit(self, request: GenerateRequest) -> Ticket:
         """``submit`` for a client's request: a compute refusal (``admission.TooLarge``) of a kind of work that no
         request has measured yet first re-times that kind on its model's idle worker and decides again
-        (``Speed.recalibrate``), so that a start-up calibration inflated by a busy machine does not go on
-        refusing requests the machine now serves. Must run on the event loop."""
+        (``Speed.recalibrate``), so that a timing inflated by a busy machine does not go on
+        refusing requests the machine now serves. A kind of work no request has needed yet is timed first, on
+        the model's worker (``Speed.ensure``). Must run on the event loop."""
+        lm = self.registry.resolve(request.model, request.decomposition, request.rank)
+        try:
+            kind = request.to_sampler_config().work_kind(lm.model.cfg)
+        except InvalidSampler:
+            kind = None  # submit refuses it
+        if kind is not None and lm.speed.needs(kind):
+            await self.engine.run_on_worker(lm, lambda: lm.speed.ensure(lm.model, kind))
         try:
             return self.submit(request)
         except admission.TooLarge as e:
-            lm = self.registry.resolve(request.model, request.decomposition, request.rank)
-            kind = request.to_sampler_config().work_kind(lm.model.cfg)
             if not (e.compute and self.engine.idle(lm) and lm.speed.may_recalibrate(kind)):
                 self.metrics.too_large.labels(lm.family, e.field).inc()
                 raise
@@ -198,6 +204,7 @@ class Serving:
         if request.stream:
             admission.check_stream(request.num_samples, request.steps, lm.model.cfg.dit.length, request.step_tokens,
                                    MAX_VALID_ROUNDS if request.valid_only else 1, self.max_stream_bytes)
+        lm.speed.ensure(lm.model, config.work_kind(lm.model.cfg))  # ``admit`` timed it on the worker already
         plan = admission.plan(lm.model, lm.speed, num_samples=request.num_samples, steps=request.steps,
                               config=config, timeout_s=timeout, memory_budget=self.memory_budget,
                               step_limit_s=self.max_step_s)
@@ -305,6 +312,8 @@ class Serving:
         def check():
             admission.check_passes(len(x0), draws, rows, lambda n: lm.speed.step_seconds(kind, n), timeout,
                                    self.max_step_s, request.mode)
+        if lm.speed.needs(kind):
+            await self.engine.run_on_worker(lm, lambda: lm.speed.ensure(model, kind))
         try:
             try:
                 check()

@@ -212,11 +212,14 @@ def _burn():
         pass
 
 
-def test_a_calibration_taken_on_a_busy_machine_is_corrected_by_the_requests_that_follow(checkpoints):
-    """Started while two processes burn the CPU, then quiet: a request that the busy start-up estimate refuses
-    is admitted at once (the server re-times its unmeasured kind on the idle worker instead of refusing), and
-    the estimates follow the measured request times within a few requests."""
+def test_a_server_started_on_a_busy_machine_times_its_work_when_requests_need_it(checkpoints):
+    """The review: a server started beside two CPU burners calibrated everything then, took a minute to be ready
+    and refused ordinary requests by the busy timings afterwards. Now nothing is timed at start-up: the first
+    request of a kind times it, here on the quiet machine, so a request that fits the quiet machine's speed is
+    admitted at once; and the estimates follow the measured request times within a few requests."""
     import multiprocessing
+
+    import torch
 
     from service.admission import calibrate
     from ttcore.models import load_for_inference
@@ -238,28 +241,25 @@ def test_a_calibration_taken_on_a_busy_machine_is_corrected_by_the_requests_that
     def estimate() -> float:
         return info()["estimated_seconds"]["predetermined_step"]
     try:
-        at_start, overhead = estimate(), info()["estimated_step_overhead_seconds"]["predetermined_step"]
+        assert info()["estimated_seconds"] == {}  # nothing timed at start-up
         model, _, _ = load_for_inference(checkpoints / info()["checkpoint"], "cpu", "fp32")
-        torch_threads = __import__("torch").get_num_threads()
-        __import__("torch").set_num_threads(1)  # as the server's --threads 1
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # as the server's --threads 1
         quiet = calibrate(model)
-        __import__("torch").set_num_threads(torch_threads)
+        torch.set_num_threads(threads)
         body = dict(model="qm9", decomposition="tt", num_samples=8, steps=8)
         n, k = 64, 16
         quiet_s = k * (quiet.overhead["predetermined_step"] + n * quiet.predetermined_step)
-        busy_s = k * (overhead + n * at_start)
-        if busy_s > 3 * quiet_s:  # the busy start would refuse what the quiet machine serves: admitted now
-            timeout = (busy_s * quiet_s) ** 0.5
-            r = httpx.post(url + "/generate", json=dict(body, num_samples=n, steps=k, timeout_s=timeout), timeout=60)
-            assert r.status_code == 200, (r.text, busy_s, quiet_s)
-            assert estimate() < at_start
+        r = httpx.post(url + "/generate", json=dict(body, num_samples=n, steps=k, timeout_s=max(6 * quiet_s, 1.0)),
+                       timeout=60)
+        assert r.status_code == 200, (r.text, quiet_s)
         measured = []
         for seed in range(4):  # per sequence and step, the overhead of each of the 8 steps taken out
             t = httpx.post(url + "/generate", json=dict(body, seed=seed), timeout=60).json()["timings"]
             overhead = info()["estimated_step_overhead_seconds"]["predetermined_step"]
             measured.append(max((t["forward_ms"] + t["sampling_ms"]) / 1e3 - 8 * overhead, 0) / (8 * 8))
         after = estimate()
-        assert min(measured) <= after <= max(measured), (measured, after, at_start, info())  # the start outvoted
+        assert min(measured) <= after <= max(measured), (measured, after, info())  # the timing outvoted
     finally:
         _stop(proc)
 
