@@ -16,8 +16,11 @@ def parser(doc: str) -> argparse.ArgumentParser:
     ap.add_argument("--out", required=True, help="checkpoint directory to write")
     ap.add_argument("--data", help="the data section's source: a corpus (qm9, moses, text) or a file of sequences")
     ap.add_argument("--resume", action="store_true", help="continue exactly from --out if it holds a train state")
-    ap.add_argument("--max-steps", type=int, help="stop after this many optimizer steps")
-    ap.add_argument("--max-minutes", type=float, help="stop (and checkpoint) after this much wall time")
+    ap.add_argument("--max-steps", type=int, help="the run's budget: stop after this many optimizer steps (default: "
+                                                  "the config's total_steps)")
+    ap.add_argument("--max-minutes", type=float, help="a safety stop: stop (and checkpoint) after this much wall "
+                                                      "time; the state and card record it (stopped_early), since a "
+                                                      "comparison at an equal budget needs equal steps")
     ap.add_argument("--seed", type=int)
     ap.add_argument("--device", help="auto, cpu, cuda")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides")

@@ -2,7 +2,7 @@
 fine-tuning (``--decomposition none``, the fair baseline at equal budget).
 
     python training/finetune.py --config qm9_finetune --base runs/qm9-base \
-        --decomposition tt --rank 8 --head 1layer --out checkpoints/qm9-tt-r8 --max-minutes 60 --resume
+        --decomposition tt --rank 8 --head 1layer --out checkpoints/qm9-tt-r8 --max-steps 1500 --max-minutes 60 --resume
     python training/finetune.py --config text_finetune --base /path/to/mdlm-owt \
         --decomposition tt --rank 4 --head 2layer --out runs/owt-tt-r4 --set data.tokenizer=gpt2 data.length=1024
 

@@ -50,6 +50,21 @@ def test_tiny_model_loss_drops(tmp_path):
     assert json.loads((tmp_path / "ck" / "train_state" / "state.json").read_text())["step"] == 80
 
 
+def test_a_run_stopped_by_its_wall_clock_says_so(tmp_path):
+    """The review: "equal budget" fine-tunes bounded by --max-minutes got 177 and 95 steps on a shared machine.
+    The budget is steps; a run the wall clock (a safety stop) ends early records it in its state and card."""
+    cfg = load_config(TINY, ["threads=1"])
+    model, tok, train, val = _sample_model(**{k: getattr(cfg.model, k) for k in cfg.model.BACKBONE})
+    meta = fit(model, tok, train, val, cfg, tmp_path / "ck", max_steps=50, max_minutes=1e-9, quiet=True)
+    state = json.loads((tmp_path / "ck" / "train_state" / "state.json").read_text())
+    assert meta["step"] < 50 and state["stopped_early"] == {"step": meta["step"], "of": 50, "by": "max_minutes"}
+    card = (tmp_path / "ck" / "model_card.md").read_text()
+    assert f"stopped early: at step {meta['step']} of the 50 asked, by the wall-clock safety stop" in card
+    again = fit(model, tok, train, val, cfg, tmp_path / "ck", resume=True, max_steps=4, quiet=True)
+    state = json.loads((tmp_path / "ck" / "train_state" / "state.json").read_text())
+    assert again["step"] == 4 and "stopped_early" not in state  # a run that reaches its steps says nothing
+
+
 def _step(out: Path) -> int:
     try:
         return json.loads((out / "train_state" / "state.json").read_text())["step"]
