@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from ttcore.flops import device_peak, mfu, train_flops_per_token
 from ttcore.losses import mdlm_loss, vadd_loss
 from ttcore.models import JointModel, load_train_state, save_checkpoint
 from ttcore.parallel import Workers
@@ -112,16 +113,35 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
     meta["commands"] = meta["commands"] + [public_command([Path(sys.executable).name] + sys.argv)]
     mask_id = tokenizer.mask_id
     max_steps = cfg.total_steps if max_steps is None else max_steps
+    flops_per_token = train_flops_per_token(model)  # MFU: model FLOPs against the device's peak (ttcore.flops)
+    peak, peak_source = device_peak(device, cfg.precision)
+    run_tokens, run_train_s = 0, 0.0  # this run's training steps only (no validation, checkpoint or data setup)
     start_time, start_wall, last_ckpt = time.time(), meta["wall_seconds"], time.time()
     meta.pop("stopped_early", None)  # this run's own stop decides
 
     def validate():
+        nonlocal t0
+        started = time.time()
+        try:
+            return _validate()
+        finally:
+            t0 += time.time() - started  # the interval's throughput counts training steps only
+
+    def _validate():
         with ema.applied(model) if ema is not None else contextlib.nullcontext():
             return evaluate_loss(model, val_tokens, mask_id, batch_size=cfg.batch_size, batches=cfg.val_batches,
                                  precision=cfg.precision, eps=cfg.eps, device=device, kl_weight=cfg.kl_weight)
 
     def checkpoint():
         """Called by every process (they exchange their mask streams' states); process 0 writes."""
+        nonlocal t0
+        started = time.time()
+        try:
+            _checkpoint()
+        finally:
+            t0 += time.time() - started
+
+    def _checkpoint():
         states = workers.gather_states(gen.get_state())
         if not workers.main:
             return
@@ -130,6 +150,11 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
         meta["seconds_per_step"] = meta["wall_seconds"] / max(1, meta["step"])
         meta["epoch"], meta["index"] = order.epoch, order.index
         meta["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        if run_train_s > 0:  # this run's (a resumed run reports its own part)
+            rate = run_tokens / run_train_s
+            meta["throughput"] = {"tokens_per_second": rate, "mfu": mfu(rate / workers.world, flops_per_token, peak),
+                                  "flops_per_token": flops_per_token, "peak_flops": peak, "peak": peak_source,
+                                  "processes": workers.world}
         opt_tensors, opt_meta = optimizer_state(opt)
         tensors = dict(opt_tensors, **{"rng.generator": states[0], "rng.torch": torch.get_rng_state()},
                        **{f"rng.generator.{rank}": state for rank, state in enumerate(states) if rank})
@@ -179,10 +204,14 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
             ema.update(model)
         meta["step"] = step + 1
         tokens_seen += x0.numel() * workers.world
-        if meta["step"] % cfg.log_every == 0:
-            rate = tokens_seen / (time.time() - t0)
-            bar.set_postfix(loss=f"{losses['nll'].item():.4f}", lc=f"{losses['lc'].item():.2e}",
-                            gn=f"{grad_norm.item():.2f}", lr=f"{opt.param_groups[0]['lr']:.2e}", tok_s=f"{rate:.0f}")
+        if meta["step"] % cfg.log_every == 0 or meta["step"] == max_steps:
+            loss_text = f"{losses['nll'].item():.4f}"  # .item(): the interval's steps are done (CUDA too)
+            interval = time.time() - t0
+            rate = tokens_seen / interval
+            run_tokens, run_train_s = run_tokens + tokens_seen, run_train_s + interval
+            bar.set_postfix(loss=loss_text, lc=f"{losses['lc'].item():.2e}", gn=f"{grad_norm.item():.2f}",
+                            lr=f"{opt.param_groups[0]['lr']:.2e}", tok_s=f"{rate:.0f}",
+                            mfu=f"{100 * mfu(rate / workers.world, flops_per_token, peak):.1f}%")
             tokens_seen, t0 = 0, time.time()
         bar.update(1)
         if not workers.main:

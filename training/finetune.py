@@ -24,6 +24,7 @@ from ttcore.decompositions import DECOMPOSITIONS, get_decomposition
 from ttcore.models import JointHead, JointModel, load_checkpoint, load_train_state
 from ttcore.models.mdlm_compat import is_mdlm_checkpoint, load_mdlm
 from ttcore.parallel import is_main_process
+from ttcore.training import throughput_line
 
 
 def main():
@@ -64,6 +65,8 @@ def main():
     if is_main_process():
         print(f"wrote {args.out}: step {meta['step']}, val {meta['val']}, {meta['seconds_per_step']:.3f} s/step, "
               f"peak RSS {meta['peak_rss_mb']:.0f} MB")
+        if meta.get("throughput"):
+            print(throughput_line(meta["throughput"])[2:])
 
 
 def check_same_joint(base: JointModel, head) -> None:

@@ -16,6 +16,7 @@ from _loop import fit
 from ttcore.models import JointModel, ModelConfig, load_checkpoint, load_train_state
 from ttcore.parallel import is_main_process
 from ttcore.tokenizers import load_tokenizer
+from ttcore.training import throughput_line
 
 
 def main():
@@ -43,6 +44,8 @@ def main():
     if is_main_process():
         print(f"wrote {args.out}: step {meta['step']}, val {meta['val']}, {meta['seconds_per_step']:.3f} s/step, "
               f"peak RSS {meta['peak_rss_mb']:.0f} MB")
+        if meta.get("throughput"):
+            print(throughput_line(meta["throughput"])[2:])
 
 
 if __name__ == "__main__":

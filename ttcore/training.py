@@ -299,6 +299,14 @@ def validation_summary(val: dict) -> str:
             f"included)")
 
 
+def throughput_line(t: dict) -> str:
+    """The run's speed as cards and the recipes' last line give it (``ttcore.flops``)."""
+    return (f"- throughput: {t['tokens_per_second']:,.0f} tokens/s in training steps ({t['processes']} "
+            f"process{'es' if t['processes'] > 1 else ''}), MFU {100 * t['mfu']:.1f}% of {t['peak']} "
+            f"({t['peak_flops'] / 1e12:.3g} TFLOP/s; {t['flops_per_token'] / 1e6:.3g} MFLOP a token: 6N plus "
+            f"attention)")
+
+
 def _stopped_early(stop: dict) -> str:
     by = "the wall-clock safety stop (--max-minutes)" if stop["by"] == "max_minutes" else "a signal"
     return (f"- stopped early: at step {stop['step']} of the {stop['of']} asked, by {by}; a comparison at an equal "
@@ -315,6 +323,7 @@ def model_card(title: str, cfg: TrainConfig, model: JointModel, meta: dict) -> s
              f"- steps: {meta['step']}, wall time {meta['wall_seconds'] / 3600:.2f} h "
              f"({meta['seconds_per_step']:.3f} s/step, batch {cfg.batch_size}, {meta['device']})",
              *([_stopped_early(meta["stopped_early"])] if meta.get("stopped_early") else []),
+             *([throughput_line(meta["throughput"])] if meta.get("throughput") else []),
              "- validation: " + validation_summary(meta["val"]),
              *([f"- weights: the EMA of the training weights (decay {cfg.ema_decay:g}, {meta.get('ema_updates', 0)} "
                 f"updates); validation uses them too"] if cfg.ema_decay > 0 else []),

@@ -48,6 +48,10 @@ def test_tiny_model_loss_drops(tmp_path):
     assert meta["val"]["nll"] < before - 0.8, (before, meta["val"])
     loaded, _, _ = load_checkpoint(tmp_path / "ck")
     assert json.loads((tmp_path / "ck" / "train_state" / "state.json").read_text())["step"] == 80
+    speed = meta["throughput"]  # tokens/s and MFU (ttcore.flops), in the state and on the card
+    assert speed["tokens_per_second"] > 0 and 0 < speed["mfu"] <= 1 and speed["peak"].startswith("measured cpu")
+    assert speed["mfu"] == pytest.approx(speed["tokens_per_second"] * speed["flops_per_token"] / speed["peak_flops"])
+    assert "- throughput: " in (tmp_path / "ck" / "model_card.md").read_text()
 
 
 def test_a_run_stopped_by_its_wall_clock_says_so(tmp_path):
