@@ -21,6 +21,9 @@ def parser(doc: str) -> argparse.ArgumentParser:
     ap.add_argument("--max-minutes", type=float, help="a safety stop: stop (and checkpoint) after this much wall "
                                                       "time; the state and card record it (stopped_early), since a "
                                                       "comparison at an equal budget needs equal steps")
+    ap.add_argument("--fit-minutes", type=float, help="size the run to this much training on this device: the "
+                                                      "steps that fit, measured over the first steps and printed, "
+                                                      "become the budget and the schedule's length")
     ap.add_argument("--seed", type=int)
     ap.add_argument("--device", help="auto, cpu, cuda")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides")

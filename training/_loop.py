@@ -38,6 +38,8 @@ from ttcore.training import (
     restore_generator,
 )
 
+PROBE_STEPS = 10  # fit_minutes: the steps timed to size the run
+
 
 class _StopOnSignal:
     """Turns SIGTERM / SIGINT into a request to stop after the current step (main thread only)."""
@@ -59,8 +61,12 @@ class _StopOnSignal:
 
 def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: torch.Tensor, cfg: TrainConfig,
         out: str | Path, *, resume: bool = False, max_steps: int | None = None, max_minutes: float | None = None,
-        title: str = "ttcore model", quiet: bool = False) -> dict:
+        title: str = "ttcore model", quiet: bool = False, fit_minutes: float | None = None) -> dict:
     """Train ``model`` until ``max_steps`` (default cfg.total_steps) or ``max_minutes``; checkpoint to ``out``.
+    ``fit_minutes``: size the run to that much training time on this device: after ``PROBE_STEPS`` steps (past
+    the first, which compiles and warms up) the measured seconds per step give the steps that fit, printed
+    before the run goes on; they become ``max_steps`` and the cosine schedule's length, and the run is then
+    budgeted by those steps.
     Under torchrun, data-parallel across the processes (``ttcore.parallel``): the same global batches, process 0
     writes."""
     if getattr(model, "latent_dim", 0) and cfg.marginal_weight:
@@ -83,7 +89,9 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
     groups = [{"params": backbone, "lr_scale": 1.0},
               {"params": [p for p in params if id(p) not in in_backbone], "lr_scale": cfg.head_lr_ratio}]
     opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, betas=(0.9, cfg.beta2),
-                            weight_decay=cfg.weight_decay)
+                            weight_decay=cfg.weight_decay, fused=device.type == "cuda")  # one kernel on CUDA
+    if device.type == "cuda":  # the split lives on the device: a step indexes it there, no host copy per batch
+        train_tokens = train_tokens.to(device)
     gen = torch.Generator(device).manual_seed(cfg.seed + RESEED_STRIDE * workers.rank)  # masks differ per process
     order = BatchOrder(len(train_tokens), cfg.batch_size, cfg.seed)
     meta = {"step": 0, "wall_seconds": 0.0, "commands": [], "val": {}, "device": str(device)}
@@ -112,6 +120,7 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
                     p.copy_(tensors[f"raw.{n}"].to(p))
     meta["commands"] = meta["commands"] + [public_command([Path(sys.executable).name] + sys.argv)]
     mask_id = tokenizer.mask_id
+    steps_asked = max_steps is not None  # fit_minutes caps an explicit --max-steps, else replaces the config's
     max_steps = cfg.total_steps if max_steps is None else max_steps
     flops_per_token = train_flops_per_token(model)  # MFU: model FLOPs against the device's peak (ttcore.flops)
     peak, peak_source = device_peak(device, cfg.precision)
@@ -167,6 +176,8 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
                             train_config=asdict(cfg))
 
     quiet = quiet or not workers.main
+    start_step, probe_t0 = meta["step"], time.time()
+    tokens_per_step = cfg.batch_size * train_tokens.shape[1]
     bar = tqdm(total=max_steps, initial=meta["step"], disable=quiet, dynamic_ncols=True, mininterval=5)
     tokens_seen, t0 = 0, time.time()
     stop = _StopOnSignal()  # SIGTERM / SIGINT: finish the step, checkpoint, return
@@ -214,6 +225,21 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
                             mfu=f"{100 * mfu(rate / workers.world, flops_per_token, peak):.1f}%")
             tokens_seen, t0 = 0, time.time()
         bar.update(1)
+        if fit_minutes is not None and meta["step"] - start_step == PROBE_STEPS + 1:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            per_step = (time.time() - probe_t0) / PROBE_STEPS
+            fitted = start_step + max(PROBE_STEPS + 1, int(60 * fit_minutes / per_step))
+            fitted = int(workers.all_sum(torch.tensor(fitted, device=device)).item()) // workers.world
+            max_steps = cfg.total_steps = min(max_steps, fitted) if steps_asked else fitted
+            bar.total = max_steps
+            if workers.main:
+                print(f"fit {fit_minutes:g} minutes: {per_step:.3f} s/step measured over {PROBE_STEPS} steps "
+                      f"({tokens_per_step / per_step:,.0f} tokens/s): {max_steps} steps", flush=True)
+        if fit_minutes is not None and meta["step"] - start_step == 1:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            probe_t0 = time.time()
         if not workers.main:
             continue  # process 0 validates and checkpoints; the others meet it at the next all-reduce
         if meta["step"] % cfg.val_every == 0 or meta["step"] == max_steps:

@@ -40,7 +40,7 @@ def main():
     train, val = tensors(ds)
     title = f"{cfg.data.family} base {'VADD' if model.latent_dim else 'MDM'} (rank 1)"
     meta = fit(model, tokenizer, train, val, cfg, args.out, resume=resuming, max_steps=args.max_steps,
-               max_minutes=args.max_minutes, title=title, quiet=args.quiet)
+               max_minutes=args.max_minutes, title=title, quiet=args.quiet, fit_minutes=args.fit_minutes)
     if is_main_process():
         print(f"wrote {args.out}: step {meta['step']}, val {meta['val']}, {meta['seconds_per_step']:.3f} s/step, "
               f"peak RSS {meta['peak_rss_mb']:.0f} MB")

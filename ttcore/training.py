@@ -36,8 +36,16 @@ _BACKBONE = [f for f in fields(DiTConfig) if f.name not in ("vocab_size", "out_v
 # and head_noise, the relative std of the noise that breaks the symmetry of the head's copies.
 ModelSection = make_dataclass("ModelSection", [(f.name, f.type, field(default=f.default)) for f in _BACKBONE] + [
     ("decomposition", str, field(default="none")), ("rank", int, field(default=1)),
-    ("head", str, field(default="1layer")), ("head_noise", float, field(default=0.05))],
+    ("head", str, field(default="1layer")), ("head_noise", float, field(default=0.05)),
+    ("size", str | None, field(default=None))],
     namespace={"BACKBONE": tuple(f.name for f in _BACKBONE), "dit_config": _dit_config})
+# ``model: size:`` presets (pretraining): width, conditioning width, blocks, heads. Parameters at MOSES's shape
+# (l = 54, v = 24): s 6.0M, m 29M, l 77M, xl 114M (``benchmarks/train_throughput.py`` prints them). A size
+# sets these four fields, whatever the section says of them.
+MODEL_SIZES = {"s": dict(hidden_dim=256, cond_dim=128, n_blocks=6, n_heads=8),
+               "m": dict(hidden_dim=512, cond_dim=128, n_blocks=8, n_heads=8),
+               "l": dict(hidden_dim=768, cond_dim=128, n_blocks=10, n_heads=12),
+               "xl": dict(hidden_dim=1024, cond_dim=256, n_blocks=8, n_heads=16)}
 
 
 @dataclass
@@ -80,6 +88,11 @@ class TrainConfig:
             self.data = DataSection.from_value(self.data)
         coerce_numbers(self)
         coerce_numbers(self.model, "model.")
+        if self.model.size is not None:
+            if self.model.size not in MODEL_SIZES:
+                raise ValueError(f"model.size must be one of {list(MODEL_SIZES)}, got {self.model.size!r}")
+            for key, value in MODEL_SIZES[self.model.size].items():
+                setattr(self.model, key, value)
 
     @classmethod
     def from_dict(cls, values: dict) -> "TrainConfig":

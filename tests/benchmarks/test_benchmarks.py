@@ -99,3 +99,19 @@ def test_idle_memory_smoke():
     assert "(0 not 200)" in out, out
     rows = [line for line in out.splitlines() if re.match(r"\s+--(no-)?release-idle-memory \|", line)]
     assert len(rows) == 2 and all(line.rstrip().endswith("x") for line in rows), out
+
+
+def test_train_throughput_smoke():
+    out = _bench(ROOT / "benchmarks" / "train_throughput.py", "--smoke")
+    assert re.search(r"peak [\d.]+ TFLOP/s \(measured cpu", out), out
+    assert re.search(r"^\s+smoke\s+[\d.]+M\s+8\s+off \|\s+[\d,]+\s+[\d.]+%$", out, re.M), out
+
+
+def test_the_throughput_lease_script_runs_at_smoke_size(tmp_path):
+    import os
+
+    env = dict(os.environ, SMOKE="1", OUT=str(tmp_path / "out"), PYTHON=sys.executable, RUNS=str(tmp_path / "runs"))
+    done = subprocess.run(["bash", str(ROOT / "training" / "device_throughput.sh")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "smoke" in (tmp_path / "out" / "throughput.log").read_text()

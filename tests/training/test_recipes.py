@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -203,6 +204,32 @@ def test_finetune_recipe_from_an_mdlm_checkpoint_then_served(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_a_run_sized_to_minutes_prints_and_trains_the_steps_that_fit(tmp_path):
+    """--fit-minutes: the first steps are timed, the steps that fit are printed and become the budget (and the
+    schedule's length); the run ends there (within a factor of the time, as a busy machine varies)."""
+    out = tmp_path / "fit"
+    t0 = time.time()
+    done = subprocess.run([sys.executable, str(ROOT / "training" / "pretrain.py"), "--config", "tiny", "--data",
+                           str(SAMPLE), "--out", str(out), "--fit-minutes", "0.1", "--quiet", "--set", "threads=1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = re.search(r"fit 0.1 minutes: [\d.]+ s/step measured over 10 steps .*: (\d+) steps", done.stdout)
+    fitted = int(line.group(1))
+    state = json.loads((out / "train_state" / "state.json").read_text())
+    assert state["step"] == fitted > 11 and state["config"]["total_steps"] == fitted
+    assert time.time() - t0 < 120  # 6 s of training, plus start-up and validation
+
+
+def test_model_size_presets_set_the_backbone():
+    from ttcore.training import MODEL_SIZES, TrainConfig
+
+    cfg = TrainConfig.from_dict({"model": {"size": "m", "hidden_dim": 64}})
+    assert (cfg.model.hidden_dim, cfg.model.n_blocks, cfg.model.n_heads) == (512, 8, 8)  # the size wins
+    assert set(MODEL_SIZES) == {"s", "m", "l", "xl"}
+    with pytest.raises(ValueError, match="model.size must be one of"):
+        TrainConfig.from_dict({"model": {"size": "huge"}})
 
 
 def test_configs_nest_the_model_and_read_the_flat_cards_of_earlier_checkpoints():
