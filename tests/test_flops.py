@@ -33,6 +33,8 @@ def test_gpu_peaks_by_name_and_a_measured_cpu_peak():
     assert gpu_peak("NVIDIA H100 80GB HBM3") == 989e12 and gpu_peak("NVIDIA H100 PCIe") == 756e12
     assert gpu_peak("NVIDIA H200") == 989e12 and gpu_peak("NVIDIA A100-SXM4-80GB") == 312e12
     assert gpu_peak("Some Other Accelerator") is None
+    before = torch.get_rng_state()
     peak, source = device_peak(torch.device("cpu"), "fp32")
+    assert torch.equal(torch.get_rng_state(), before)  # a recipe's RNG state is untouched (exact resume)
     assert 1e8 < peak < 1e14 and source == "measured cpu float32 matmul peak"
     assert mfu(1000.0, 1e6, 1e10) == pytest.approx(0.1)

@@ -52,8 +52,9 @@ def gpu_peak(name: str) -> float | None:
 @functools.cache
 def _measured_peak(device_type: str, dtype: torch.dtype, size: int = 1024, seconds: float = 0.3) -> float:
     """The best FLOP/s of square ``size`` matmuls in ``dtype`` over about ``seconds``."""
-    a = torch.randn(size, size, device=device_type).to(dtype)
-    b = torch.randn(size, size, device=device_type).to(dtype)
+    g = torch.Generator(device_type).manual_seed(0)  # its own stream: a run's RNG state stays the run's
+    a = torch.randn(size, size, device=device_type, generator=g).to(dtype)
+    b = torch.randn(size, size, device=device_type, generator=g).to(dtype)
     best, deadline = 0.0, time.perf_counter() + seconds
     while time.perf_counter() < deadline or best == 0.0:
         t0 = time.perf_counter()

@@ -122,3 +122,28 @@ def test_qm9_with_its_own_length_is_read_from_the_package():
     assert len(ds.train) > 1000
     assert all(len(ds.tokenizer.tokenize(s)) <= 12 for s in ds.train[:500])
 
+
+
+def test_a_tokenized_split_is_cached_and_a_changed_file_is_read_again(tmp_path, monkeypatch):
+    """The split, its tokens and what was left out are written once (``ttcore.data.cache``) and read back, equal,
+    without tokenizing; a changed file (size or time) is a new entry."""
+    import os
+    import time
+
+    import numpy as np
+
+    monkeypatch.setenv("TTCORE_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "pep.txt").write_text("\n".join(SEQS * 3 + ["ACDKZZZZZZZZZ"]))
+    section = DataSection(source=str(tmp_path / "pep.txt"), tokenizer="char", length=6, val_fraction=0.3)
+    first = load_dataset(section)
+    again = load_dataset(section)
+    assert not getattr(first, "from_cache", False) and again.from_cache
+    assert again.train == first.train and again.val == first.val and again.repeats == first.repeats
+    assert np.array_equal(again.train_tokens, first.train_tokens) and again.train_tokens.dtype == np.int64
+    assert again.dropped == first.dropped and again.tokenizer.to_dict() == first.tokenizer.to_dict()
+    assert again.summary() == first.summary()
+    time.sleep(0.01)
+    (tmp_path / "pep.txt").write_text("\n".join(SEQS))
+    os.utime(tmp_path / "pep.txt")
+    changed = load_dataset(section)
+    assert not getattr(changed, "from_cache", False) and changed.repeats == 0

@@ -139,17 +139,64 @@ def load_dataset(section: DataSection, tokenizer=None):
         ds = corpus.load(section, tokenizer)
         if ds is not None:
             return ds
+    if not section.packed:  # one example a line: tokenized once, then from the on-disk cache
+        return _cached_sequences(section, tokenizer, corpus)
+    # documents: repeats are text, and the blocks cut across them
     seqs = corpus.sequences() if corpus is not None else read_sequences(section.source, section.column)
-    if section.packed:  # documents: repeats are text, and the blocks cut across them
-        train, val = (seqs, read_sequences(section.val, section.column)) if section.val is not None else \
-            split(seqs, section.val_fraction, 0)
-        return _packed(section, train, val, tokenizer)
-    # one example a line: each sequence once, so that no line is in both splits or weighs twice
+    train, val = (seqs, read_sequences(section.val, section.column)) if section.val is not None else \
+        split(seqs, section.val_fraction, 0)
+    return _packed(section, train, val, tokenizer)
+
+
+def _source_files(section: DataSection, corpus: Corpus | None) -> list[Path] | None:
+    """The files a section's sequences come from (what its cache entry depends on), or None where they are not
+    files we can see (a corpus read by its own loader)."""
+    paths = []
+    if corpus is None:
+        paths.append(Path(section.source))
+    elif section.source == "moses":
+        paths += list(moses_files().values())
+    else:
+        return None
+    paths += [Path(p) for p in (section.val, section.test) if p is not None]
+    return paths
+
+
+def _cached_sequences(section: DataSection, tokenizer, corpus: Corpus | None) -> SequenceDataset:
+    """``_sequence_dataset`` through the on-disk cache (``ttcore.data.cache``)."""
+    from dataclasses import asdict
+
+    from .cache import cache_key, load_cached, save_dataset
+
+    sources = _source_files(section, corpus)
+    if sources is None:
+        return _sequence_dataset(section, tokenizer, corpus)
+    key = cache_key(asdict(section), tokenizer.to_dict() if tokenizer is not None else None, sources)
+    kind = _symbol_tokenizer(section.tokenizer)
+    ds = load_cached(key, kind.from_dict)
+    if ds is None:
+        ds = _sequence_dataset(section, tokenizer, corpus)
+        try:
+            save_dataset(ds, key)
+        except OSError:  # a read-only or full disk: the run goes on without the cache
+            pass
+    references = corpus.references() if corpus is not None and corpus.references is not None else None
+    if section.test is not None:
+        references = {"test": read_sequences(section.test, section.column)}
+    ds.references = references or {"val": ds.val}
+    return ds
+
+
+def _sequence_dataset(section: DataSection, tokenizer, corpus: Corpus | None) -> SequenceDataset:
+    """One example a line: read, deduplicated, split, tokenized (the training split's vocabulary)."""
+    seqs = corpus.sequences() if corpus is not None else read_sequences(section.source, section.column)
+    # each sequence once, so that no line is in both splits or weighs twice
     distinct = list(dict.fromkeys(seqs))
     repeats = len(seqs) - len(distinct)
     if section.val is not None:
         train, held_out = distinct, read_sequences(section.val, section.column)
-        val = [s for s in dict.fromkeys(held_out) if s not in set(train)]
+        seen = set(train)
+        val = [s for s in dict.fromkeys(held_out) if s not in seen]
         repeats += len(held_out) - len(val)
     else:
         train, val = split(distinct, section.val_fraction, 0)
