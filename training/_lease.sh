@@ -1,5 +1,6 @@
 # Sourced by the lease scripts (device_continue.sh, device_rank.sh, device_moses.sh) after they set LOG, STEPS
-# and RUNS: the log under $OUT, the QM9 cache from .lease/cache, the MOSES files from .lease/moses, and the
+# and RUNS: the log under $OUT, the QM9 cache and tokenized splits (split-*) from .lease/cache, the MOSES files
+# from .lease/moses, and the
 # rehearsal size (SMOKE=1: 2 steps, 1 batch).
 OUT=${OUT:?set OUT}
 PY=${PYTHON:-python3}
@@ -8,6 +9,8 @@ exec > >(tee -a "$OUT/$LOG") 2>&1
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TTCORE_CACHE=${TTCORE_CACHE:-/tmp/ttcore-cache}
 mkdir -p "$TTCORE_CACHE"
 for f in .lease/cache/qm9-*.gz; do [ -e "$f" ] && gunzip -c "$f" > "$TTCORE_CACHE/$(basename "$f" .gz)"; done
+# tokenized splits (ttcore/data/cache.py: MOSES's is 38 MB and loads in seconds instead of tokenizing again)
+for d in .lease/cache/split-*; do [ -d "$d" ] && cp -r "$d" "$TTCORE_CACHE/"; done
 [ -d .lease/moses ] && export TTCORE_MOSES_DIR=${TTCORE_MOSES_DIR:-$PWD/.lease/moses}
 SMALL=()
 if [ "${SMOKE:-0}" = 1 ]; then STEPS=2; SMALL=(val_batches=1 warmup_steps=1); fi

@@ -2,10 +2,12 @@
 MOSES's 1.58M molecules take minutes to read, deduplicate, split and tokenize, and seconds to load from here.
 
 A cache entry is keyed by what decides its contents: the section's settings, the tokenizer given (a base
-model's) and the size and modification time of every source file; any change makes a new entry. It holds the
-tokenizer, the token arrays (``.npy``, the smallest integer type that holds the vocabulary), the split's
-strings (gzip text, one per line) and what was left out; it is written atomically (a directory renamed into
-place) and read without pickle. ``TTCORE_CACHE`` chooses the directory (default ``~/.cache/ttcore``).
+model's) and the contents of every source file (SHA-1), not where they lie, so an entry copied to another
+machine with the same files serves there; any change makes a new entry. It holds the tokenizer, the token
+arrays (compressed ``.npz``, the smallest integer type that holds the vocabulary: MOSES's 1.58M molecules in
+about 17 MB), the split's strings (gzip text, one per line) and what was left out; it is written atomically (a
+directory renamed into place) and read without pickle. ``TTCORE_CACHE`` chooses the directory (default
+``~/.cache/ttcore``). MOSES: 33 s to build on two cores, 2.3 s to load.
 """
 
 import gzip
@@ -23,10 +25,20 @@ from .qm9 import default_cache_dir
 CACHE_VERSION = 1
 
 
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha1()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def cache_key(section_values: dict, tokenizer_dict: dict | None, sources: list[Path]) -> str:
-    """A hash of the section, the tokenizer given and every source file's size and modification time."""
-    stats = [[str(p), p.stat().st_size, p.stat().st_mtime_ns] for p in sources]
-    blob = json.dumps([CACHE_VERSION, section_values, tokenizer_dict, stats], sort_keys=True, default=str)
+    """A hash of the section (its file paths by name only), the tokenizer given and every source file's
+    contents, so that a cache copied to another machine (a GPU lease) with the same files there matches."""
+    values = {k: Path(v).name if k in ("source", "val", "test") and v else v for k, v in section_values.items()}
+    contents = [[p.name, _file_digest(p)] for p in sources]
+    blob = json.dumps([CACHE_VERSION, values, tokenizer_dict, contents], sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
@@ -50,7 +62,7 @@ def save_dataset(ds, key: str, cache_dir: str | Path | None = None) -> Path:
     tmp.mkdir(parents=True)
     dtype = np.uint8 if ds.tokenizer.mask_id < 256 else np.int32
     for name in ("train", "val"):
-        np.save(tmp / f"{name}_tokens.npy", getattr(ds, f"{name}_tokens").astype(dtype))
+        np.savez_compressed(tmp / f"{name}_tokens.npz", tokens=getattr(ds, f"{name}_tokens").astype(dtype))
         _write_lines(tmp / f"{name}.txt.gz", getattr(ds, name))
     meta = {"tokenizer": ds.tokenizer.to_dict(), "repeats": ds.repeats,
             "dropped": {split: dict(reasons) for split, reasons in ds.dropped.items()}}
@@ -73,7 +85,8 @@ def load_cached(key: str, make_tokenizer, cache_dir: str | Path | None = None):
     ds.dropped = {split: Counter(reasons) for split, reasons in meta["dropped"].items()}
     for name in ("train", "val"):
         setattr(ds, name, _read_lines(path / f"{name}.txt.gz"))
-        setattr(ds, f"{name}_tokens", np.load(path / f"{name}_tokens.npy", allow_pickle=False).astype(np.int64))
+        with np.load(path / f"{name}_tokens.npz", allow_pickle=False) as arrays:
+            setattr(ds, f"{name}_tokens", arrays["tokens"].astype(np.int64))
     ds.references = {"val": ds.val}
     ds.from_cache = True
     return ds
