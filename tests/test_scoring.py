@@ -109,3 +109,27 @@ def test_sequences_draw_their_own_times_so_the_standard_error_over_sequences_cov
     times = __import__("ttcore.scoring", fromlist=["sequence_times"]).sequence_times(
         4, 3, 1e-3, "cpu", torch.Generator().manual_seed(0))
     assert times.shape == (4, 3) and len({round(v, 9) for v in times[0].tolist()}) == 3  # not shared
+
+
+def test_a_one_position_masks_joint_and_marginal_agree_under_bf16_autocast():
+    """The review: on a bf16 server /score's log_prob and the one masked token's marginal (the same quantity)
+    differed by 1.1e-3 nats: the TT's r x r chain products ran in bf16 under autocast. They run in their inputs'
+    dtype now (``ttcore.distributions._precision``)."""
+    from ttcore.distributions.tensor_train import tt_chain_log_value
+    from ttcore.models import prepare_for_inference
+
+    model = prepare_for_inference(tiny_model("tt", V, L, R, perturb=0.5, noise=0.5), "bf16")
+    x0 = torch.tensor([[0, 2, 1, 1]])
+    worst = 0.0
+    for i in range(L):
+        mask = torch.zeros_like(x0, dtype=torch.bool)
+        mask[0, i] = True
+        with model.compute_context():
+            log_prob, token = score(model, x0, mask)
+        worst = max(worst, abs(log_prob[0].item() - token[0, i].item()))
+    assert worst < 1e-5, worst
+    mats = torch.rand(1, 6, R, R, generator=torch.Generator().manual_seed(0))  # the products themselves
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        inside = tt_chain_log_value(mats)
+        raw = tt_chain_log_value.__wrapped__(mats)  # what autocast made of them before
+    assert abs((inside - tt_chain_log_value(mats)).item()) < 1e-6 < abs((raw - inside).item())
