@@ -2,7 +2,7 @@
 MOSES's 1.58M molecules take minutes to read, deduplicate, split and tokenize, and seconds to load from here.
 
 A cache entry is keyed by what decides its contents: the section's settings, the tokenizer given (a base
-model's) and the contents of every source file (SHA-1), not where they lie, so an entry copied to another
+model's) and the contents of every source file (SHA-256), not where they lie, so an entry copied to another
 machine with the same files serves there; any change makes a new entry. It holds the tokenizer, the token
 arrays (compressed ``.npz``, the smallest integer type that holds the vocabulary: MOSES's 1.58M molecules in
 about 17 MB), the split's strings (gzip text, one per line) and what was left out; it is written atomically (a
@@ -25,19 +25,14 @@ from .qm9 import default_cache_dir
 CACHE_VERSION = 1
 
 
-def _file_digest(path: Path) -> str:
-    h = hashlib.sha1()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def cache_key(section_values: dict, tokenizer_dict: dict | None, sources: list[Path]) -> str:
     """A hash of the section (its file paths by name only), the tokenizer given and every source file's
     contents, so that a cache copied to another machine (a GPU lease) with the same files there matches."""
     values = {k: Path(v).name if k in ("source", "val", "test") and v else v for k, v in section_values.items()}
-    contents = [[p.name, _file_digest(p)] for p in sources]
+    contents = []
+    for p in sources:
+        with open(p, "rb") as f:
+            contents.append([p.name, hashlib.file_digest(f, "sha256").hexdigest()])
     blob = json.dumps([CACHE_VERSION, values, tokenizer_dict, contents], sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
