@@ -24,13 +24,15 @@ class Corpus:
     """A packaged corpus, and what ``load_dataset`` asks it: its default tokenizer; ``sequences()``, every
     training sequence (one per example); ``references()``, held-out sets the corpus fixes (MOSES's test sets);
     ``load(section, tokenizer)``, a dataset from its own cached loader, or None where the section asks for
-    something that loader does not cover; ``packed``: its documents are packed into blocks (BPE tokenizers only)."""
+    something that loader does not cover; ``packed``: its documents are packed into blocks (BPE tokenizers only);
+    ``files()``: the files ``sequences()`` reads, so that its tokenized split can be cached (``ttcore.data.cache``)."""
     tokenizer: str
     description: str
     sequences: Callable[[], list[str]] | None = None
     references: Callable[[], dict[str, list[str]]] | None = None
     load: Callable | None = None
     packed: bool = False
+    files: Callable[[], list[Path]] | None = None  # the files ``sequences()`` reads (what a cached split depends on)
 
 
 def _qm9_sequences() -> list[str]:
@@ -71,7 +73,8 @@ CORPORA = {
                   sequences=_qm9_sequences, load=_qm9_cached),
     "moses": Corpus("smiles", "MOSES: 1.9M drug-like molecules from ZINC, with the benchmark's train / test / "
                               "scaffold-test splits",
-                    sequences=lambda: read_sequences(moses_files()["train"]), references=_moses_references),
+                    sequences=lambda: read_sequences(moses_files()["train"]), references=_moses_references,
+                    files=lambda: list(moses_files().values())),
     "text": Corpus("bpe", "public-domain English: State of the Union addresses and Project Gutenberg books",
                    load=_text_corpus, packed=True),
 }
@@ -151,11 +154,10 @@ def load_dataset(section: DataSection, tokenizer=None):
 def _source_files(section: DataSection, corpus: Corpus | None) -> list[Path] | None:
     """The files a section's sequences come from (what its cache entry depends on), or None where they are not
     files we can see (a corpus read by its own loader)."""
-    paths = []
     if corpus is None:
-        paths.append(Path(section.source))
-    elif section.source == "moses":
-        paths += list(moses_files().values())
+        paths = [Path(section.source)]
+    elif corpus.files is not None:
+        paths = corpus.files()
     else:
         return None
     paths += [Path(p) for p in (section.val, section.test) if p is not None]
