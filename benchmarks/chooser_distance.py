@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 
-from ttcore.decompositions import get_decomposition
 from ttcore.models import DiTConfig, JointModel, ModelConfig, load_for_inference, prepare_for_inference
 from ttcore.sampling import generate
 from ttcore.sampling.generate import features
@@ -34,10 +33,9 @@ BUNDLED = ["qm9-cp-r64", "qm9-tt-r16", "moses-tt-r8", "text-tt-r4"]
 
 def exact_marginals(model, h, masked, temperature) -> torch.Tensor:
     """p(x^i | x_t) at every masked position under the checkpoint's tempered joint -> [m, v] float64."""
-    dec = get_decomposition(model.cfg.decomposition)
-    if model.cfg.decomposition == "cp":
-        return chooser_marginals(model, h, masked, temperature, outputs=model.cfg.rank).double()  # every component
-    return dec.chosen_marginals(model, h, masked, masked, temperature, "exact")
+    fmt = model.format  # the exact contraction where the format has one (TT): CP's and rank 1's are exact anyway
+    contraction = "exact" if "exact" in fmt.contractions else "head"
+    return fmt.marginals_at(model.head, h, masked, masked, temperature, contraction)
 
 
 def _states(model, sequences: int, seed: int = 0) -> torch.Tensor:
@@ -67,7 +65,7 @@ def measure(name: str, model, sequences: int, temperatures: list[float], cs: lis
     x = _states(model, sequences)
     mask_id = model.cfg.dit.vocab_size - 1
     masked = x == mask_id
-    e = get_decomposition(model.cfg.decomposition).outputs_per_position(model.cfg.rank)
+    e = model.format.outputs_per_position(model.cfg.rank)
     v = model.cfg.dit.vocab_size - 1
     default = chooser_outputs(e, v)
     cs = sorted({c for c in (cs or [1, 2, 4, 8, 16, 32, 64, 128, 256]) if c <= e} | {default, e})
@@ -78,7 +76,7 @@ def measure(name: str, model, sequences: int, temperatures: list[float], cs: lis
         counts = torch.clamp(masked.sum(1) // 16, min=1)  # K = 16 for the cost reference
         chosen = top_k_mask(torch.rand(x.shape, generator=torch.Generator().manual_seed(1)), masked, counts)
         g = torch.Generator().manual_seed(2)
-        dec = get_decomposition(model.cfg.decomposition)
+        dec = model.format
         for temperature in temperatures:
             # the reference: a random-order step at the same temperature (at T != 1 a TT step sums its cores too)
             draw_s = _best(lambda: predetermined_step(model, h, x, masked, chosen, temperature, g, "head"))

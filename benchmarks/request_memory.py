@@ -43,7 +43,7 @@ def one_case(path: str, n: int, steps: int, ordering: str, contraction: str, joi
     settings = dict(ordering=ordering, contraction=contraction, joint=joint, adaptive_path=adaptive_path)
     config = cost.sampler_config(**settings)
     adaptive, exact = config.step_kind(model.cfg)
-    chooses = config.work_kind(model.cfg) == "chooser_step"
+    chooses = config.step.chooses
     rows = cost.rows_for(model.cfg, budget_mb << 20, **settings)
     run = make_run(model, n, steps, seed=0, max_rows_per_pass=rows if rows < n else None, **settings)
     with model.compute_context():

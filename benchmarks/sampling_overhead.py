@@ -81,8 +81,8 @@ def main():
     ap.add_argument("--tt-rank", type=int, nargs="*", help="TT at these ranks (instead of the size's CP and TT)")
     args = ap.parse_args()
     sizes = [args.size] if args.size else ["qm9"] if args.quick else ["qm9", "text"]
-    settings = [("random", dict(ordering="random")), ("top_prob", dict(ordering="top_prob")),
-                ("eb g=0.5", dict(eb_gamma=0.5))]
+    settings = [("random", dict(ordering="random")), ("top_prob", dict(ordering="top_prob", adaptive_path="exact")),
+                ("eb g=0.5", dict(eb_gamma=0.5, adaptive_path="exact"))]
     settings += [(f"{o} fast", dict(ordering=o, adaptive_path="fast")) for o in ("top_prob", "margin", "entropy")]
     settings += [(f"eb fast g={g}", dict(eb_gamma=g, adaptive_path="fast")) for g in (0.1, 0.5, 1.0)]
     steps_list = [2, 4] if args.size == "smoke" else [8, 32] if args.quick else [8, 32, 128]

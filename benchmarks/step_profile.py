@@ -18,7 +18,7 @@ import torch
 
 from ttcore.models import load_for_inference
 from ttcore.sampling import GenerationRun
-from ttcore.sampling.generate import batch_step, features
+from ttcore.sampling.generate import batch_step
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,19 +33,13 @@ def one_round(model, clients: int, device: torch.device, seed: int) -> dict[str,
     runs = [GenerationRun(model, 2, 8, seed=seed + i, device=device) for i in range(clients)]  # random order
     spent = {"forward": 0.0, "heads and draws": 0.0, "copy to host": 0.0, "steps": 0}
 
-    def timed_forward(x, latent):
-        _sync(device)
-        t0 = time.perf_counter()
-        h = features(model, x, latent)
-        _sync(device)
-        spent["forward"] += time.perf_counter() - t0
-        return h
-
     with model.compute_context():
         while live := [run for run in runs if not run.done]:
             _sync(device)
             t0 = time.perf_counter()
-            states = batch_step(model, live, forward=timed_forward)
+            done = batch_step(model, live)
+            states = done.states
+            spent["forward"] += done.forward_seconds
             _sync(device)
             t1 = time.perf_counter()
             torch.cat([s.tokens for s in states]).cpu()

@@ -23,8 +23,8 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from ttcore.decompositions import get_decomposition
 from ttcore.sampling import GenerationRun, SamplerConfig, cost
+from ttcore.sampling.steps import WorkKind
 
 
 class TooLarge(ValueError):
@@ -62,69 +62,70 @@ class Speed:
     re-times it (``recalibrate``) on its model's idle worker before it refuses such a request, at most once
     every ``RECALIBRATE_EVERY_S`` per kind."""
 
-    KINDS = ("predetermined_step", "exact_step", "chooser_step", "chain_rule")
+    KINDS = tuple(WorkKind)
 
     def __init__(self, predetermined_step: float | None, exact_step: float | None, chain_rule: float | None,
-                 chooser_step: float | None = None, overhead: dict[str, float] | None = None):
+                 chooser_step: float | None = None, overhead: dict[WorkKind, float] | None = None):
         first = dict(predetermined_step=predetermined_step, exact_step=exact_step, chain_rule=chain_rule,
                      chooser_step=predetermined_step if chooser_step is None else chooser_step)
         self._seen = {k: deque([] if first[k] is None else [first[k]], maxlen=WINDOW) for k in self.KINDS}
         self.overhead = {k: 0.0 for k in self.KINDS} | dict(overhead or {})
-        self.overhead["chain_rule"] = 0.0
-        self.measured: set[str] = set()
-        self._recalibrated: dict[str, float] = {}  # kind -> when it was last re-timed (time.monotonic)
+        self.overhead[WorkKind.chain_rule] = 0.0
+        self.measured: set[WorkKind] = set()
+        self._recalibrated: dict[WorkKind, float] = {}  # kind -> when it was last re-timed (time.monotonic)
 
     @classmethod
     def lazy(cls) -> "Speed":
         """No kind timed yet: each is timed when a request first needs it (``ensure``)."""
         return cls(None, None, None)
 
-    def timed(self, kind: str) -> bool:
+    def timed(self, kind: WorkKind) -> bool:
         """Whether the kind has an estimate (a timing or a measured request)."""
         return bool(self._seen[kind])
 
-    def needs(self, kind: str) -> list[str]:
+    def needs(self, kind: WorkKind) -> list[WorkKind]:
         """The kinds an estimate of ``kind`` reads (a chain-rule run's steps are predetermined steps) that have
         none yet."""
-        wanted = {self._step_kind(kind)} | ({"chain_rule"} if kind == "chain_rule" else set())
+        wanted = {self._step_kind(kind)} | ({WorkKind.chain_rule} if kind == WorkKind.chain_rule else set())
         return sorted(k for k in wanted if not self.timed(k))
 
-    def ensure(self, model, kind: str) -> None:
+    def ensure(self, model, kind: WorkKind) -> None:
         """Time what an estimate of ``kind`` needs and does not have yet (``calibrate_kinds``; on the model's
         worker, or wherever the model may run)."""
         missing = self.needs(kind)
         if missing:
             for k, (overhead, per_row) in calibrate_kinds(model, missing).items():
                 if not self.timed(k):
-                    self.overhead[k] = overhead if k != "chain_rule" else 0.0
+                    self.overhead[k] = overhead if k != WorkKind.chain_rule else 0.0
                     self._seen[k].append(per_row)
                     self._recalibrated[k] = time.monotonic()  # just timed: no re-timing before a refusal
 
-    def estimate(self, kind: str) -> float:
+    def estimate(self, kind: WorkKind) -> float:
         """The current per-sequence estimate of a kind of work: the median of its recent observations."""
         return statistics.median(self._seen[kind])
 
-    predetermined_step = property(lambda self: self.estimate("predetermined_step"))
-    exact_step = property(lambda self: self.estimate("exact_step"))
-    chooser_step = property(lambda self: self.estimate("chooser_step"))
-    chain_rule = property(lambda self: self.estimate("chain_rule"))
+    predetermined_step = property(lambda self: self.estimate(WorkKind.predetermined_step))
+    exact_step = property(lambda self: self.estimate(WorkKind.exact_step))
+    chooser_step = property(lambda self: self.estimate(WorkKind.chooser_step))
+    chain_rule = property(lambda self: self.estimate(WorkKind.chain_rule))
 
-    def _step_kind(self, kind: str) -> str:
+    def _step_kind(self, kind: WorkKind) -> WorkKind:
         if kind not in self.KINDS:
             raise ValueError(f"kind must be one of {self.KINDS}, got {kind!r}")
-        return "predetermined_step" if kind == "chain_rule" else kind  # a chain-rule run's steps
+        return WorkKind.predetermined_step if kind == WorkKind.chain_rule else kind  # a chain-rule run's steps
 
-    def step_seconds(self, kind: str, rows: int = 1) -> float:
+    def step_seconds(self, kind: WorkKind, rows: int = 1) -> float:
         """One step of a run of this kind over ``rows`` sequences: overhead + rows x per-row (a chain-rule
         run's steps are predetermined steps; its picks are ``chain_rule``, per sequence)."""
         kind = self._step_kind(kind)
         return self.overhead[kind] + rows * self.estimate(kind)
 
-    def unmeasured(self, kind: str) -> bool:
+    def unmeasured(self, kind: WorkKind) -> bool:
         """Whether no request of this kind has been measured yet (only the start-up calibration speaks)."""
         return kind not in self.measured
 
-    def observe(self, *, kind: str, rows: int, steps: int, seconds: float, overhead_steps: float | None = None) -> None:
+    def observe(self, *, kind: WorkKind, rows: int, steps: int, seconds: float,
+                overhead_steps: float | None = None) -> None:
         """A request of this kind of work that ran ``steps`` engine steps over ``rows`` sequences and was
         charged ``seconds`` of compute (its shares of the batched steps it was part of). ``overhead_steps``:
         the steps' overhead it was charged, in steps (its share of each step's sequences, summed; default:
@@ -134,26 +135,26 @@ class Speed:
         step_kind = self._step_kind(kind)
         overhead = self.overhead[step_kind] * (steps if overhead_steps is None else overhead_steps)
         per_row = max(seconds - overhead, 0.0) / rows
-        if kind == "chain_rule":  # the steps' own cost as now estimated; the rest is the chain rule's
-            self._seen["chain_rule"].append(max(per_row - steps * self.estimate(step_kind), 0.0))
+        if kind == WorkKind.chain_rule:  # the steps' own cost as now estimated; the rest is the chain rule's
+            self._seen[WorkKind.chain_rule].append(max(per_row - steps * self.estimate(step_kind), 0.0))
         else:
             self._seen[kind].append(per_row / steps)
         self.measured.add(kind)
 
 
-    def may_recalibrate(self, kind: str) -> bool:
+    def may_recalibrate(self, kind: WorkKind) -> bool:
         """Whether a refusal of this kind should first re-time it: no request has measured it, and it was not
         re-timed in the last ``RECALIBRATE_EVERY_S``."""
         last = self._recalibrated.get(kind)
         return self.unmeasured(kind) and (last is None or time.monotonic() - last > RECALIBRATE_EVERY_S)
 
-    def recalibrate(self, model, kind: str) -> None:
+    def recalibrate(self, model, kind: WorkKind) -> None:
         """Re-time one kind as ``calibrate`` does and start its estimate afresh from that timing (runs on the
         model's worker; a few tenths of a second at most for the bundled models)."""
         self._recalibrated[kind] = time.monotonic()
         for k, (overhead, per_row) in calibrate_kinds(model, [kind]).items():
             if k == kind or self.unmeasured(k):  # what requests measured stays (a chain rule re-times its steps)
-                self.overhead[k] = overhead if k != "chain_rule" else 0.0
+                self.overhead[k] = overhead if k != WorkKind.chain_rule else 0.0
                 self._seen[k] = deque([per_row], maxlen=WINDOW)
 
 
@@ -178,24 +179,24 @@ def _affine(model, steps: int, repeats: int, **settings) -> tuple[float, float]:
     return max(one - per_row, 0.0), per_row
 
 
-def calibrate_kinds(model, kinds) -> dict[str, tuple[float, float]]:
+def calibrate_kinds(model, kinds) -> dict[WorkKind, tuple[float, float]]:
     """(overhead, per row) of each kind in ``kinds`` (chain_rule: (0, its per-sequence estimate)), timed after
     a warm-up step; a chain-rule estimate needs the predetermined step's timing and takes it too."""
     _best(model, 1, 4, 1)  # warm-up: allocator, kernels
     out = {}
-    if "predetermined_step" in kinds or "chain_rule" in kinds:
-        out["predetermined_step"] = _affine(model, 4, CALIBRATION_REPEATS)
-    if "exact_step" in kinds:
-        has_exact = "exact" in get_decomposition(model.cfg.decomposition).contractions
-        out["exact_step"] = _affine(model, 4, 2, contraction="exact") if has_exact else \
-            out.get("predetermined_step") or _affine(model, 4, CALIBRATION_REPEATS)
-    if "chooser_step" in kinds:
-        out["chooser_step"] = _affine(model, 4, CALIBRATION_REPEATS, ordering="top_prob", adaptive_path="fast")
-    if "chain_rule" in kinds:
+    if WorkKind.predetermined_step in kinds or WorkKind.chain_rule in kinds:
+        out[WorkKind.predetermined_step] = _affine(model, 4, CALIBRATION_REPEATS)
+    if WorkKind.exact_step in kinds:
+        has_exact = "exact" in model.format.contractions
+        out[WorkKind.exact_step] = _affine(model, 4, 2, contraction="exact") if has_exact else \
+            out.get(WorkKind.predetermined_step) or _affine(model, 4, CALIBRATION_REPEATS)
+    if WorkKind.chooser_step in kinds:
+        out[WorkKind.chooser_step] = _affine(model, 4, CALIBRATION_REPEATS, ordering="top_prob", adaptive_path="fast")
+    if WorkKind.chain_rule in kinds:
         l = model.cfg.dit.length
-        step = sum(out["predetermined_step"])  # one row: overhead + per row
-        first_pick = max(_best(model, 1, l, 2, ordering="top_prob") - step, 0.0)
-        out["chain_rule"] = (0.0, l * first_pick / 2)
+        step = sum(out[WorkKind.predetermined_step])  # one row: overhead + per row
+        first_pick = max(_best(model, 1, l, 2, ordering="top_prob", adaptive_path="exact") - step, 0.0)
+        out[WorkKind.chain_rule] = (0.0, l * first_pick / 2)
     return out
 
 
@@ -210,8 +211,8 @@ def calibrate(model) -> Speed:
     whole was 0.29 of l first picks, at QM9 size 0.6). This is approximate by construction: measured
     requests replace it (``Speed.observe``)."""
     timed = calibrate_kinds(model, Speed.KINDS)
-    return Speed(timed["predetermined_step"][1], timed["exact_step"][1], timed["chain_rule"][1],
-                 timed["chooser_step"][1], {k: v[0] for k, v in timed.items()})
+    return Speed(timed[WorkKind.predetermined_step][1], timed[WorkKind.exact_step][1], timed[WorkKind.chain_rule][1],
+                 timed[WorkKind.chooser_step][1], {k: v[0] for k, v in timed.items()})
 
 
 def _round_down(n: int) -> int:
@@ -247,7 +248,7 @@ def plan(model, speed: Speed, *, num_samples: int, steps: int, config: SamplerCo
     cfg = model.cfg
     adaptive, exact = config.step_kind(cfg)
     kind = config.work_kind(cfg)
-    chooses = getattr(config.step, "chooses", False)  # the fast path's choice (at temperature != 1 too)
+    chooses = config.step.chooses  # the fast path's choice (at temperature != 1 too)
     rows = cost.rows_per_pass(cfg, adaptive, memory_budget, exact, chooses, config.chooser_outputs)
     if rows == 0:
         need = cost.step_row_bytes(cfg, adaptive, chooses, config.chooser_outputs) >> 20

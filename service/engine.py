@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 import torch
 
 from ttcore.sampling import GenerationRun, batch_step
-from ttcore.sampling.generate import features
 
 from .config import ServiceArgs
 from .metrics import Metrics
@@ -224,32 +223,23 @@ class _Batcher:
             if cancelled:  # whoever still waits on its outputs stops waiting
                 job.outputs.put_nowait(EngineError("the request was cancelled", "cancelled"))
 
-    def _forward(self, x: torch.Tensor, latent: torch.Tensor | None = None) -> torch.Tensor:
-        """The batch's one backbone call, timed (on CUDA, to the end of its kernels)."""
-        m, name = self.engine.metrics, self.lm.family
-        t0 = time.perf_counter()
-        h = features(self.lm.model, x, latent)  # [sum b, l, d]
-        if x.is_cuda:
-            torch.cuda.synchronize(x.device)
-        self._forward_s = time.perf_counter() - t0
-        self._forward_jobs = {id(job) for job in self._in_step if job.run.needs_model}
-        m.forward_seconds.labels(name).inc(self._forward_s)
-        m.forward_samples.labels(name).observe(x.shape[0])
-        m.forward_requests.labels(name).observe(sum(job.run.needs_model for job in self._in_step))
-        return h
-
     def _step(self, batch: list[Job]) -> list[StepOutput]:
         """One denoising step for every job in ``batch`` (compute thread)."""
         t0 = time.perf_counter()
-        self._in_step, self._forward_s, self._forward_jobs = batch, 0.0, set()
-        model = self.lm.model
+        model, m, name = self.lm.model, self.engine.metrics, self.lm.family
         with model.compute_context():
-            states = batch_step(model, [job.run for job in batch], forward=self._forward)
+            done = batch_step(model, [job.run for job in batch])
         step_s = time.perf_counter() - t0
+        states, forward_s = done.states, done.forward_seconds
+        forward_jobs = {id(job) for job, took_part in zip(batch, done.in_forward) if took_part}
+        if forward_jobs:
+            m.forward_seconds.labels(name).inc(forward_s)
+            m.forward_samples.labels(name).observe(done.forward_rows)
+            m.forward_requests.labels(name).observe(len(forward_jobs))
         # each job's share of this step's time: the forward by the sequences it sent through the backbone,
         # the rest (heads, joint draws) by its sequences in the step
         rows = {id(job): job.run.tokens.shape[0] for job in batch}
-        forward_rows = sum(rows[i] for i in self._forward_jobs) or 1
+        forward_rows = sum(rows[i] for i in forward_jobs) or 1
         # one copy to the host for the whole step (on CUDA, one sync instead of two per job); the event
         # loop then only ever touches CPU tensors
         sizes = [state.tokens.shape[0] for state in states]
@@ -260,9 +250,9 @@ class _Batcher:
             if job.started is None:
                 job.started = t0
             share = rows[id(job)]
-            job.forward_s += self._forward_s * share / forward_rows if id(job) in self._forward_jobs else 0.0
-            job.sampling_s += (step_s - self._forward_s) * share / sum(rows.values())
-            job.overhead_steps += share / forward_rows if id(job) in self._forward_jobs else 0.0
+            job.forward_s += forward_s * share / forward_rows if id(job) in forward_jobs else 0.0
+            job.sampling_s += (step_s - forward_s) * share / sum(rows.values())
+            job.overhead_steps += share / forward_rows if id(job) in forward_jobs else 0.0
             committed = [[] for _ in range(state.committed.shape[0])]
             for i, pos in committed_mask.nonzero().tolist():  # one op for all rows, not one per row
                 committed[i].append(pos)

@@ -9,7 +9,6 @@ from pathlib import Path
 import torch
 
 from ttcore.data.section import default_metrics
-from ttcore.decompositions import DECOMPOSITIONS, get_decomposition
 from ttcore.models import CheckpointError, load_for_inference, resolve_precision
 
 from .admission import Speed
@@ -60,8 +59,11 @@ def _read_card(path: Path) -> str | None:
         return None
 
 
-def _preference(info: ModelInfo) -> tuple:
-    return DECOMPOSITIONS[info.decomposition].preference, info.rank
+def _preference(lm: "LoadedModel") -> tuple:
+    """Which checkpoint serves a request that names no decomposition or rank: the most expressive joint, i.e.
+    the most head outputs per masked position (TT r16: 256, CP r64: 64, rank 1: 1), then the higher rank."""
+    cfg = lm.model.cfg
+    return cfg.format.outputs_per_position(cfg.rank), cfg.rank
 
 
 class ModelRegistry:
@@ -97,7 +99,7 @@ class ModelRegistry:
         card = _read_card(d / "model_card.md")
         info = ModelInfo(model=family, checkpoint=d.name, domain=tok.kind, metrics=metrics,
                          decomposition=cfg.decomposition, rank=cfg.rank,
-                         head=cfg.head if get_decomposition(cfg.decomposition).joint_head else "base",
+                         head=cfg.head_label,
                          length=cfg.dit.length, vocab_size=cfg.dit.out_vocab,
                          parameters=sum(p.numel() for p in model.parameters()),
                          card_url=f"/models/{d.name}/card" if card is not None else None,
@@ -133,7 +135,7 @@ class ModelRegistry:
             want = f"model={family!r}, decomposition={decomposition!r}, rank={rank!r}"
             have = "; ".join(f"{a['model']}/{a['decomposition']}/r{a['rank']}" for a in available)
             raise ModelNotFound(f"no loaded checkpoint matches {want}; available: {have}", available)
-        return max(pool, key=lambda lm: _preference(lm.info))
+        return max(pool, key=_preference)
 
     @staticmethod
     def encode_prompt(lm: LoadedModel, prompt: str) -> torch.Tensor:

@@ -70,13 +70,14 @@ class SamplerFields(BaseModel):
                             "the cores themselves (exact with respect to the TT; all V x r x r outputs on "
                             "every masked position). At temperature != 1 both use the exact sum.")
     adaptive_path: Literal["fast", "exact"] = Field(
-        "fast", description="Adaptive orderings and `sampler: eb` with a CP / TT checkpoint: `fast` chooses a step's "
-                            "positions from single-position marginals computed once per step (cheaply: the heaviest "
-                            "head outputs of each position), then draws them jointly as a predetermined step does "
-                            "(the draw is exact, the choice approximate; about the cost of a random-order step); "
-                            "`exact`: the exact chain rule (Sec. 4.2), re-ranking after every pick (the reference; "
-                            "full V x r x r outputs on every masked position, many times slower at text size). "
-                            "No effect on predetermined orderings, `joint: false` or rank-1 checkpoints.")
+        SamplerConfig.adaptive_path,  # the library's default: one default everywhere
+        description="Adaptive orderings and `sampler: eb` with a CP / TT checkpoint. `fast` (the default, as in the "
+                    "library) chooses a step's positions from single-position marginals computed once per step "
+                    "(cheaply: the heaviest head outputs of each position), then draws them jointly as a "
+                    "predetermined step does (the draw is exact, the choice approximate; about the cost of a "
+                    "random-order step); `exact`: the exact chain rule (Sec. 4.2), re-ranking after every pick (the "
+                    "reference; full V x r x r outputs on every masked position, many times slower at text size). "
+                    "No effect on predetermined orderings, `joint: false` or rank-1 checkpoints.")
     chooser_outputs: int | None = Field(
         None, ge=1, le=4096, description="`adaptive_path: fast`: the head outputs per masked position its choice "
                                          "evaluates (c). Default: 2048 // V (every output at QM9's vocabulary, "
@@ -118,7 +119,8 @@ class GenerateRequest(SamplerFields):
                               examples=["qm9"], max_length=64)
     decomposition: Decomposition | None = Field(
         None, description="Joint distribution of the checkpoint: `none` (rank-1 MDM), `cp` or `tt`. "
-                          "Default: the best available (TT over CP over none, higher rank first).", examples=["tt"])
+                          "Default: the most expressive available (the most head outputs per masked position, "
+                          "then the higher rank: TT r16 over CP r64 over none).", examples=["tt"])
     rank: int | None = Field(None, ge=1, le=1024, description="Rank of the checkpoint (with `decomposition`).",
                              examples=[8])
     num_samples: int = Field(4, ge=1, le=MAX_SAMPLES, description=f"Sequences to generate, 1..{MAX_SAMPLES}.",

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import torch
 
 from ttcore import scoring
-from ttcore.decompositions import get_decomposition
 from ttcore.losses import sample_times
 from ttcore.sampling import GenerationRun, InvalidSampler, cost
+from ttcore.sampling.steps import WorkKind
 from ttcore.tokenizers.symbols import MASK  # every tokenizer spells it so: a prompt with it is a template
 
 from . import admission
@@ -306,8 +306,8 @@ class Serving:
         timeout = min(request.timeout_s or self.max_timeout_s, self.max_timeout_s)
         draws = request.num_mc if request.mode == "elbo" else 1
         # scoring computes every masked position's exact marginals: what an exact step costs, where a format has one
-        exact = "exact" in get_decomposition(lm.info.decomposition).contractions
-        kind = "exact_step" if exact else "predetermined_step"
+        exact = "exact" in model.cfg.format.contractions
+        kind = WorkKind.exact_step if exact else WorkKind.predetermined_step
 
         def check():
             admission.check_passes(len(x0), draws, rows, lambda n: lm.speed.step_seconds(kind, n), timeout,

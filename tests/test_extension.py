@@ -13,79 +13,75 @@ import uvicorn
 from servers import SAMPLE, free_port
 
 from ttcore.data import SmilesDataset
-from ttcore.decompositions import DECOMPOSITIONS, CPOutputs
-from ttcore.decompositions.factorized import draw_from_components
+from ttcore.decompositions import (
+    ComponentHead,
+    CPOutputs,
+    SumsNothing,
+    draw_from_components,
+    register_decomposition,
+    unregister_decomposition,
+)
 from ttcore.distributions import sample_categorical, softmax64
 from ttcore.losses import mdlm_loss
 from ttcore.models import DiTConfig, JointModel, ModelConfig, save_checkpoint
 from ttcore.sampling import SamplerConfig, generate, predetermined_step
-from ttcore.sampling.steps import SAMPLERS, register_step
+from ttcore.sampling.steps import SAMPLERS, ConfiguredStep, WorkKind, register_step
 
 
-class UniformCP:
-    """CP with uniform weights: r factors per masked position, w_a = 1 / r."""
-    name, preference = "ucp", -1
-    joint_head, contractions, chain_rule_bytes = True, ("head",), 4
+class UniformCP(SumsNothing):
+    """CP with uniform weights: r factors per masked position, w_a = 1 / r; its head is r outputs, no weight head."""
+    name, joint_head, joint_dtype = "ucp", True, torch.float32
 
-    @staticmethod
-    def sums_exactly(contraction, temperature, joint, adaptive):
-        return False
-
-    @staticmethod
-    def exact_contraction_bytes(cfg):
-        return 0
-
-    @staticmethod
-    def outputs_per_position(rank):
+    def outputs_per_position(self, rank):
         return rank
 
-    @staticmethod
-    def extra_heads(hidden_dim, rank):
-        return {}
+    def build_head(self, rank, kind, hidden_dim, out_vocab, base):
+        return ComponentHead(rank, rank, kind, hidden_dim, out_vocab, base)
 
-    @staticmethod
-    def head_outputs(model, h, mask):
-        factors = model.head.component_logits(h[mask], model.output_layer.linear).float()
-        return CPOutputs(mask, factors, factors.new_zeros(h.shape[0], model.cfg.rank))
+    def outputs(self, head, h, mask):
+        factors = head.component_logits(h[mask]).float()
+        return CPOutputs(mask, factors, factors.new_zeros(h.shape[0], head.rank))
 
-    @staticmethod
-    def predetermined_step(model, h, x, masked, chosen, temperature, generator, contraction):
-        uniform = torch.full((x.shape[0], model.cfg.rank), 1.0 / model.cfg.rank, dtype=torch.float64, device=x.device)
-        return draw_from_components(model, h, x, chosen, sample_categorical(uniform, generator), temperature, generator)
+    def _uniform(self, head, n, device):
+        return torch.full((n, head.rank), 1.0 / head.rank, dtype=torch.float64, device=device)
 
-    @staticmethod
-    def component_weights(model, h, masked, temperature):
-        return torch.full((int(masked.sum()), model.cfg.rank), 1.0 / model.cfg.rank, dtype=torch.float64)
+    def draw(self, head, h, x, masked, chosen, temperature, generator, contraction):
+        component = sample_categorical(self._uniform(head, x.shape[0], x.device), generator)
+        return draw_from_components(head, h, x, chosen, component, temperature, generator)
 
-    @staticmethod
-    def chosen_marginals(model, h, masked, chosen, temperature, contraction):
-        start = torch.zeros(int(chosen.sum()), dtype=torch.long, device=h.device)
-        return softmax64(model.select_logits(h[chosen], start, model.cfg.rank), temperature).mean(1)
+    def component_weights(self, head, h, masked, temperature):
+        return self._uniform(head, int(masked.sum()), h.device)
+
+    def marginals_at(self, head, h, masked, chosen, temperature, contraction):
+        return softmax64(head.component_logits(h[chosen]), temperature).mean(1)
 
 
-class RightToLeft:
-    """Each step unmasks the rightmost masked positions (as many as the schedule says), drawn jointly."""
-    adaptive, batchable = False, False
-
-    def __init__(self, config):
-        self.config = config
+class RightToLeft(ConfiguredStep):
+    """Each step unmasks the rightmost masked positions (as many as the schedule says), drawn jointly by the
+    model's format; its whole rule is here: the schedule's counts (``ConfiguredStep``), its own choice."""
+    batchable = True  # its set is fixed before the draw: runs may share one joint draw
 
     @classmethod
     def accepts(cls, config):
         return False  # only by name
 
-    def draw(self, run, h, tokens, masked, chosen, counts):
+    def plan(self, run):
+        return None
+
+    def choose(self, run, h, tokens, masked, counts, rows):
         rank = torch.cumsum(masked.flip(1).long(), 1).flip(1)  # 1 at the rightmost masked position
-        mine = masked & (rank <= counts[:, None])
-        return predetermined_step(run.model, h, tokens, masked, mine, self.config.temperature, run.generator)
+        return masked & (rank <= counts[:, None])
+
+    def draw(self, run, h, tokens, masked, chosen, counts):
+        return predetermined_step(run.model, h, tokens, masked, chosen, self.config.temperature, run.generator)
 
 
 @pytest.fixture
 def registered():
-    DECOMPOSITIONS["ucp"] = UniformCP
+    register_decomposition(UniformCP())
     register_step("right_to_left", RightToLeft)
     yield
-    DECOMPOSITIONS.pop("ucp")
+    unregister_decomposition("ucp")
     SAMPLERS.pop("right_to_left")
 
 
@@ -113,6 +109,7 @@ def test_a_toy_format_and_sampler_defined_here_train_generate_and_serve(register
             if masked[row].any() and len(done):
                 assert int(done.min()) > int(masked[row].nonzero().max())
     assert SamplerConfig(sampler="right_to_left").step_kind(model.cfg) == (False, False)
+    assert SamplerConfig(sampler="right_to_left").work_kind(model.cfg) is WorkKind.predetermined_step
 
     save_checkpoint(tmp_path / "toy" / "qm9-ucp-r3", model, tok)
     from service.app import create_app

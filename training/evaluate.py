@@ -53,7 +53,6 @@ from _report import (
     write_rows,
 )
 
-from ttcore.decompositions import get_decomposition
 from ttcore.metrics import molecule_metrics
 from ttcore.models import load_for_inference
 from ttcore.sampling import PREDETERMINED, SamplerConfig
@@ -219,7 +218,7 @@ def evaluate_text(args, out: Path) -> None:
     rows = [r for f in args.merge for r in json.loads(Path(f).read_text())]  # earlier runs' rows, reported beside
     for path in paths:
         model, tok, _ = load_for_inference(path, args.device, args.precision)
-        has_view = get_decomposition(model.cfg.decomposition).joint_head  # a joint has a rank-1 view
+        has_view = model.format.joint_head  # a joint has a rank-1 view
         views = [True] if args.rank_one_view != "only" or not has_view else []
         views += [False] if args.rank_one_view and has_view else []
         samplers = [(s, p) for s in args.text_samplers for p in args.adaptive_paths
@@ -320,7 +319,7 @@ def main():
     for path in paths:
         model, tok, config = load_for_inference(path, args.device, args.precision)
         cfg = model.cfg
-        spec = get_decomposition(cfg.decomposition)
+        spec = model.format
         contractions = [c for c in args.contractions if c in spec.contractions] or ["head"]
         sweeps = [(s, t) for s in args.schedules for t in args.temperatures]
         settings = [(o, k, None, c, True, s, t) for o in args.orderings for k in args.steps for c in contractions

@@ -16,7 +16,7 @@ import torch
 from _common import dataset
 from _report import checkpoint_dirs, data_section, this_command, train_config
 
-from ttcore.decompositions import exact_contracted_cores, get_decomposition
+from ttcore.decompositions import exact_contracted_cores
 from ttcore.losses import forward_mask, sample_times
 from ttcore.models import load_for_inference
 from ttcore.scoring import elbo
@@ -33,8 +33,8 @@ def contraction_error(model, tokens: torch.Tensor, mask_id: int, seed: int = 123
     x_t, mask = forward_mask(tokens, t, mask_id, g)
     with model.compute_context():
         h = model.features(x_t, sigma=t)[mask]  # [m, d]
-        head = model.contracted_cores(h).double()  # [m, r, r]
-        exact = exact_contracted_cores(model, h, 1.0)  # the sampler's own exact path
+        head = model.head.contracted_cores(h).double()  # [m, r, r]
+        exact = exact_contracted_cores(model.head, h, 1.0)  # the sampler's own exact path
     tv = 0.5 * (head - exact).abs().sum(-1).mean(-1)  # [m]
     return {"head_tv_mean": tv.mean().item(), "head_tv_max": tv.max().item(), "head_tv_positions": len(tv)}
 
@@ -73,7 +73,7 @@ def evaluate_likelihood(paths: list[Path], precision: str, cards: bool, out: Pat
                                 precision=precision, eps=cfg.eps, device=torch.device(device))
         model.eval()
         metrics.update(elbo_perplexity(model, tok, val[: cfg.batch_size * cfg.val_batches], cfg.batch_size, device))
-        if "exact" in get_decomposition(model.cfg.decomposition).contractions:  # the head's contraction has an error
+        if "exact" in model.format.contractions:  # the head's contraction has an error
             metrics.update(contraction_error(model, val[: cfg.batch_size].to(device), tok.mask_id))
         rows.append({"checkpoint": path.name, "decomposition": model.cfg.decomposition, "rank": model.cfg.rank,
                      "precision": precision, "val_batches": cfg.val_batches, "batch_size": cfg.batch_size, **metrics})

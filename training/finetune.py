@@ -20,8 +20,8 @@ import torch
 from _common import config_from_args, dataset, parser, tensors
 from _loop import fit
 
-from ttcore.decompositions import DECOMPOSITIONS, get_decomposition
-from ttcore.models import JointHead, JointModel, load_checkpoint, load_train_state
+from ttcore.decompositions import DECOMPOSITIONS, HEAD_KINDS, get_decomposition
+from ttcore.models import JointModel, load_checkpoint, load_train_state
 from ttcore.models.mdlm_compat import is_mdlm_checkpoint, load_mdlm
 from ttcore.parallel import is_main_process
 from ttcore.training import throughput_line
@@ -32,7 +32,7 @@ def main():
     ap.add_argument("--base", required=True, help="pretrained rank-1 checkpoint directory")
     ap.add_argument("--decomposition", choices=list(DECOMPOSITIONS))
     ap.add_argument("--rank", type=int)
-    ap.add_argument("--head", choices=JointHead.HEADS)
+    ap.add_argument("--head", choices=HEAD_KINDS)
     args = ap.parse_args()
     cfg = config_from_args(args, {"model.decomposition": args.decomposition, "model.rank": args.rank,
                                   "model.head": args.head})
@@ -47,7 +47,7 @@ def main():
             base, tokenizer = load_mdlm(args.base, length=cfg.data.length)
         else:
             base, tokenizer, _ = load_checkpoint(args.base)
-        if not get_decomposition(base.cfg.decomposition).joint_head:
+        if not base.format.joint_head:
             model = JointModel.from_base(base, head.decomposition, head.rank, head.head, head.head_noise,
                                          torch.Generator().manual_seed(cfg.seed))
             model.cfg.extra["base"] = Path(args.base).name  # a name, not a path of this machine

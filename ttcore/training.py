@@ -17,7 +17,6 @@ import torch
 import yaml
 
 from ttcore.data.section import DataSection, coerce_numbers
-from ttcore.decompositions import get_decomposition
 from ttcore.losses import mdlm_loss, vadd_loss
 from ttcore.models import DiTConfig, JointModel
 
@@ -329,7 +328,7 @@ def _stopped_early(stop: dict) -> str:
 def model_card(title: str, cfg: TrainConfig, model: JointModel, meta: dict) -> str:
     n_params = sum(p.numel() for p in model.parameters())
     lines = [f"# {title}", "", f"- decomposition: {model.cfg.decomposition}, rank {model.cfg.rank}, "
-             f"head {model.cfg.head if get_decomposition(model.cfg.decomposition).joint_head else 'base'}",
+             f"head {model.cfg.head_label}",
              f"- parameters: {n_params / 1e6:.2f}M; length {model.cfg.dit.length}, vocab {model.cfg.dit.out_vocab}",
              f"- data: {cfg.data.source} ({cfg.data.tokenizer} tokenizer, validation fraction {cfg.data.val_fraction}, "
              f"split seed 0; family {cfg.data.family}, metrics {cfg.data.metrics})",

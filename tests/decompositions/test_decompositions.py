@@ -32,8 +32,7 @@ def test_head_outputs_build_a_joint_that_scores_like_the_outputs(name):
     want = marg.gather(-1, x0[mask][:, None]).squeeze(-1).log()
     torch.testing.assert_close(out.marginal_log_probs(x0).double(), want.double(), rtol=1e-5, atol=1e-5)
     assert (out.auxiliary_loss() > 0) == (name == "tt")  # only TT has L_C, and the noisy head misses it
-    if name != "none":
-        assert model.head.e == DECOMPOSITIONS[name].outputs_per_position(R)
+    assert model.head.e == DECOMPOSITIONS[name].outputs_per_position(R if name != "none" else 1)
 
 
 def test_the_three_joints_and_the_explicit_models_conform():
@@ -93,7 +92,7 @@ def test_chosen_marginals_are_the_joints_marginals_at_those_positions(name, temp
     model, x, masked, chosen, h = _view_setting(name)
     for contraction in ["exact"] + (["head"] if name != "tt" else []):
         with torch.no_grad():
-            got = get_decomposition(name).chosen_marginals(model, h, masked, chosen, temperature, contraction)
+            got = model.format.marginals_at(model.head, h, masked, chosen, temperature, contraction)
             want = model.head_outputs(h, masked).joint(x, temperature).marginals(torch.where(masked, -1, x))
         assert got.dtype == torch.float64 and got.shape == (int(chosen.sum()), V)
         torch.testing.assert_close(got, want[chosen].double(), rtol=1e-5, atol=1e-6)  # the joint holds float32
@@ -101,13 +100,13 @@ def test_chosen_marginals_are_the_joints_marginals_at_those_positions(name, temp
 
 def test_tt_chosen_marginals_with_the_head_are_those_of_the_joint_the_head_step_draws_from():
     """``contraction="head"``: the marginals of the TT whose masked positions outside T are the head's
-    Gbar_j (the joint ``predetermined_step`` samples with the head), by enumerating that joint: x_T over
+    Gbar_j (the joint ``TTDecomposition.draw`` samples with the head), by enumerating that joint: x_T over
     all values, (1/r) 1^T M_1 .. M_l 1 with M = G_i(x^i) on T, Gbar_i on the other masked, I on known."""
     model, x, masked, chosen, h = _view_setting("tt")
     with torch.no_grad():
-        got = get_decomposition("tt").chosen_marginals(model, h, masked, chosen, 1.0, "head")
-        cores = tt_cores_from_logits(model.core_logits(h.flatten(0, 1)).double()).view(4, L, V, R, R)
-        gbar = model.contracted_cores(h.flatten(0, 1)).double().view(4, L, R, R)
+        got = model.format.marginals_at(model.head, h, masked, chosen, 1.0, "head")
+        cores = tt_cores_from_logits(model.head.core_logits(h.flatten(0, 1)).double()).view(4, L, V, R, R)
+        gbar = model.head.contracted_cores(h.flatten(0, 1)).double().view(4, L, R, R)
     want = []
     for n in range(4):
         t = chosen[n].nonzero()[:, 0].tolist()
@@ -122,5 +121,5 @@ def test_tt_chosen_marginals_with_the_head_are_those_of_the_joint_the_head_step_
                 marg[a, xs[a]] += vec.sum()
         want.append(marg / marg.sum(-1, keepdim=True) if t else marg)
     torch.testing.assert_close(got, torch.cat(want), rtol=1e-6, atol=1e-7)  # the head returns float32 Gbar
-    exact = get_decomposition("tt").chosen_marginals(model, h, masked, chosen, 1.0, "exact")
+    exact = model.format.marginals_at(model.head, h, masked, chosen, 1.0, "exact")
     assert (got - exact).abs().max() > 1e-3  # the head's guess is not the exact sum

@@ -21,9 +21,11 @@ ROOT = HERE.parents[1]
 
 GOLDEN = HERE / "samples.json"
 V, L, R = 5, 6, 3
+EXACT = dict(adaptive_path="exact")  # adaptive orderings and EB by the chain rule (recorded when it was the default)
 CASES = [  # (name, settings)
-    *[(f"{o}", dict(ordering=o)) for o in ("random", "left_to_right", "halton", "top_prob", "margin", "entropy")],
-    *[(f"eb-{p}", dict(eb_gamma=0.7, eb_proxy=p)) for p in ("entropy", "confidence", "margin")],
+    *[(f"{o}", dict(ordering=o)) for o in ("random", "left_to_right", "halton")],
+    *[(f"{o}", dict(ordering=o, **EXACT)) for o in ("top_prob", "margin", "entropy")],
+    *[(f"eb-{p}", dict(eb_gamma=0.7, eb_proxy=p, **EXACT)) for p in ("entropy", "confidence", "margin")],
     ("exact-contraction", dict(contraction="exact")),
     ("temperature", dict(temperature=0.8, ordering="halton")),
     ("cosine-bernoulli", dict(schedule="cosine", bernoulli=True)),
@@ -45,8 +47,8 @@ def outputs() -> dict:
             model = tiny_model(fmt, V, L, R, perturb=1.0, noise=1.0)
             for name, settings in CASES:
                 out[f"{fmt}/{name}"] = _tokens(model, **settings)
-            runs = [make_run(model, 2, 3, seed=s, ordering=o) for s, o in ((1, "random"), (2, "halton"),
-                                                                               (3, "entropy"))]
+            runs = [make_run(model, 2, 3, seed=s, ordering=o, **EXACT) for s, o in ((1, "random"), (2, "halton"),
+                                                                                         (3, "entropy"))]
             out[f"{fmt}/batched"] = [state.tokens.tolist() for state in run_together(model, runs)]
             g = torch.Generator().manual_seed(5)
             x0 = torch.randint(0, V, (8, L), generator=g)

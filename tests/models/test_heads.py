@@ -66,10 +66,10 @@ def test_select_logits_are_slices_of_all_outputs(decomposition, rank, head, gath
                                  generator=torch.Generator().manual_seed(0)).eval()
     joint.head.gather_max_outputs = gather_max_outputs
     h = torch.randn(7, 16, dtype=torch.float64)
-    full = joint.head.component_logits(h, joint.output_layer.linear)  # [n, e, v]
+    full = joint.head.component_logits(h)  # [n, e, v]
     count = 1 if decomposition == "cp" else rank
     start = torch.tensor([0, 1, 1, 0, 1, 0, 1]) * count
-    got = joint.select_logits(h, start, count)
+    got = joint.head.select_logits(h, start, count)
     for i in range(7):
         torch.testing.assert_close(got[i], full[i, start[i]:start[i] + count])
 
@@ -86,10 +86,10 @@ def test_gather_logits_are_any_outputs_of_each_row(decomposition, rank, head, ga
                                  generator=torch.Generator().manual_seed(0)).eval()
     joint.head.gather_max_outputs = gather_max_outputs
     h = torch.randn(7, 16, dtype=torch.float64)
-    full = joint.head.component_logits(h, joint.output_layer.linear)  # [n, e, v]
+    full = joint.head.component_logits(h)  # [n, e, v]
     outputs = torch.stack([torch.randperm(joint.head.e, generator=torch.Generator().manual_seed(i))[:c]
                            for i in range(7)])  # [n, c], distinct per row
-    got = joint.gather_logits(h, outputs)
+    got = joint.head.gather_logits(h, outputs)
     assert got.shape == (7, c, full.shape[-1])
     for i in range(7):
         torch.testing.assert_close(got[i], full[i, outputs[i]])
@@ -112,7 +112,7 @@ def test_bf16_linears_match_autocast_exactly(decomposition, rank, head):
             h = m.features(x)
             o = m.head_outputs(h, mask)
             start = torch.zeros(int(mask.sum()), dtype=torch.long)
-            sel = m.select_logits(h[mask], start, rank if decomposition == "tt" else 1)
+            sel = m.head.select_logits(h[mask], start, rank if decomposition == "tt" else 1)
             outs.append([h, sel] + [getattr(o, f.name) for f in dataclasses.fields(o) if f.name != "mask"])
     assert outs[0][2].abs().max() > 0
     for a, b in zip(*outs):
@@ -130,6 +130,6 @@ def test_bucketed_linears_change_no_output_and_bound_the_shapes():
     x = torch.randint(0, V + 1, (37, L))  # 37 rows: padded to 40 inside every linear
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         h1, h2 = plain.features(x), bucketed.features(x)
-        s1 = plain.select_logits(h1.reshape(-1, h1.shape[-1]), torch.zeros(37 * L, dtype=torch.long), 3)
-        s2 = bucketed.select_logits(h2.reshape(-1, h2.shape[-1]), torch.zeros(37 * L, dtype=torch.long), 3)
+        s1 = plain.head.select_logits(h1.reshape(-1, h1.shape[-1]), torch.zeros(37 * L, dtype=torch.long), 3)
+        s2 = bucketed.head.select_logits(h2.reshape(-1, h2.shape[-1]), torch.zeros(37 * L, dtype=torch.long), 3)
     assert torch.equal(h1, h2) and torch.equal(s1, s2)

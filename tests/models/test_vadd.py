@@ -133,7 +133,7 @@ def test_z_comes_from_the_seed_once_and_runs_stay_batch_independent():
     runs = [make_run(model, n, k, **kw) for n, k, kw in specs]
     final = {}
     while live := [r for r in runs if not r.done]:
-        for r, state in zip(live, batch_step(model, live)):
+        for r, state in zip(live, batch_step(model, live).states):
             final[id(r)] = state.tokens
     for lone, r in zip(alone, runs):
         assert torch.equal(lone, final[id(r)])

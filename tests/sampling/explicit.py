@@ -1,8 +1,10 @@
 """Fixed tiny 'models' whose p(x | x_t) is written down explicitly, for exact sampler tests.
 
 Features carry (position, x_t) at every position, so a head applied to some rows knows where they
-sit and what the whole input is. They implement the interface the sampler uses: cfg, features,
-head_outputs (all E outputs on a mask), select_logits, gather_logits, cp_weight_logits, contracted_cores, core_logits.
+sit and what the whole input is. They implement the interface the sampler uses (``Denoiser``): cfg,
+features, head_outputs, the registered ``format`` and a ``head`` answering what that format asks of its head
+(select_logits, gather_logits, component_logits; CP: weight_logits; TT: core_logits, contracted_logits,
+contracted_cores).
 """
 
 import itertools
@@ -11,14 +13,36 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from ttcore.decompositions import CPOutputs, FactorizedOutputs, TTOutputs
+from ttcore.decompositions import get_decomposition
+
+
+def _pos(h):
+    return h[..., 0].long()
+
+
+class _ExplicitHead:
+    """Outputs e of each position, from a table ``logits_of(h) -> [n, E, v]``."""
+
+    def __init__(self, rank: int, e: int, logits_of):
+        self.rank, self.e, self.logits_of = rank, e, logits_of
+
+    def component_logits(self, h):
+        return self.logits_of(h)
+
+    def select_logits(self, h, start, count):  # outputs [start, start + count): [n, count, v]
+        idx = start[:, None] + torch.arange(count)
+        return self.logits_of(h)[torch.arange(len(h))[:, None], idx]
+
+    def gather_logits(self, h, outputs):  # any outputs [n, c] of each row: [n, c, v]
+        return self.logits_of(h)[torch.arange(len(h))[:, None], outputs]
 
 
 class _Explicit(nn.Module):
     def __init__(self, v: int, l: int, decomposition: str, rank: int):
         super().__init__()
-        self.cfg = SimpleNamespace(dit=SimpleNamespace(vocab_size=v + 1, length=l), decomposition=decomposition,
-                                   rank=rank)
+        self.format = get_decomposition(decomposition)
+        self.cfg = SimpleNamespace(dit=SimpleNamespace(vocab_size=v + 1, length=l, out_vocab=v),
+                                   decomposition=decomposition, rank=rank, format=self.format)
         self._device = nn.Parameter(torch.zeros(1), requires_grad=False)
         self.calls = 0
 
@@ -28,35 +52,23 @@ class _Explicit(nn.Module):
         pos = torch.arange(l).expand(b, l)
         return torch.cat([pos[..., None], x[:, None, :].expand(b, l, l)], -1).double()
 
-    @staticmethod
-    def _pos(h):
-        return h[..., 0].long()
-
-    def gather_logits(self, h, outputs):  # any outputs [n, c] of each row: [n, c, v]
-        return torch.cat([self.select_logits(h, outputs[:, i], 1) for i in range(outputs.shape[1])], 1)
+    def head_outputs(self, h, mask):
+        return self.format.outputs(self.head, h, mask)
 
 
 class ExplicitTT(_Explicit):
-    """p(x | x_t) = the TT with fixed cores [l, v, r, r] on the masked positions (known: delta * I)."""
+    """p(x | x_t) = the TT with fixed cores [l, v, r, r] on the masked positions (known: delta * I); its
+    contracted-core "head" predicts the cores' exact sums."""
 
     def __init__(self, cores: torch.Tensor):
         l, v, r, _ = cores.shape
         super().__init__(v, l, "tt", r)
         self.cores = cores
-
-    def head_outputs(self, h, mask):
-        return TTOutputs(mask, self.cores[self._pos(h[mask])].log())
-
-    def select_logits(self, h, start, count):  # outputs e = j * r + k in [start, start + count): [n, count, v]
-        r = self.cfg.rank
-        e = start[:, None] + torch.arange(count)  # [n, count]
-        return self.cores[self._pos(h)[:, None], :, e // r, e % r].log()
-
-    def contracted_cores(self, h):
-        return self.cores[self._pos(h)].sum(1)
-
-    def core_logits(self, h):  # [n, v, r, r]
-        return self.cores[self._pos(h)].log()
+        head = _ExplicitHead(r, r * r, lambda h: cores[_pos(h)].log().permute(0, 2, 3, 1).reshape(len(h), r * r, v))
+        head.core_logits = lambda h: cores[_pos(h)].log()  # [n, v, r, r]
+        head.contracted_cores = lambda h: cores[_pos(h)].sum(1)
+        head.contracted_logits = lambda h: cores[_pos(h)].sum(1).log()
+        self.head = head
 
 
 class ExplicitCP(_Explicit):
@@ -64,15 +76,9 @@ class ExplicitCP(_Explicit):
         l, r, v = factors.shape
         super().__init__(v, l, "cp", r)
         self.weights, self.factors = weights, factors
-
-    def head_outputs(self, h, mask):
-        return CPOutputs(mask, self.factors[self._pos(h[mask])].log(), self.weights.log().expand(h.shape[0], -1))
-
-    def select_logits(self, h, start, count):  # components start .. start + count - 1: [n, count, v]
-        return self.factors[self._pos(h)[:, None], start[:, None] + torch.arange(count)].log()
-
-    def cp_weight_logits(self, h):
-        return self.weights.log().expand(h.shape[0], -1)
+        head = _ExplicitHead(r, r, lambda h: factors[_pos(h)].log())
+        head.weight_logits = lambda h: weights.log().expand(h.shape[0], -1)
+        self.head = head
 
 
 class PerfectMarginals(_Explicit):
@@ -83,6 +89,7 @@ class PerfectMarginals(_Explicit):
         super().__init__(v, l, "none", 1)
         self.seqs = torch.tensor(list(itertools.product(range(v), repeat=l)))  # [v^l, l]
         self.p, self.v = p, v
+        self.head = _ExplicitHead(1, 1, lambda h: self._logits(h).unsqueeze(1))
 
     def conditional_marginals(self, x):  # [b, l] -> [b, l, v]
         known = x < self.v
@@ -94,10 +101,4 @@ class PerfectMarginals(_Explicit):
 
     def _logits(self, h):  # h [n, 1 + l] -> [n, v]
         marg = self.conditional_marginals(h[:, 1:].long())  # [n, l, v]
-        return marg[torch.arange(len(h)), self._pos(h)].clamp_min(1e-300).log()
-
-    def head_outputs(self, h, mask):
-        return FactorizedOutputs(mask, self._logits(h[mask]))
-
-    def select_logits(self, h, start, count):
-        return self._logits(h).unsqueeze(1)
+        return marg[torch.arange(len(h)), _pos(h)].clamp_min(1e-300).log()

@@ -39,8 +39,8 @@ def _reference(model, h, masked, temperature, contraction) -> tuple[np.ndarray, 
     """p(x_T) = (1/r) 1^T M_1 .. M_l 1 / Z by enumeration: M = G_i(x^i) on T (cores row-normalized by
     hand from the raw logits), Gbar on the other masked positions (the head's, or sum_x G), I on known."""
     with torch.no_grad():
-        logits = model.core_logits(h[0]).double().numpy() / temperature  # [l, v, r, r]
-        head_bar = model.contracted_cores(h[0]).double().numpy()  # [l, r, r]
+        logits = model.head.core_logits(h[0]).double().numpy() / temperature  # [l, v, r, r]
+        head_bar = model.head.contracted_cores(h[0]).double().numpy()  # [l, r, r]
     cores = np.zeros_like(logits)
     for i in range(L):
         for j in range(R):

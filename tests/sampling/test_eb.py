@@ -86,7 +86,7 @@ def _expected_picks(model, before: torch.Tensor, after: torch.Tensor, gamma: flo
 @pytest.mark.parametrize("gamma", [0.0, 0.4, 2.0])
 def test_each_eb_step_unmasks_exactly_the_set_the_rule_selects(decomposition, proxy, gamma):
     model = _model(decomposition)
-    run = make_run(model, 3, 6, eb_gamma=gamma, eb_proxy=proxy, seed=11)
+    run = make_run(model, 3, 6, eb_gamma=gamma, eb_proxy=proxy, seed=11, adaptive_path="exact")
     sizes = []
     while not run.done:
         before = run.tokens.clone()

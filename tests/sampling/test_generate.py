@@ -27,22 +27,24 @@ def _final(model, steps, **kw):
     return last.tokens.numpy()
 
 
+@pytest.mark.parametrize("path", ["fast", "exact"])  # adaptive orderings: the fast path and the chain rule
 @pytest.mark.parametrize("ordering", ["random", "left_to_right", "halton", "top_prob", "margin", "entropy"])
-def test_one_step_generation_is_distributed_as_the_tt(ordering):
+def test_one_step_generation_is_distributed_as_the_tt(ordering, path):
     cores = _tt_cores()
     seqs = all_sequences(L, V).numpy()
     p = dense_tt(cores.numpy(), seqs)
-    draws = _final(ExplicitTT(cores), 1, ordering=ordering)
+    draws = _final(ExplicitTT(cores), 1, ordering=ordering, adaptive_path=path)
     assert chi_square_pvalue(draws, p, seqs) > 1e-3
 
 
+@pytest.mark.parametrize("path", ["fast", "exact"])
 @pytest.mark.parametrize("ordering", ["random", "entropy"])
-def test_one_step_generation_is_distributed_as_the_cp(ordering):
+def test_one_step_generation_is_distributed_as_the_cp(ordering, path):
     g = torch.Generator().manual_seed(3)
     w = torch.softmax(torch.randn(R, generator=g, dtype=torch.float64), -1)
     f = torch.softmax(2 * torch.randn(L, R, V, generator=g, dtype=torch.float64), -1)
     seqs = all_sequences(L, V).numpy()
-    draws = _final(ExplicitCP(w, f), 1, ordering=ordering)
+    draws = _final(ExplicitCP(w, f), 1, ordering=ordering, adaptive_path=path)
     assert chi_square_pvalue(draws, dense_cp(w.numpy(), f.numpy(), seqs), seqs) > 1e-3
 
 
@@ -57,10 +59,11 @@ def test_micro_batched_generation_is_still_distributed_as_the_tt(ordering):
     assert (draws == again).all()  # deterministic for a given pass size
 
 
-def test_eb_step_with_unbounded_gamma_is_one_exact_joint_draw():
+@pytest.mark.parametrize("path", ["fast", "exact"])
+def test_eb_step_with_unbounded_gamma_is_one_exact_joint_draw(path):
     cores = _tt_cores(1)
     seqs = all_sequences(L, V).numpy()
-    draws = _final(ExplicitTT(cores), 4, eb_gamma=1e9)
+    draws = _final(ExplicitTT(cores), 4, eb_gamma=1e9, adaptive_path=path)
     assert chi_square_pvalue(draws, dense_tt(cores.numpy(), seqs), seqs) > 1e-3
 
 
@@ -126,8 +129,9 @@ def _tiny_model(decomposition="tt"):
 
 
 SETTINGS = [dict(ordering="random"), dict(ordering="halton"), dict(ordering="top_prob"),
-            dict(ordering="margin", schedule="cosine"), dict(eb_gamma=0.3), dict(ordering="left_to_right",
-                                                                                schedule="linear")]
+            dict(ordering="top_prob", adaptive_path="exact"), dict(ordering="margin", schedule="cosine"),
+            dict(eb_gamma=0.3), dict(eb_gamma=0.3, adaptive_path="exact"),
+            dict(ordering="left_to_right", schedule="linear")]
 
 
 @pytest.mark.parametrize("decomposition", ["none", "cp", "tt"])
@@ -178,11 +182,13 @@ def test_runs_stepped_together_equal_lone_runs(decomposition):
     prompt[[1, 6]] = torch.tensor([3, 4])
     specs = [(3, 4, dict(seed=1, ordering="random")), (2, 25, dict(seed=2, ordering="random")),
              (4, 2, dict(seed=3, ordering="left_to_right", prompt=prompt)), (1, 6, dict(seed=4, ordering="halton")),
-             (2, 4, dict(seed=5, ordering="random", temperature=0.7)), (2, 3, dict(seed=6, ordering="top_prob")),
-             (3, 5, dict(seed=7, eb_gamma=0.3)), (2, 8, dict(seed=8, ordering="random", temperature=0.7)),
+             (2, 4, dict(seed=5, ordering="random", temperature=0.7)),
+             (2, 3, dict(seed=6, ordering="top_prob", adaptive_path="exact")),
+             (3, 5, dict(seed=7, eb_gamma=0.3, adaptive_path="exact")),
+             (2, 8, dict(seed=8, ordering="random", temperature=0.7)),
              (5, 4, dict(seed=9, ordering="random", max_rows_per_pass=2)),  # alone in passes of 2
              (3, 4, dict(seed=10, ordering="random", max_rows_per_pass=4)),  # shares passes of at most 4
-             (2, 4, dict(seed=11, ordering="top_prob", max_rows_per_pass=1)),
+             (2, 4, dict(seed=11, ordering="top_prob", max_rows_per_pass=1, adaptive_path="exact")),
              # the fast adaptive path: each run chooses alone, then shares the draw
              (2, 4, dict(seed=12, ordering="top_prob", adaptive_path="fast")),
              (3, 5, dict(seed=13, eb_gamma=0.3, adaptive_path="fast")),
@@ -193,7 +199,7 @@ def test_runs_stepped_together_equal_lone_runs(decomposition):
     together = [[] for _ in runs]
     while not all(run.done for run in runs):
         live = [i for i, run in enumerate(runs) if not run.done]
-        for i, state in zip(live, batch_step(model, [runs[i] for i in live])):
+        for i, state in zip(live, batch_step(model, [runs[i] for i in live]).states):
             together[i].append(state)
     for lone, batched in zip(alone, together):
         assert len(lone) == len(batched)
@@ -284,7 +290,6 @@ def test_the_fast_path_chooses_the_best_positions_by_the_exact_marginals():
 def test_component_weights_mix_the_head_outputs_into_the_enumerated_marginals(fmt):
     """Decomposition.component_weights (what the fast step chooses by): sum_e w_e softmax(output e) is each
     position's single-position marginal, against enumeration of the whole joint (TT, CP)."""
-    from ttcore.decompositions import get_decomposition
     from ttcore.sampling.steps.fast_adaptive import chooser_marginals
 
     seqs = all_sequences(L, V).numpy()
@@ -300,7 +305,7 @@ def test_component_weights_mix_the_head_outputs_into_the_enumerated_marginals(fm
     x = torch.full((1, L), V)
     masked = torch.ones(1, L, dtype=torch.bool)
     h = model.features(x)
-    weights = get_decomposition(fmt).component_weights(model, h, masked, 1.0)
+    weights = model.format.component_weights(model.head, h, masked, 1.0)
     assert weights.shape == (L, R * R if fmt == "tt" else R)
     assert torch.allclose(weights.sum(-1), torch.ones(L, dtype=weights.dtype))
     got = chooser_marginals(model, h, masked, 1.0).double().numpy()  # [l, v]; c = E here: every output
@@ -332,7 +337,6 @@ def test_the_chooser_is_within_its_dropped_weight_of_the_full_mixture(fmt):
     """The fast step's chooser at c outputs is the renormalized mixture of the c heaviest: its total variation to
     the mixture of every output is at most the weight it dropped (the bound the docs state), for every c, on a
     real tiny model with random weights (TT r = 3: E = 9; CP r = 5)."""
-    from ttcore.decompositions import get_decomposition
     from ttcore.sampling.steps.fast_adaptive import chooser_marginals
 
     model = tiny_model(fmt, 6, 7, 3 if fmt == "tt" else 5, perturb=0.5, noise=0.8)
@@ -341,7 +345,7 @@ def test_the_chooser_is_within_its_dropped_weight_of_the_full_mixture(fmt):
     masked = x == 6
     with torch.no_grad():
         h = model.features(x)
-        weights = get_decomposition(fmt).component_weights(model, h, masked, 1.0)
+        weights = model.format.component_weights(model.head, h, masked, 1.0)
         e = weights.shape[1]
         full = chooser_marginals(model, h, masked, 1.0, outputs=e).double()
         for c in range(1, e):

@@ -81,12 +81,14 @@ def test_step_kind_says_what_each_sampler_setting_holds():
     (adaptive) and which TT steps sum the cores themselves (exact)."""
     from types import SimpleNamespace
 
+    from ttcore.decompositions import get_decomposition
     from ttcore.sampling import cost
 
-    tt, cp = SimpleNamespace(decomposition="tt"), SimpleNamespace(decomposition="cp")
+    tt, cp = SimpleNamespace(format=get_decomposition("tt")), SimpleNamespace(format=get_decomposition("cp"))
     assert cost.step_kind(tt) == (False, False)  # random order, the head's contraction
-    assert cost.step_kind(tt, ordering="top_prob") == (True, False)
-    assert cost.step_kind(tt, eb_gamma=0.5) == (True, False)
+    assert cost.step_kind(tt, ordering="top_prob") == (False, False)  # the fast path (the default): c outputs
+    assert cost.step_kind(tt, ordering="top_prob", adaptive_path="exact") == (True, False)
+    assert cost.step_kind(tt, eb_gamma=0.5, adaptive_path="exact") == (True, False)
     assert cost.step_kind(tt, joint=False) == (False, True)  # the rank-1 view: exact marginals at T only
     assert cost.step_kind(tt, joint=False, ordering="margin") == (True, False)  # ranks every marginal
     assert cost.step_kind(cp, joint=False) == (False, False)  # r factors of the chosen positions

@@ -26,6 +26,6 @@ def run_together(model, runs: list) -> list:
 
     final = {}
     while live := [run for run in runs if not run.done]:
-        for run, state in zip(live, batch_step(model, live)):
+        for run, state in zip(live, batch_step(model, live).states):
             final[id(run)] = state
     return [final[id(run)] for run in runs]

@@ -1,17 +1,20 @@
-"""Decompositions of p(x | x_t): rank 1 (the MDM), CP and TT, one file each, and their registry.
+"""Formats of p(x | x_t): rank 1 (the MDM), CP and TT, one file each, and their registry.
 
-Each file holds its equations (masked log-likelihood, exact marginals, any extra loss), its head-output
-type (``HeadOutputs``: builds the joint at a temperature and scores masked targets) and its registry
-entry (``Decomposition``: the heads it adds to the model, and its exact predetermined-step draw). A new
-decomposition is a new file here plus one line in ``DECOMPOSITIONS``.
+Each file holds its equations (masked log-likelihood, exact marginals, any extra loss), its head module
+(``build_head``: the outputs and extra heads it adds to the model), its head-output type (``HeadOutputs``:
+builds the joint at a temperature and scores masked targets) and its format object (``Decomposition``:
+the exact draws and marginals it answers from its head's outputs). A new format is a new file (here or
+anywhere) and one ``register_decomposition`` call.
 """
 
-from .base import Decomposition, Denoiser, HeadOutputs
-from .cp import CPDecomposition, CPOutputs, cp_masked_log_prob, cp_masked_marginal_log_probs
-from .factorized import FactorizedOutputs, Rank1, factorized_masked_log_prob
+from .base import Decomposition, Denoiser, HeadOutputs, SumsNothing
+from .cp import CPDecomposition, CPHead, CPOutputs, cp_masked_log_prob, cp_masked_marginal_log_probs
+from .factorized import FactorizedOutputs, Rank1, draw_from_components, factorized_masked_log_prob
+from .heads import HEAD_KINDS, BaseHead, ComponentHead, OutputHead
 from .tt import (
     CONTRACTIONS,
     TTDecomposition,
+    TTHead,
     TTOutputs,
     contracted_core_loss,
     exact_contracted_cores,
@@ -21,7 +24,20 @@ from .tt import (
     tt_selected_log_cores,
 )
 
-DECOMPOSITIONS: dict[str, Decomposition] = {d.name: d for d in (Rank1, CPDecomposition, TTDecomposition)}
+DECOMPOSITIONS: dict[str, Decomposition] = {}
+
+
+def register_decomposition(fmt: Decomposition) -> Decomposition:
+    """Make ``fmt`` a format models, checkpoints, samplers and the service accept by its ``name``."""
+    if fmt.name in DECOMPOSITIONS and DECOMPOSITIONS[fmt.name] is not fmt:
+        raise ValueError(f"a decomposition named {fmt.name!r} is already registered")
+    DECOMPOSITIONS[fmt.name] = fmt
+    return fmt
+
+
+def unregister_decomposition(name: str) -> None:
+    """Remove a format added by ``register_decomposition`` (tests and plugins that clean up after them)."""
+    DECOMPOSITIONS.pop(name, None)
 
 
 def get_decomposition(name: str) -> Decomposition:
@@ -30,8 +46,13 @@ def get_decomposition(name: str) -> Decomposition:
     return DECOMPOSITIONS[name]
 
 
-__all__ = ["CONTRACTIONS", "DECOMPOSITIONS", "CPDecomposition", "CPOutputs", "Decomposition", "Denoiser",
-           "FactorizedOutputs", "HeadOutputs", "Rank1", "TTDecomposition", "TTOutputs", "contracted_core_loss",
-           "cp_masked_log_prob", "cp_masked_marginal_log_probs", "exact_contracted_cores",
-           "factorized_masked_log_prob", "get_decomposition", "sums_cores_exactly", "tt_masked_log_prob",
-           "tt_masked_marginal_log_probs", "tt_selected_log_cores"]
+for _fmt in (Rank1(), CPDecomposition(), TTDecomposition()):
+    register_decomposition(_fmt)
+
+__all__ = ["CONTRACTIONS", "DECOMPOSITIONS", "HEAD_KINDS", "BaseHead", "CPDecomposition", "CPHead", "CPOutputs",
+           "ComponentHead", "Decomposition", "Denoiser", "FactorizedOutputs", "HeadOutputs", "OutputHead", "Rank1",
+           "SumsNothing", "TTDecomposition", "TTHead", "TTOutputs", "contracted_core_loss", "cp_masked_log_prob",
+           "cp_masked_marginal_log_probs", "draw_from_components", "exact_contracted_cores",
+           "factorized_masked_log_prob", "get_decomposition", "register_decomposition", "sums_cores_exactly",
+           "tt_masked_log_prob", "tt_masked_marginal_log_probs", "tt_selected_log_cores",
+           "unregister_decomposition"]

@@ -1,6 +1,6 @@
-"""The three interfaces a decomposition plugs into: what a model's head outputs are (``HeadOutputs``),
-what a decomposition contributes to the model and the sampler (``Decomposition``), and what the
-samplers need of a model (``Denoiser``)."""
+"""The interfaces a format plugs into: what its head outputs are (``HeadOutputs``), what a format is
+(``Decomposition``: it builds its head module and answers the joint questions from that head's outputs),
+and what the samplers need of a model (``Denoiser``)."""
 
 from typing import Protocol, runtime_checkable
 
@@ -8,6 +8,8 @@ import torch
 from torch import nn
 
 from ttcore.distributions import JointDistribution
+
+from .heads import OutputHead
 
 
 @runtime_checkable
@@ -35,77 +37,43 @@ class HeadOutputs(Protocol):
         ...
 
 
-@runtime_checkable
-class Denoiser(Protocol):
-    """The model interface of ``ttcore.sampling`` (``JointModel`` implements it, and the tests' explicit
-    models). ``cfg`` has ``decomposition``, ``rank`` and ``dit.vocab_size`` / ``dit.length``. A
-    decomposition may need more (CP: ``cp_weight_logits``; TT: ``contracted_cores``, ``core_logits``)."""
-
-    cfg: object
-
-    def features(self, x_t: torch.Tensor) -> torch.Tensor:
-        """x_t [b, l] -> features [b, l, d]: the one backbone call of a denoising step."""
-        ...
-
-    def head_outputs(self, h: torch.Tensor, mask: torch.Tensor) -> HeadOutputs:
-        """The head on the masked positions: h [b, l, d], mask [b, l] -> HeadOutputs."""
-        ...
-
-    def select_logits(self, h: torch.Tensor, start: torch.Tensor, count: int) -> torch.Tensor:
-        """Head outputs e in [start, start + count) of each row: h [n, d], start [n] -> [n, count, v]."""
-        ...
-
-
-class SumsNothing:
-    """For a format without an exact contraction to choose (rank 1, CP): no step sums full head outputs."""
-
-    @staticmethod
-    def sums_exactly(contraction: str, temperature: float, joint: bool, adaptive: bool) -> bool:
-        return False
-
-    @staticmethod
-    def exact_contraction_bytes(cfg) -> int:
-        return 0
-
-
 class Decomposition(Protocol):
-    """One entry of ``DECOMPOSITIONS``: everything that differs between rank 1, CP and TT."""
+    """A format of p(x | x_t): everything that differs between rank 1, CP and TT. It builds its head module
+    (``build_head``) and answers every joint question from the outputs of that head, which it computes on
+    the positions that need them; it never calls the model. ``register_decomposition`` adds one."""
 
     name: str
-    preference: int  # which one serves a request that names none (higher first)
     joint_head: bool  # False for rank 1: the base head W, no joint head (the model's head is "base")
     contractions: tuple[str, ...]  # how masked positions outside a step's set may be summed out (TT: 2)
-    chain_rule_bytes: int  # bytes per head output held in a chain-rule step (rank 1: float64, else float32)
-
-    def sums_exactly(self, contraction: str, temperature: float, joint: bool, adaptive: bool) -> bool:
-        """Whether a step with these settings sums the full head outputs of every masked position (TT: the
-        exact contraction, a temperature other than 1, or the rank-1 view of a predetermined step); such a
-        step costs what ``exact_contraction_bytes`` says beside its rows."""
-        ...
-
-    def exact_contraction_bytes(self, cfg) -> int:
-        """Bytes a summing step holds whatever its number of sequences (0 when it never sums)."""
-        ...
+    joint_dtype: torch.dtype  # what a whole-sequence joint (``HeadOutputs.joint``) holds per head-output value
 
     def outputs_per_position(self, rank: int) -> int:
         """E, the head outputs per masked position (each a distribution over v)."""
         ...
 
-    def extra_heads(self, hidden_dim: int, rank: int) -> dict[str, nn.Module]:
-        """Heads beside the E outputs (CP: mixture weights; TT: contracted cores), zero-initialized."""
+    def build_head(self, rank: int, kind: str, hidden_dim: int, out_vocab: int, base: nn.Linear | None) -> OutputHead:
+        """This format's head module at ``rank``: ``kind`` 1layer / 2layer (joint heads), reading the base W
+        (``base``: None when a 1-layer joint head replaces it). Extra heads are zero-initialized."""
         ...
 
-    def head_outputs(self, model, h: torch.Tensor, mask: torch.Tensor) -> HeadOutputs:
-        """Run ``model``'s head on the masked positions of h [b, l, d]."""
+    def outputs(self, head: OutputHead, h: torch.Tensor, mask: torch.Tensor) -> HeadOutputs:
+        """The head on the masked positions of h [b, l, d] (training and scoring)."""
         ...
 
-    def predetermined_step(self, model: Denoiser, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor,
-                           chosen: torch.Tensor, temperature: float, generator, contraction: str) -> torch.Tensor:
+    def draw(self, head: OutputHead, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, chosen: torch.Tensor,
+             temperature: float, generator, contraction: str) -> torch.Tensor:
         """One exact joint draw of x_T, T = ``chosen`` [b, l] (Sec. 4.3), computing only the head outputs
         the draw needs. -> [b, l], -1 off T."""
         ...
 
-    def component_weights(self, model: Denoiser, h: torch.Tensor, masked: torch.Tensor,
+    def marginals_at(self, head: OutputHead, h: torch.Tensor, masked: torch.Tensor, chosen: torch.Tensor,
+                     temperature: float, contraction: str) -> torch.Tensor:
+        """p(x^i | x_t) at the ``chosen`` [b, l] positions only, float64: the exact single-position marginals
+        (Eqs. 14-17, S = the known positions) of the joint ``draw`` draws x_T from with the same
+        ``contraction`` (the rank-1 view of a predetermined step). -> [m, v]."""
+        ...
+
+    def component_weights(self, head: OutputHead, h: torch.Tensor, masked: torch.Tensor,
                           temperature: float) -> torch.Tensor:
         """The single-position marginal of every masked position as a mixture of its E head outputs:
         p(x^i | x_t) = sum_e w_{i,e} softmax_x(output e of position i), S = the known positions (Eqs. 14-17).
@@ -114,9 +82,45 @@ class Decomposition(Protocol):
         the contracted-core head's Gbar_j (temperature 1). The fast adaptive step chooses by it."""
         ...
 
-    def chosen_marginals(self, model: Denoiser, h: torch.Tensor, masked: torch.Tensor, chosen: torch.Tensor,
-                         temperature: float, contraction: str) -> torch.Tensor:
-        """p(x^i | x_t) at the ``chosen`` [b, l] positions only, float64: the exact single-position marginals
-        (Eqs. 14-17, S = the known positions) of the joint ``predetermined_step`` draws x_T from with the same
-        ``contraction`` (the rank-1 view of a predetermined step). -> [m, v]."""
+    def sums_exactly(self, contraction: str, temperature: float, joint: bool, adaptive: bool) -> bool:
+        """Whether a step with these settings sums the full head outputs of every masked position (TT: the
+        exact contraction, a temperature other than 1, or the rank-1 view of a predetermined step)."""
+        ...
+
+    def summing_values(self, rank: int, out_vocab: int) -> int:
+        """Head-output values a summing step holds at once whatever its number of sequences (0 when it never
+        sums); the cost model prices them."""
+        ...
+
+
+class SumsNothing:
+    """For a format without an exact contraction to choose (rank 1, CP): no step sums full head outputs."""
+
+    contractions = ("head",)
+
+    @staticmethod
+    def sums_exactly(contraction: str, temperature: float, joint: bool, adaptive: bool) -> bool:
+        return False
+
+    @staticmethod
+    def summing_values(rank: int, out_vocab: int) -> int:
+        return 0
+
+
+@runtime_checkable
+class Denoiser(Protocol):
+    """The model interface of ``ttcore.sampling`` (``JointModel`` implements it, and the tests' explicit
+    models): ``cfg`` (``dit.vocab_size`` / ``dit.length``), its ``format`` (a ``Decomposition``) and the
+    ``head`` module the format built."""
+
+    cfg: object
+    format: Decomposition
+    head: OutputHead
+
+    def features(self, x_t: torch.Tensor) -> torch.Tensor:
+        """x_t [b, l] -> features [b, l, d]: the one backbone call of a denoising step."""
+        ...
+
+    def head_outputs(self, h: torch.Tensor, mask: torch.Tensor) -> HeadOutputs:
+        """The head on the masked positions: h [b, l, d], mask [b, l] -> HeadOutputs."""
         ...

@@ -5,13 +5,13 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from ttcore.distributions import CP, sample_categorical, softmax64
 
 from .base import SumsNothing
-from .common import per_sequence
+from .common import output_dtype, per_sequence
 from .factorized import draw_from_components
+from .heads import ComponentHead, zero_linear
 
 
 def cp_masked_log_prob(weight_logits: torch.Tensor, factor_logits: torch.Tensor, targets: torch.Tensor,
@@ -55,45 +55,45 @@ class CPOutputs:
         return self.factor_logits.new_zeros(())
 
 
-class CPDecomposition(SumsNothing):
-    name, preference = "cp", 1
-    joint_head, contractions, chain_rule_bytes = True, ("head",), 4
+class CPHead(ComponentHead):
+    """r factors per masked position (``ComponentHead``) and the mixture weights w(x_t) from the
+    mean-pooled features of each sequence (``weights``, zero-initialized: uniform)."""
 
-    @staticmethod
-    def outputs_per_position(rank: int) -> int:
+    def __init__(self, rank, kind, hidden_dim, out_vocab, base):
+        super().__init__(rank, rank, kind, hidden_dim, out_vocab, base)
+        self.weights = zero_linear(hidden_dim, rank)
+
+    def weight_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The mixture weights' logits from the features of whole sequences: h [b, l, d] -> [b, r] float32."""
+        return self.weights(h.mean(1)).float()
+
+
+class CPDecomposition(SumsNothing):
+    name, joint_head, joint_dtype = "cp", True, torch.float32
+
+    def outputs_per_position(self, rank: int) -> int:
         return rank
 
-    @staticmethod
-    def extra_heads(hidden_dim: int, rank: int) -> dict:
-        weights = nn.Linear(hidden_dim, rank)  # w(x_t) from mean-pooled features
-        nn.init.zeros_(weights.weight)
-        nn.init.zeros_(weights.bias)
-        return {"weights": weights}
+    def build_head(self, rank, kind, hidden_dim, out_vocab, base) -> CPHead:
+        return CPHead(rank, kind, hidden_dim, out_vocab, base)
 
-    @staticmethod
-    def head_outputs(model, h: torch.Tensor, mask: torch.Tensor) -> CPOutputs:
-        factors = model.head.component_logits(h[mask], model.output_layer.linear).float()  # [m, r, v]
-        return CPOutputs(mask, factors, model.head.weights(h.mean(1)).float())
+    def outputs(self, head, h: torch.Tensor, mask: torch.Tensor) -> CPOutputs:
+        return CPOutputs(mask, output_dtype(head.component_logits(h[mask])), output_dtype(head.weight_logits(h)))
 
-    @staticmethod
-    def predetermined_step(model, h, x, masked, chosen, temperature, generator, contraction) -> torch.Tensor:
+    def draw(self, head, h, x, masked, chosen, temperature, generator, contraction) -> torch.Tensor:
         """Eq. 18: a component per sequence, then each x^j from that component's factor (computed for
-        that component only). Needs ``model.cp_weight_logits``."""
-        component = sample_categorical(softmax64(model.cp_weight_logits(h), temperature), generator)
-        return draw_from_components(model, h, x, chosen, component, temperature, generator)
+        that component only)."""
+        component = sample_categorical(softmax64(head.weight_logits(h), temperature), generator)
+        return draw_from_components(head, h, x, chosen, component, temperature, generator)
 
-    @staticmethod
-    def component_weights(model, h, masked, temperature) -> torch.Tensor:
+    def component_weights(self, head, h, masked, temperature) -> torch.Tensor:
         """The mixture weights w_a of each masked position's sequence (Eqs. 14-15: the known positions'
-        one-hot factors equal 1), tempered as ``predetermined_step`` draws the component."""
-        return softmax64(model.cp_weight_logits(h), temperature)[masked.nonzero()[:, 0]]  # [m, r]
+        one-hot factors equal 1), tempered as ``draw`` draws the component."""
+        return softmax64(head.weight_logits(h), temperature)[masked.nonzero()[:, 0]]  # [m, r]
 
-    @staticmethod
-    def chosen_marginals(model, h, masked, chosen, temperature, contraction) -> torch.Tensor:
+    def marginals_at(self, head, h, masked, chosen, temperature, contraction) -> torch.Tensor:
         """sum_a w_a p^(a,i)(x) (Eqs. 14-15, S = the known positions: their one-hot factors equal 1), the
         r factors of the chosen positions only."""
-        r = model.cfg.rank
-        weights = softmax64(model.cp_weight_logits(h), temperature)[chosen.nonzero()[:, 0]]  # [m, r]
-        start = torch.zeros(int(chosen.sum()), dtype=torch.long, device=h.device)
-        factors = softmax64(model.select_logits(h[chosen], start, r), temperature)  # [m, r, v]
+        weights = softmax64(head.weight_logits(h), temperature)[chosen.nonzero()[:, 0]]  # [m, r]
+        factors = softmax64(head.component_logits(h[chosen]), temperature)  # [m, r, v]
         return torch.einsum("ma,mav->mv", weights, factors)

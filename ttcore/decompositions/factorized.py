@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from ttcore.distributions import Factorized, sample_categorical, softmax64
 
 from .base import SumsNothing
-from .common import per_sequence
+from .common import output_dtype, per_sequence
+from .heads import BaseHead
 
 
 def factorized_masked_log_prob(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -35,46 +36,42 @@ class FactorizedOutputs:
         return self.logits.new_zeros(())
 
 
-def draw_from_components(model, h: torch.Tensor, x: torch.Tensor, chosen: torch.Tensor, component: torch.Tensor,
+def draw_from_components(head, h: torch.Tensor, x: torch.Tensor, chosen: torch.Tensor, component: torch.Tensor,
                          temperature: float, generator) -> torch.Tensor:
     """Independent draws at the chosen positions [b, l], each from head output ``component`` [b] of its
     sequence (rank 1: 0), computed for the chosen positions only. -> [b, l], -1 elsewhere."""
     values = torch.full_like(x, -1)
     rows_of = chosen.nonzero()[:, 0]  # [m] batch row of each chosen position
-    logits = model.select_logits(h[chosen], component[rows_of], 1)[:, 0]  # [m, v]
+    logits = head.select_logits(h[chosen], component[rows_of], 1)[:, 0]  # [m, v]
     values[chosen] = sample_categorical(softmax64(logits, temperature), generator, rows_of)
     return values
 
 
 class Rank1(SumsNothing):
-    name, preference = "none", 0
-    joint_head, contractions, chain_rule_bytes = False, ("head",), 8
+    """The MDM's own head: one output per position, independent draws (Eq. 2)."""
 
-    @staticmethod
-    def outputs_per_position(rank: int) -> int:
+    name, joint_head, joint_dtype = "none", False, torch.float64
+
+    def outputs_per_position(self, rank: int) -> int:
         return 1
 
-    @staticmethod
-    def extra_heads(hidden_dim: int, rank: int) -> dict:
-        return {}
+    def build_head(self, rank, kind, hidden_dim, out_vocab, base) -> BaseHead:
+        if rank != 1:
+            raise ValueError(f"decomposition 'none' is rank 1, got rank {rank}")
+        return BaseHead(base)
 
-    @staticmethod
-    def head_outputs(model, h: torch.Tensor, mask: torch.Tensor) -> FactorizedOutputs:
-        return FactorizedOutputs(mask, model.output_layer.linear(h[mask]).float())
+    def outputs(self, head, h: torch.Tensor, mask: torch.Tensor) -> FactorizedOutputs:
+        return FactorizedOutputs(mask, output_dtype(head.component_logits(h[mask])[:, 0]))
 
-    @staticmethod
-    def predetermined_step(model, h, x, masked, chosen, temperature, generator, contraction) -> torch.Tensor:
+    def draw(self, head, h, x, masked, chosen, temperature, generator, contraction) -> torch.Tensor:
         """MDLM: independent draws."""
         component = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
-        return draw_from_components(model, h, x, chosen, component, temperature, generator)
+        return draw_from_components(head, h, x, chosen, component, temperature, generator)
 
-    @staticmethod
-    def component_weights(model, h, masked, temperature) -> torch.Tensor:
+    def component_weights(self, head, h, masked, temperature) -> torch.Tensor:
         """One output per position, the marginal itself (Eq. 2)."""
         return torch.ones(int(masked.sum()), 1, dtype=torch.float64, device=h.device)
 
-    @staticmethod
-    def chosen_marginals(model, h, masked, chosen, temperature, contraction) -> torch.Tensor:
+    def marginals_at(self, head, h, masked, chosen, temperature, contraction) -> torch.Tensor:
         """Eq. 2's factors themselves."""
-        start = torch.zeros(int(chosen.sum()), dtype=torch.long, device=h.device)
-        return softmax64(model.select_logits(h[chosen], start, 1)[:, 0], temperature)
+        return softmax64(head.component_logits(h[chosen])[:, 0], temperature)

@@ -4,7 +4,6 @@ each row j normalized over (x, k) by Eq. 10) and the contracted-core head Gbar_j
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from ttcore.distributions import (
     TensorTrain,
@@ -15,6 +14,9 @@ from ttcore.distributions import (
     tt_sample_path,
     tt_state_marginals,
 )
+
+from .common import output_dtype
+from .heads import ComponentHead, zero_linear
 
 CONTRACTIONS = ("head", "exact")  # how masked positions outside a step's set are summed out
 EXACT_CHUNK = 64  # positions per exact-contraction pass: bounds the [n, v, r, r] float64 logits held at once
@@ -65,45 +67,45 @@ def sums_cores_exactly(contraction: str, temperature: float) -> bool:
     return contraction == "exact" or temperature != 1.0
 
 
-def core_rows64(model, h: torch.Tensor, temperature: float) -> torch.Tensor:
+def core_rows64(head, h: torch.Tensor, temperature: float) -> torch.Tensor:
     """The tempered, row-normalized cores (Eq. 10) of positions with features h [n, d], in float64 and laid
     out by row: [n, j, x, k], one contiguous softmax over (x, k) per row j (a reduction over the middle
     axes of [n, x, j, k] costs about twice as much)."""
-    logits = model.core_logits(h)  # [n, v, r, r]
+    logits = head.core_logits(h)  # [n, v, r, r]
     n, v, r, _ = logits.shape
     return torch.softmax(logits.transpose(1, 2).reshape(n, r, v * r).double() / temperature, -1).view(n, r, v, r)
 
 
-def exact_contracted_cores(model, h: torch.Tensor, temperature: float) -> torch.Tensor:
+def exact_contracted_cores(head, h: torch.Tensor, temperature: float) -> torch.Tensor:
     """sum_x G_j(x) of the tempered, row-normalized cores (Eq. 10, Eq. 16 with j outside S), from the
     head's V x r x r outputs, in float64, chunked over positions. h [n, d] -> [n, r, r]."""
-    return torch.cat([core_rows64(model, chunk, temperature).sum(2) for chunk in h.split(EXACT_CHUNK)])
+    return torch.cat([core_rows64(head, chunk, temperature).sum(2) for chunk in h.split(EXACT_CHUNK)])
 
 
-def tt_chosen_marginals(model, h: torch.Tensor, masked: torch.Tensor, chosen: torch.Tensor, temperature: float,
+def tt_chosen_marginals(head, h: torch.Tensor, masked: torch.Tensor, chosen: torch.Tensor, temperature: float,
                         contraction: str = "exact") -> torch.Tensor:
     """p(x^i | x_t) at the chosen positions [b, l] only (Eqs. 16-17, S = the known positions): pi_i^T G_i(x) 1
     with pi_i the hidden-state marginal (``tt_state_marginals``), in float64. The marginals of the joint a
-    predetermined step draws from (``TTDecomposition.predetermined_step``): the other masked positions
+    predetermined step draws from (``TTDecomposition.draw``): the other masked positions
     enter through the contracted-core head (``contraction="head"``, temperature 1) or the cores' own sums
     (``"exact"``: the TT of Eq. 9, as ``TensorTrain.marginals``); the chosen ones through their own sums.
     Full V x r x r cores are computed for a chunk of positions at a time. -> [m, v], row-major over chosen."""
     b, l = masked.shape
-    r = model.cfg.rank
+    r = head.rank
     pos = torch.arange(l, device=masked.device)
     last = torch.where(chosen, pos, -1).amax(1)  # [b]: no pi_i needs the sums from here on
     before = masked & (pos < last[:, None])
     summed = before & chosen if not sums_cores_exactly(contraction, temperature) else before
-    head = before & ~summed
+    by_head = before & ~summed
     contracted = torch.eye(r, dtype=torch.float64, device=masked.device).repeat(b, l, 1, 1)  # known: I
     if summed.any():
-        contracted[summed] = exact_contracted_cores(model, h[summed], temperature)
-    if head.any():
-        contracted[head] = model.contracted_cores(h[head]).to(contracted.dtype)
+        contracted[summed] = exact_contracted_cores(head, h[summed], temperature)
+    if by_head.any():
+        contracted[by_head] = head.contracted_cores(h[by_head]).to(contracted.dtype)
     pi = tt_state_marginals(contracted)[chosen]  # [m, r]
     hc, marg = h[chosen], None  # marg: filled chunk by chunk, one [m, v] copy alive
     for s in range(0, len(pi), EXACT_CHUNK):
-        cores = core_rows64(model, hc[s:s + EXACT_CHUNK], temperature)  # [n, j, x, k]
+        cores = core_rows64(head, hc[s:s + EXACT_CHUNK], temperature)  # [n, j, x, k]
         marg = pi.new_empty(len(pi), cores.shape[2]) if marg is None else marg
         marg[s:s + EXACT_CHUNK] = torch.einsum("nj,njxk->nx", pi[s:s + EXACT_CHUNK], cores)
     return marg
@@ -133,86 +135,95 @@ class TTOutputs:
         return contracted_core_loss(self.contracted_logits, self.core_logits)
 
 
-class TTDecomposition:
-    name, preference = "tt", 2
-    joint_head, contractions, chain_rule_bytes = True, CONTRACTIONS, 4
+class TTHead(ComponentHead):
+    """r * r core outputs per masked position (``ComponentHead``, e = j * r + k) and the contracted-core head
+    Gbar_j(x_t) (``contracted``, Sec. 4.3 special case, zero-initialized: uniform rows)."""
 
-    @staticmethod
-    def sums_exactly(contraction: str, temperature: float, joint: bool, adaptive: bool) -> bool:
+    def __init__(self, rank, kind, hidden_dim, out_vocab, base):
+        super().__init__(rank * rank, rank, kind, hidden_dim, out_vocab, base)
+        self.contracted = zero_linear(hidden_dim, rank * rank)
+
+    def core_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """All V x r x r core logits of positions with features h [n, d] -> [n, v, r, r] float32 (Eq. 10
+        normalizes them per row j; float64 for a float64 model)."""
+        r = self.rank
+        comp = output_dtype(self.component_logits(h))  # [n, r*r, v]
+        return comp.view(-1, r, r, comp.shape[-1]).permute(0, 3, 1, 2)
+
+    def contracted_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The contracted-core head's logits: h [n, d] -> [n, r, r] float32 (softmax over k: Gbar_j)."""
+        return output_dtype(self.contracted(h)).view(-1, self.rank, self.rank)
+
+    def contracted_cores(self, h: torch.Tensor) -> torch.Tensor:
+        """Gbar_j = sum_x G_j(x) predicted directly, row-stochastic. h [n, d] -> [n, r, r] float32."""
+        return torch.softmax(self.contracted_logits(h), -1)
+
+
+class TTDecomposition:
+    name, joint_head, joint_dtype = "tt", True, torch.float32
+    contractions = CONTRACTIONS
+
+    def sums_exactly(self, contraction: str, temperature: float, joint: bool, adaptive: bool) -> bool:
         """The exact contraction or a temperature (``sums_cores_exactly``), and the rank-1 view of a
         predetermined step, whose marginals are exact (``tt_chosen_marginals``)."""
         return sums_cores_exactly(contraction, temperature) or not (joint or adaptive)
 
-    @staticmethod
-    def exact_contraction_bytes(cfg) -> int:
-        """One chunk of full cores in float64 (logits, tempered, summed); ``EXACT_CHUNK`` positions at a time."""
-        return 3 * EXACT_CHUNK * cfg.dit.out_vocab * cfg.rank * cfg.rank * 8
+    def summing_values(self, rank: int, out_vocab: int) -> int:
+        """One chunk of full cores: ``EXACT_CHUNK`` positions at a time."""
+        return EXACT_CHUNK * out_vocab * rank * rank
 
-    @staticmethod
-    def outputs_per_position(rank: int) -> int:
+    def outputs_per_position(self, rank: int) -> int:
         return rank * rank
 
-    @staticmethod
-    def extra_heads(hidden_dim: int, rank: int) -> dict:
-        contracted = nn.Linear(hidden_dim, rank * rank)  # Gbar_j(x_t), Sec. 4.3 special case
-        nn.init.zeros_(contracted.weight)
-        nn.init.zeros_(contracted.bias)
-        return {"contracted": contracted}
+    def build_head(self, rank, kind, hidden_dim, out_vocab, base) -> TTHead:
+        return TTHead(rank, kind, hidden_dim, out_vocab, base)
 
-    @staticmethod
-    def head_outputs(model, h: torch.Tensor, mask: torch.Tensor) -> TTOutputs:
+    def outputs(self, head, h: torch.Tensor, mask: torch.Tensor) -> TTOutputs:
         hm = h[mask]  # [m, d]
-        r = model.cfg.rank
-        comp = model.head.component_logits(hm, model.output_layer.linear).float()  # [m, r*r, v]
-        cores = comp.view(-1, r, r, comp.shape[-1]).permute(0, 3, 1, 2)  # [m, v, r, r]
-        return TTOutputs(mask, cores, model.head.contracted(hm).float().view(-1, r, r))
+        return TTOutputs(mask, head.core_logits(hm), head.contracted_logits(hm))
 
-    @staticmethod
-    def predetermined_step(model, h, x, masked, chosen, temperature, generator, contraction) -> torch.Tensor:
+    def draw(self, head, h, x, masked, chosen, temperature, generator, contraction) -> torch.Tensor:
         """Ancestral sampling of the hidden chain (``tt_sample_path``): the masked positions outside T
         enter through contracted cores, from the contracted-core head (``contraction="head"``, exact with
         respect to the joint whose off-T factors are the head's Gbar_j) or summed from the cores
         themselves (``"exact"``: exact with respect to the TT of Eq. 9); at a temperature other than 1
         the head is not used (it predicts the untempered sum). At a chosen position only the core row
-        of the sampled state is computed (r outputs of the r * r). Needs ``model.contracted_cores`` and
-        ``model.core_logits``."""
+        of the sampled state is computed (r outputs of the r * r)."""
         if contraction not in CONTRACTIONS:
             raise ValueError(f"contraction must be one of {CONTRACTIONS}, got {contraction!r}")
         b, l = x.shape
-        r = model.cfg.rank
+        r = head.rank
         contracted = torch.eye(r, dtype=torch.float64, device=x.device).repeat(b, l, 1, 1)  # known: I
         pos = torch.arange(l, device=x.device)
         last = torch.where(chosen, pos, -1).amax(1)  # [b] last chosen position: the rows after it sum to 1
         rest = masked & ~chosen & (pos < last[:, None])
         if rest.any():
             if sums_cores_exactly(contraction, temperature):  # the cores' own sum
-                contracted[rest] = exact_contracted_cores(model, h[rest], temperature)
+                contracted[rest] = exact_contracted_cores(head, h[rest], temperature)
             else:  # Gbar_j from the contracted-core head
-                contracted[rest] = model.contracted_cores(h[rest]).to(contracted.dtype)
+                contracted[rest] = head.contracted_cores(h[rest]).to(contracted.dtype)
 
         def core_rows(n, t, j):  # G_t(x, j, k) for the sampled state j of rows n: [n, v, r]
-            logits = model.select_logits(h[n, t], j * r, r)  # [n, k, v]
+            logits = head.select_logits(h[n, t], j * r, r)  # [n, k, v]
             return softmax64(logits.reshape(len(n), -1), temperature).view(len(n), r, -1).transpose(1, 2)
 
         return tt_sample_path(contracted, chosen, core_rows, generator)
 
-    @staticmethod
-    def component_weights(model, h, masked, temperature) -> torch.Tensor:
+    def component_weights(self, head, h, masked, temperature) -> torch.Tensor:
         """w_{i,(j,k)} = pi_{i,j} Gbar_{i,jk}, output e = j * r + k: p(x^i) = pi_i^T G_i(x^i) 1 (Eqs. 16-17) and
         row j of G_i(x) splits as sum_k Gbar_{jk} softmax_x(output (j, k)), since Gbar_{jk} = sum_x G_i(x)_{jk}
         (Eq. 10's row normalization). pi_i and Gbar come from the contracted-core head (``tt_state_marginals``;
         known positions contract to the identity), so no V x r x r core is computed; the head predicts the
         untempered sums, so at another temperature the weights are those of temperature 1."""
         b, l = masked.shape
-        r = model.cfg.rank
+        r = head.rank
         contracted = torch.eye(r, dtype=torch.float64, device=h.device).repeat(b, l, 1, 1)  # known: I
-        gbar = model.contracted_cores(h[masked]).to(contracted.dtype)  # [m, r, r]
+        gbar = head.contracted_cores(h[masked]).to(contracted.dtype)  # [m, r, r]
         contracted[masked] = gbar
         pi = tt_state_marginals(contracted)[masked]  # [m, r]
         return (pi[:, :, None] * gbar).reshape(len(pi), r * r)
 
-    @staticmethod
-    def chosen_marginals(model, h, masked, chosen, temperature, contraction) -> torch.Tensor:
+    def marginals_at(self, head, h, masked, chosen, temperature, contraction) -> torch.Tensor:
         if contraction not in CONTRACTIONS:
             raise ValueError(f"contraction must be one of {CONTRACTIONS}, got {contraction!r}")
-        return tt_chosen_marginals(model, h, masked, chosen, temperature, contraction)
+        return tt_chosen_marginals(head, h, masked, chosen, temperature, contraction)

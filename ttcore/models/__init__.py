@@ -1,10 +1,10 @@
 """Backbone (DiT), heads and the joint model, plus checkpoint I/O."""
 
 from .dit import DiT, DiTConfig
-from .heads import FinalLayer, JointHead
+from .heads import FinalLayer
 from .joint_model import HeadOutputs, JointModel, ModelConfig
 
-__all__ = ["DiT", "DiTConfig", "FinalLayer", "HeadOutputs", "JointHead", "JointModel", "ModelConfig"]
+__all__ = ["DiT", "DiTConfig", "FinalLayer", "HeadOutputs", "JointModel", "ModelConfig"]
 from .checkpoint import (
     CheckpointError,
     load_checkpoint,

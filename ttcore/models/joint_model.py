@@ -5,10 +5,10 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
-from ttcore.decompositions import DECOMPOSITIONS, HeadOutputs, get_decomposition
+from ttcore.decompositions import HEAD_KINDS, Decomposition, HeadOutputs, get_decomposition
 
 from .dit import DiT, DiTConfig
-from .heads import FinalLayer, JointHead
+from .heads import FinalLayer
 from .precision import compute_context
 from .vadd import RecognitionNetwork
 
@@ -24,11 +24,22 @@ class ModelConfig:
     def __post_init__(self):
         if isinstance(self.dit, dict):
             self.dit = DiTConfig(**self.dit)
-        get_decomposition(self.decomposition)  # raises for an unknown name
-        if not get_decomposition(self.decomposition).joint_head and self.rank != 1:
+        if not self.format.joint_head and self.rank != 1:  # raises for an unknown name
             raise ValueError(f"decomposition {self.decomposition!r} is rank 1, got rank {self.rank}")
         if self.rank < 1:
             raise ValueError(f"rank must be >= 1, got {self.rank}")
+        if self.head not in HEAD_KINDS:
+            raise ValueError(f"head must be one of {', '.join(HEAD_KINDS)}, got {self.head!r}")
+
+    @property
+    def format(self) -> Decomposition:
+        """The registered format named by ``decomposition``."""
+        return get_decomposition(self.decomposition)
+
+    @property
+    def head_label(self) -> str:
+        """The head as model cards and /models name it: 1layer / 2layer, or ``base`` for rank 1 (the MDM's W)."""
+        return self.head if self.format.joint_head else "base"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -39,11 +50,12 @@ class JointModel(nn.Module):
         super().__init__()
         self.cfg = cfg
         d = cfg.dit
-        joint = get_decomposition(cfg.decomposition).joint_head
+        self.format = fmt = cfg.format
+        joint = fmt.joint_head
         self.backbone = DiT(d)
         self.output_layer = FinalLayer(d.hidden_dim, d.cond_dim, d.out_vocab,
                                        with_linear=not (joint and cfg.head == "1layer"))
-        self.head = JointHead(cfg.decomposition, cfg.rank, cfg.head, d.hidden_dim, d.out_vocab) if joint else None
+        self.head = fmt.build_head(cfg.rank, cfg.head, d.hidden_dim, d.out_vocab, self.output_layer.linear)
         if joint and cfg.head == "2layer":
             self.output_layer.linear.requires_grad_(False)  # W stays frozen (Sec. 4.5)
         # VADD (Sec. 4.4): r_phi(z | x_0, x_t), used in training only; sampling draws z from the prior
@@ -55,15 +67,15 @@ class JointModel(nn.Module):
                   noise: float = 0.0, generator: torch.Generator | None = None) -> "JointModel":
         """Fine-tuning start (Sec. 4.5): the base model's weights, a joint head initialized to keep
         its marginals, plus ``noise`` (relative std) to break rank symmetry."""
-        if get_decomposition(base.cfg.decomposition).joint_head:
+        if base.format.joint_head:
             raise ValueError(f"the base model must be rank 1 (decomposition 'none'), got {base.cfg.decomposition!r}")
-        cfg = ModelConfig(base.cfg.dit, decomposition, rank if get_decomposition(decomposition).joint_head else 1, head,
-                          dict(base.cfg.extra))
+        joint = get_decomposition(decomposition).joint_head
+        cfg = ModelConfig(base.cfg.dit, decomposition, rank if joint else 1, head, dict(base.cfg.extra))
         model = cls(cfg).to(next(base.parameters()))  # same device and dtype
         state = {k: v for k, v in base.state_dict().items() if model.output_layer.linear is not None
                  or not k.startswith("output_layer.linear")}
         model.load_state_dict(state, strict=False)
-        if model.head is not None:
+        if joint:
             model.head.init_from_base(base.output_layer.linear, noise, generator)
         return model
 
@@ -79,47 +91,9 @@ class JointModel(nn.Module):
         return self.output_layer.features(x, c)
 
     def head_outputs(self, h: torch.Tensor, mask: torch.Tensor) -> HeadOutputs:
-        """Run the head on the masked positions only: h [b, l, d], mask [b, l] -> the decomposition's
-        HeadOutputs (float32)."""
-        return self.decomposition.head_outputs(self, h, mask)
-
-    @property
-    def decomposition(self):
-        """This model's entry of ``DECOMPOSITIONS``."""
-        return DECOMPOSITIONS[self.cfg.decomposition]
-
-    def core_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """TT only: all V x r x r core logits of positions with features h [n, d] -> [n, v, r, r] float32
-        (Eq. 10 normalizes them per row j). For the exact contraction at sampling time."""
-        r = self.cfg.rank
-        comp = self.head.component_logits(h, self.output_layer.linear).float()  # [n, r*r, v]
-        return comp.view(-1, r, r, comp.shape[-1]).permute(0, 3, 1, 2)
-
-    # --- sampling-time pieces: only what a step needs, on the positions that need it
-
-    def select_logits(self, h: torch.Tensor, start: torch.Tensor, count: int) -> torch.Tensor:
-        """Outputs e in [start, start + count) per row (rank 1: e = 0): h [n, d] -> [n, count, v], in the
-        matmul's dtype (bf16 under autocast): the sampler's float32 softmax upcasts inside its kernel."""
-        if self.head is None:
-            return self.output_layer.linear(h).unsqueeze(1)
-        return self.head.select_logits(h, start, count, self.output_layer.linear)
-
-    def gather_logits(self, h: torch.Tensor, outputs: torch.Tensor) -> torch.Tensor:
-        """Outputs ``outputs`` [n, c] of each row (rank 1: output 0): h [n, d] -> [n, c, v], in the matmul's
-        dtype (``JointHead.gather_logits``)."""
-        if self.head is None:
-            return self.output_layer.linear(h).unsqueeze(1).expand(-1, outputs.shape[1], -1)
-        return self.head.gather_logits(h, outputs, self.output_layer.linear)
-
-    def cp_weight_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """CP mixture weights' logits from the features of whole sequences: h [b, l, d] -> [b, r]."""
-        return self.head.weights(h.mean(1)).float()
-
-    def contracted_cores(self, h: torch.Tensor) -> torch.Tensor:
-        """The contracted-core head (Sec. 4.3, special case): Gbar_j = sum_x G_j(x) predicted directly,
-        row-stochastic. h [n, d] -> [n, r, r] float32."""
-        r = self.cfg.rank
-        return torch.softmax(self.head.contracted(h).float().view(-1, r, r), -1)
+        """Run the head on the masked positions only: h [b, l, d], mask [b, l] -> the format's HeadOutputs
+        (float32)."""
+        return self.format.outputs(self.head, h, mask)
 
     def compute_context(self):
         """The context to sample under: inference mode, and bf16 autocast when prepared for bf16."""

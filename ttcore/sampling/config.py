@@ -5,12 +5,14 @@ outputs), so no caller decides by the ordering's or the sampler's name."""
 
 from dataclasses import asdict, dataclass
 
-from ttcore.decompositions import CONTRACTIONS, get_decomposition
+from ttcore.decompositions import CONTRACTIONS
 
 from .eb import EB_PROXIES
 from .orderings import ADAPTIVE, PREDETERMINED
 from .schedules import SCHEDULES
-from .steps import SAMPLERS, STEP_CLASSES, Step
+from .steps import SAMPLERS, STEP_CLASSES, Step, WorkKind
+
+ADAPTIVE_PATHS = ("fast", "exact")  # the first is the default everywhere (library, API, playground)
 
 
 class InvalidSampler(ValueError):
@@ -43,15 +45,15 @@ class SamplerConfig:
     joint: bool = True
     bernoulli: bool = False
     sampler: str | None = None
-    adaptive_path: str = "exact"
+    adaptive_path: str = ADAPTIVE_PATHS[0]
     chooser_outputs: int | None = None
 
     def __post_init__(self):
         if self.chooser_outputs is not None and self.chooser_outputs < 1:
             raise InvalidSampler("chooser_outputs", f"chooser_outputs must be >= 1, got {self.chooser_outputs}")
-        if self.adaptive_path not in ("exact", "fast"):
-            raise InvalidSampler("adaptive_path",
-                                 f"adaptive_path must be exact or fast, got {self.adaptive_path!r}")
+        if self.adaptive_path not in ADAPTIVE_PATHS:
+            raise InvalidSampler("adaptive_path", f"adaptive_path must be one of {', '.join(ADAPTIVE_PATHS)}, got "
+                                                  f"{self.adaptive_path!r}")
         if self.sampler is not None and self.sampler not in SAMPLERS:
             raise InvalidSampler("sampler",
                                  f"sampler must be one of {sorted(SAMPLERS)} (or none), got {self.sampler!r}")
@@ -72,33 +74,26 @@ class SamplerConfig:
         if not self.joint and self.eb_gamma is not None:
             raise InvalidSampler("joint", "joint: false draws each position from its marginal with a fixed sampler, "
                                           "not eb")
+        # resolved once: the named step class, else the first of ``steps.STEP_CLASSES`` that accepts the settings
+        cls = SAMPLERS[self.sampler] if self.sampler is not None else next(
+            c for c in STEP_CLASSES if c.accepts(self))
+        object.__setattr__(self, "_step", cls(self))
 
     @property
     def step(self) -> Step:
-        """The step class that draws each denoising step with these settings (``steps.STEP_CLASSES``, the
-        first that accepts them)."""
-        if self.sampler is not None:
-            return SAMPLERS[self.sampler](self)
-        return next(cls(self) for cls in STEP_CLASSES if cls.accepts(self))
+        """The step that draws each denoising step with these settings: its counts, choice and draw."""
+        return self._step
 
     def step_kind(self, model_cfg) -> tuple[bool, bool]:
         """``(adaptive, exact)`` of its steps on a model: adaptive steps hold every position's full head
         outputs per sequence; exact ones sum a format's full head outputs (``Decomposition.sums_exactly``)."""
         adaptive = self.step.adaptive
-        exact = get_decomposition(model_cfg.decomposition).sums_exactly(self.contraction, self.temperature,
-                                                                         self.joint, adaptive)
+        exact = model_cfg.format.sums_exactly(self.contraction, self.temperature, self.joint, adaptive)
         return adaptive, exact
 
-    def work_kind(self, model_cfg) -> str:
-        """What one step costs, as admission times it: ``chain_rule`` (adaptive picks over full outputs),
-        ``exact_step`` (a TT step summing the cores), ``chooser_step`` (a predetermined draw after a cheap
-        choice over every masked position) or ``predetermined_step``."""
-        adaptive, exact = self.step_kind(model_cfg)
-        if adaptive:
-            return "chain_rule"
-        if exact:
-            return "exact_step"
-        return "chooser_step" if getattr(self.step, "chooses", False) else "predetermined_step"
+    def work_kind(self, model_cfg) -> WorkKind:
+        """What one step costs on a model, as admission times it (``Step.work_kind``)."""
+        return self.step.work_kind(model_cfg.format)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -4,8 +4,6 @@ micro-batches requests by it. Calibrated against peak RSS on the bundled checkpo
 
 from dataclasses import fields
 
-from ttcore.decompositions import get_decomposition
-
 from .config import SamplerConfig
 
 CHAIN_RULE_COPIES = 4.5  # full factors / cores alive at once in a chain-rule step (measured 3.2-4.1 at text size)
@@ -17,8 +15,8 @@ def chain_rule_row_bytes(cfg) -> int:
     """One sequence of an adaptive-ordering / EB step: the joint over all its positions (rank 1: float64
     probabilities; CP / TT: float32 factors or cores, Sec. 4.3), ``CHAIN_RULE_COPIES`` times."""
     l, v = cfg.dit.length, cfg.dit.out_vocab
-    spec = get_decomposition(cfg.decomposition)
-    per_row = l * v * spec.outputs_per_position(cfg.rank) * spec.chain_rule_bytes
+    fmt = cfg.format
+    per_row = l * v * fmt.outputs_per_position(cfg.rank) * fmt.joint_dtype.itemsize
     return int(CHAIN_RULE_COPIES * per_row) + ROW_SLACK_BYTES
 
 
@@ -36,14 +34,18 @@ def chooser_row_bytes(cfg, outputs: int | None = None) -> int:
     from .steps.fast_adaptive import chooser_outputs  # the step module owns c
 
     l, v = cfg.dit.length, cfg.dit.out_vocab
-    c = chooser_outputs(get_decomposition(cfg.decomposition).outputs_per_position(cfg.rank), v, outputs)
+    c = chooser_outputs(cfg.format.outputs_per_position(cfg.rank), v, outputs)
     return l * v * (c * 8 + 4)
 
 
+SUMMING_COPIES = 3  # a summing pass holds its head outputs as float64 logits, tempered probabilities and sums
+
+
 def exact_contraction_bytes(cfg) -> int:
-    """A step that sums every masked position's full head outputs (TT's exact contraction): what its format
-    holds for that, independent of the number of sequences (``Decomposition.exact_contraction_bytes``)."""
-    return get_decomposition(cfg.decomposition).exact_contraction_bytes(cfg)
+    """A step that sums every masked position's full head outputs (TT's exact contraction): the values its
+    format holds at once for that (``Decomposition.summing_values``), in float64, ``SUMMING_COPIES`` times,
+    independent of the number of sequences."""
+    return SUMMING_COPIES * 8 * cfg.format.summing_values(cfg.rank, cfg.dit.out_vocab)
 
 
 def forward_row_bytes(cfg) -> int:
@@ -84,5 +86,5 @@ def rows_for(cfg, budget_bytes: int, **settings) -> int:
     """``rows_per_pass`` of a run with these flat settings (its step class says what a step holds)."""
     config = sampler_config(**settings)
     adaptive, exact = config.step_kind(cfg)
-    return rows_per_pass(cfg, adaptive, budget_bytes, exact, getattr(config.step, "chooses", False),
+    return rows_per_pass(cfg, adaptive, budget_bytes, exact, config.step.chooses,
                          config.chooser_outputs)

@@ -5,6 +5,7 @@ The split lets a server batch the backbone calls of many runs (``prepare`` tells
 the model; ``step(h)`` accepts features computed elsewhere).
 """
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -14,8 +15,7 @@ from ttcore.models.vadd import prior_sample
 
 from .config import SamplerConfig
 from .joint_step import predetermined_step
-from .orderings import PREDETERMINED, top_k_mask
-from .schedules import SCHEDULES, unmask_counts
+from .schedules import SCHEDULES
 
 
 @dataclass
@@ -42,7 +42,7 @@ class GenerationRun:
         if max_rows_per_pass is not None and max_rows_per_pass < 1:
             raise ValueError(f"max_rows_per_pass must be >= 1, got {max_rows_per_pass}")
         self.config = config = config or SamplerConfig()
-        self.sampler = config.step  # the step class that draws each step (``ttcore.sampling.steps``)
+        self.sampler = config.step  # the step's whole rule: counts, choice, draw (``ttcore.sampling.steps``)
         self.model = model
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.steps, self.schedule = steps, SCHEDULES[config.schedule]
@@ -64,8 +64,7 @@ class GenerationRun:
                 raise ValueError(f"prompt ids must lie in [0, {self.mask_id}]")
             self.tokens = prompt.expand(num_samples, length).clone() if prompt.dim() == 1 else prompt.clone()
         self.n_initial = (self.tokens == self.mask_id).sum(1)
-        self.priority = (PREDETERMINED[config.ordering](*self.tokens.shape, self.device, self.generator)
-                         if config.ordering in PREDETERMINED and config.eb_gamma is None else None)
+        self.plan = self.sampler.plan(self)  # what the step keeps for the run (a predetermined order's priorities)
         self.step_index, self.model_calls = 0, 0
         self._counts, self._needed = None, None  # set by prepare() for the coming step
 
@@ -75,16 +74,8 @@ class GenerationRun:
 
     def prepare(self) -> bool:
         """Fix this step's unmasking counts; False when the step unmasks nothing (no model call)."""
-        masked = self.tokens == self.mask_id
-        n_current = masked.sum(1)
-        if self.config.eb_gamma is not None:  # adaptive counts; the last allowed step takes what is left
-            self._counts = n_current if self.step_index == self.steps - 1 else None
-            self._needed = True
-        else:
-            bernoulli = self.config.bernoulli
-            self._counts = unmask_counts(self.n_initial, n_current, self.steps, self.step_index, self.schedule,
-                                         bernoulli, self.generator if bernoulli else None)
-            self._needed = bool(self._counts.any())
+        self._counts = self.sampler.counts(self, (self.tokens == self.mask_id).sum(1))
+        self._needed = self._counts is None or bool(self._counts.any())
         return self._needed
 
     @torch.inference_mode()
@@ -98,13 +89,12 @@ class GenerationRun:
         if self._needed:
             if h is None:
                 h = features(self.model, self.tokens, self.latent)
-            chosen = self.chosen() if self.priority is not None else None
             step = self.max_rows_per_pass or len(self.tokens)
             for s in range(0, len(self.tokens), step):  # micro-batches of sequences bound the step's memory
                 rows = slice(s, s + step)
-                values[rows] = self.sampler.draw(self, h[rows], self.tokens[rows], masked[rows],
-                                                 None if chosen is None else chosen[rows],
-                                                 None if self._counts is None else self._counts[rows])
+                counts = None if self._counts is None else self._counts[rows]
+                chosen = self.sampler.choose(self, h[rows], self.tokens[rows], masked[rows], counts, rows)
+                values[rows] = self.sampler.draw(self, h[rows], self.tokens[rows], masked[rows], chosen, counts)
         return self._commit(values)
 
     @property
@@ -120,16 +110,10 @@ class GenerationRun:
         fits = self.max_rows_per_pass is None or len(self.tokens) <= self.max_rows_per_pass
         return bool(self._needed) and self.sampler.batchable and fits
 
-    def chosen(self) -> torch.Tensor:
-        """This step's set T for a predetermined ordering: [b, l] bool."""
-        return top_k_mask(self.priority, self.tokens == self.mask_id, self._counts)
-
     def step_set(self, h: torch.Tensor) -> torch.Tensor:
-        """This step's set T [b, l] bool when its draw is shared (``joins_batch``): fixed by the ordering, or
-        chosen from this run's features ``h`` by a step class that chooses (the fast adaptive path)."""
-        if getattr(self.sampler, "chooses", False):
-            return self.sampler.choose(self, h, self.tokens, self.tokens == self.mask_id, self._counts)
-        return self.chosen()
+        """This step's set T [b, l] bool when its draw is shared (``joins_batch``): the step's ``choose`` over all
+        the run's sequences (fixed by the ordering, or chosen from this run's features ``h``)."""
+        return self.sampler.choose(self, h, self.tokens, self.tokens == self.mask_id, self._counts, slice(None))
 
     def _commit(self, values: torch.Tensor) -> StepState:
         committed = values >= 0
@@ -187,21 +171,37 @@ def step_together(runs: list[GenerationRun], features: list[torch.Tensor | None]
     return [state if state is not None else run.step(h) for run, h, state in zip(runs, features, states)]
 
 
-def batch_step(model, runs: list[GenerationRun], forward=None) -> list[StepState]:
+@dataclass
+class BatchStep:
+    """What ``batch_step`` did: each run's new state, and its one backbone call as measured."""
+    states: list[StepState]  # one per run, in order
+    in_forward: list[bool]  # per run: whether its sequences went through the backbone call
+    forward_rows: int  # sequences in the backbone call (0: no run needed the model)
+    forward_seconds: float  # wall time of the backbone call (on CUDA, to the end of its kernels)
+    seconds: float  # wall time of the whole step (on CUDA, to the end of the forward's kernels only)
+
+
+def batch_step(model, runs: list[GenerationRun]) -> BatchStep:
     """One denoising step of several runs of ``model`` with ONE backbone call over the sequences of every
-    run whose step needs the model (``prepare``), then ``step_together``. ``forward(tokens, latents)``
-    (default ``model.features``, latents None for a model without z) lets a caller time or place that
-    call. Run it under ``model.compute_context()``.
-    This is the loop body of the service's continuous batching; every run gets exactly the tokens it
-    would get alone."""
+    run whose step needs the model (``prepare``), then ``step_together``. Run it under
+    ``model.compute_context()``. This is the loop body of the service's continuous batching; every run gets
+    exactly the tokens it would get alone. Returns the states with the forward's timing (``BatchStep``)."""
+    t0 = time.perf_counter()
     need = [run for run in runs if run.prepare()]
-    computed = {}
+    computed, forward_s, rows = {}, 0.0, 0
     if need:
         x = torch.cat([run.tokens for run in need])  # [sum b, l]
         latent = torch.cat([run.latent for run in need]) if need[0].latent is not None else None
-        h = features(model, x, latent) if forward is None else forward(x, latent)  # [sum b, l, d]
+        if x.is_cuda:  # the forward's own time: what was queued before it finishes first
+            torch.cuda.synchronize(x.device)
+        t1 = time.perf_counter()
+        h = features(model, x, latent)  # [sum b, l, d]
+        if x.is_cuda:
+            torch.cuda.synchronize(x.device)
+        forward_s, rows = time.perf_counter() - t1, x.shape[0]
         computed = dict(zip(map(id, need), h.float().split([run.tokens.shape[0] for run in need])))
-    return step_together(runs, [computed.get(id(run)) for run in runs])
+    states = step_together(runs, [computed.get(id(run)) for run in runs])
+    return BatchStep(states, [id(run) in computed for run in runs], rows, forward_s, time.perf_counter() - t0)
 
 
 def features(model, tokens: torch.Tensor, latent: torch.Tensor | None) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """One denoising step's draw of several tokens, jointly and exactly (Sec. 4.3).
 
 - ``predetermined_step``: the set T is fixed before the head runs (random, left-to-right, Halton):
-  x_T is drawn jointly from p(x_T | x_t) by the model's decomposition (``ttcore.decompositions``),
+  x_T is drawn jointly from p(x_T | x_t) by the model's format (``ttcore.decompositions``),
   which computes only the head outputs the draw needs.
 - ``chain_rule_step``: adaptive orderings and EB-Sampler: repeat {marginal inference given this
   step's picks; pick the best position; sample it}, so the step's tokens are one joint sample.
@@ -9,7 +9,6 @@
 
 import torch
 
-from ttcore.decompositions import get_decomposition
 from ttcore.distributions import sample_categorical
 
 from .eb import eb_accepts
@@ -28,8 +27,7 @@ def predetermined_step(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Te
     -> [b, l], -1 off T. ``contraction`` (TT): see ``ttcore.decompositions.tt``."""
     if not chosen.any():
         return torch.full_like(x, -1)
-    return get_decomposition(model.cfg.decomposition).predetermined_step(model, h, x, masked, chosen, temperature,
-                                                                         generator, contraction)
+    return model.format.draw(model.head, h, x, masked, chosen, temperature, generator, contraction)
 
 
 def marginal_step(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, chosen: torch.Tensor | None,
@@ -39,15 +37,14 @@ def marginal_step(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor,
     joint's exact single-position marginal p(x^i | x_t) (Eqs. 14-17, S = the known positions): the same
     network and the same marginals, without the joint draw. The positions are ``chosen`` [b, l]
     (predetermined orderings: the marginals at those positions only, of the joint that
-    ``predetermined_step`` would draw from with the same ``contraction``; ``Decomposition.chosen_marginals``)
+    ``predetermined_step`` would draw from with the same ``contraction``; ``Decomposition.marginals_at``)
     or the ``count`` [b] best by ``score_fn`` of every masked position's marginal under the TT of Eq. 9
     (adaptive, as ``chain_rule_step``). -> [b, l], -1 where nothing was drawn."""
     b, l = x.shape
     values = torch.full_like(x, -1)
     if chosen is not None:
         if chosen.any():
-            marg = get_decomposition(model.cfg.decomposition).chosen_marginals(model, h, masked, chosen, temperature,
-                                                                               contraction)
+            marg = model.format.marginals_at(model.head, h, masked, chosen, temperature, contraction)
             values[chosen] = sample_categorical(marg, generator)
         return values
     x_cond = torch.where(masked, torch.full_like(x, -1), x)

@@ -1,9 +1,10 @@
 """The step classes: one algorithm each for drawing a denoising step's tokens, with one contract
 (``Step``). ``STEP_CLASSES`` is what ``SamplerConfig.step`` picks from by the settings (the first that
 accepts them); ``SAMPLERS`` names the step classes a request may ask for by name (``sampler``). A new
-sampler is a new file here plus one entry, or one ``register_step`` call from anywhere."""
+sampler is a step class (``ConfiguredStep`` gives the schedule's counts and a predetermined ordering's choice)
+and one ``register_step`` call, from anywhere."""
 
-from .base import Step
+from .base import ConfiguredStep, Step, WorkKind
 from .chain_rule import ChainRuleStep
 from .eb import EBStep
 from .fast_adaptive import FastAdaptiveStep
@@ -22,5 +23,5 @@ def register_step(name: str, cls: type[Step]) -> type[Step]:
     return cls
 
 
-__all__ = ["SAMPLERS", "STEP_CLASSES", "ChainRuleStep", "EBStep", "FastAdaptiveStep", "MarginalViewStep",
-           "PredeterminedJointStep", "Step", "register_step"]
+__all__ = ["SAMPLERS", "STEP_CLASSES", "ChainRuleStep", "ConfiguredStep", "EBStep", "FastAdaptiveStep",
+           "MarginalViewStep", "PredeterminedJointStep", "Step", "WorkKind", "register_step"]

@@ -1,6 +1,6 @@
-"""An adaptive ordering's step (top_prob, margin, entropy) by the exact chain rule (Sec. 4.2): pick the best
-free position by the marginals conditional on this step's earlier picks, draw it, repeat
-(``joint_step.chain_rule_step``)."""
+"""An adaptive ordering's step (top_prob, margin, entropy) by the exact chain rule (Sec. 4.2): the schedule's
+count of picks, each the best free position by the marginals conditional on this step's earlier picks, drawn
+before the next (``joint_step.chain_rule_step``)."""
 
 from ..joint_step import chain_rule_step
 from ..orderings import ADAPTIVE
@@ -8,7 +8,7 @@ from .base import ConfiguredStep
 
 
 class ChainRuleStep(ConfiguredStep):
-    adaptive, batchable = True, False
+    adaptive = True
 
     @classmethod
     def accepts(cls, config) -> bool:

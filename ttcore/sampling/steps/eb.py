@@ -1,17 +1,24 @@
 """EB-Sampler's step (Ben-Hamu et al. 2025) by the chain rule: picks ranked by the error proxy go on while
-their conditional entropies satisfy the bound; the last allowed step takes what is left."""
+their conditional entropies satisfy the bound, so the step decides its own count (``eb_counts``); the last
+allowed step takes what is left."""
 
 from ..eb import eb_score
 from ..joint_step import chain_rule_step
-from .base import ConfiguredStep
+from .base import ConfiguredStep, eb_counts
 
 
 class EBStep(ConfiguredStep):
-    adaptive, batchable = True, False
+    adaptive = True
 
     @classmethod
     def accepts(cls, config) -> bool:
         return config.joint and config.eb_gamma is not None
+
+    def plan(self, run):
+        return None  # no ordering: the proxy ranks
+
+    def counts(self, run, n_current):
+        return eb_counts(run, n_current)
 
     def draw(self, run, h, tokens, masked, chosen, counts):
         c = self.config

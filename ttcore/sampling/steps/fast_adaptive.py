@@ -42,12 +42,10 @@ by up to 1.67 at gamma 0.5). A joint draw does not make the error the rule bound
 
 import torch
 
-from ttcore.decompositions import get_decomposition
-
 from ..eb import eb_accepts, eb_score
 from ..joint_step import predetermined_step
 from ..orderings import ADAPTIVE, entropy
-from .base import ConfiguredStep
+from .base import ConfiguredStep, eb_counts
 
 CHOOSER_OUTPUTS = 2048  # values per masked position the choice may compute (c = this // V outputs): at a
 # small backbone (QM9's) the float32 softmax and mixture over c * V values per position is what a step costs
@@ -66,19 +64,19 @@ def chooser_marginals(model, h: torch.Tensor, masked: torch.Tensor, temperature:
     than 1), else for each masked position the renormalized mixture of its c heaviest head outputs
     (``Decomposition.component_weights``; c = ``chooser_outputs(E, V, outputs)``), float32. -> [m, v],
     row-major over ``masked``."""
-    dec = get_decomposition(model.cfg.decomposition)
-    if dec.sums_exactly(contraction, temperature, True, False):
-        return dec.chosen_marginals(model, h, masked, masked, temperature, contraction).float()
-    weights = dec.component_weights(model, h, masked, temperature)  # [m, E]
+    fmt, head = model.format, model.head
+    if fmt.sums_exactly(contraction, temperature, True, False):
+        return fmt.marginals_at(head, h, masked, masked, temperature, contraction).float()
+    weights = fmt.component_weights(head, h, masked, temperature)  # [m, E]
     m, e = weights.shape
     hm = h[masked]
     c = chooser_outputs(e, model.cfg.dit.vocab_size - 1, outputs)
     if c == e:  # every output: one head pass over the masked positions
         top_w = weights
-        logits = model.select_logits(hm, torch.zeros(m, dtype=torch.long, device=h.device), e)  # [m, e, v]
+        logits = head.component_logits(hm)  # [m, e, v]
     else:  # the c heaviest outputs of each position
         top_w, top_e = weights.topk(c, dim=-1)  # [m, c]
-        logits = model.gather_logits(hm, top_e)  # [m, c, v]
+        logits = head.gather_logits(hm, top_e)  # [m, c, v]
     q = torch.softmax(logits.float() / temperature, -1).view(m, c, -1)
     if c == 1:
         return q[:, 0]
@@ -89,21 +87,27 @@ def chooser_marginals(model, h: torch.Tensor, masked: torch.Tensor, temperature:
 class FastAdaptiveStep(ConfiguredStep):
     """Chooses its set per run (``choose``), then draws it as a predetermined step does, so runs of equal
     temperature and contraction share that draw with each other and with predetermined runs
-    (``step_together``): the choice of one run never depends on another's."""
+    (``step_together``): the choice of one run never depends on another's. Its count is the schedule's, or
+    EB's (``eb_gamma``: the largest prefix within the bound, decided by the choice)."""
 
-    adaptive, batchable, chooses = False, True, True  # holds c outputs per position, not the full joint
+    batchable, chooses = True, True  # holds c outputs per position, not the full joint
 
     @classmethod
     def accepts(cls, config) -> bool:
         return (config.joint and config.adaptive_path == "fast"
                 and (config.eb_gamma is not None or config.ordering in ADAPTIVE))
 
-    def draw(self, run, h, tokens, masked, chosen, counts):
-        mine = self.choose(run, h, tokens, masked, counts)
-        c = self.config
-        return predetermined_step(run.model, h, tokens, masked, mine, c.temperature, run.generator, c.contraction)
+    def plan(self, run):
+        return None  # chosen anew each step
 
-    def choose(self, run, h, tokens, masked, counts) -> torch.Tensor:
+    def counts(self, run, n_current):
+        return super().counts(run, n_current) if self.config.eb_gamma is None else eb_counts(run, n_current)
+
+    def draw(self, run, h, tokens, masked, chosen, counts):
+        c = self.config
+        return predetermined_step(run.model, h, tokens, masked, chosen, c.temperature, run.generator, c.contraction)
+
+    def choose(self, run, h, tokens, masked, counts, rows) -> torch.Tensor:
         """This step's set T [b, l] bool: the best-scored masked positions by the chooser's marginals (the
         ``counts`` best, or EB's prefix)."""
         c = self.config

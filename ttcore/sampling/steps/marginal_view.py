@@ -1,6 +1,6 @@
 """The rank-1 view of a joint model (``joint=False``): each position of the step drawn independently from
-the joint's exact single-position marginal (``joint_step.marginal_step``); with an adaptive ordering it
-ranks every masked position's marginal."""
+the joint's exact single-position marginal (``joint_step.marginal_step``): at a predetermined ordering's set,
+or, with an adaptive ordering, the schedule's count of the best by every masked position's marginal."""
 
 from ..joint_step import marginal_step
 from ..orderings import ADAPTIVE
@@ -8,8 +8,6 @@ from .base import ConfiguredStep
 
 
 class MarginalViewStep(ConfiguredStep):
-    batchable = False
-
     def __init__(self, config):
         super().__init__(config)
         self.adaptive = config.ordering in ADAPTIVE

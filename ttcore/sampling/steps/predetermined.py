@@ -1,5 +1,7 @@
-"""A predetermined ordering's step (random, left-to-right, Halton): the set T is fixed before the head runs
-and x_T is drawn jointly and exactly (Sec. 4.3, ``joint_step.predetermined_step``)."""
+"""A predetermined ordering's step (random, left-to-right, Halton): the run draws its priorities once
+(``plan``), each step's set T is the schedule's count of the highest-priority masked positions, fixed before
+the head runs, and x_T is drawn jointly and exactly by the model's format (Sec. 4.3,
+``joint_step.predetermined_step``)."""
 
 from ..joint_step import predetermined_step
 from ..orderings import PREDETERMINED
@@ -7,7 +9,7 @@ from .base import ConfiguredStep
 
 
 class PredeterminedJointStep(ConfiguredStep):
-    adaptive, batchable = False, True
+    batchable = True
 
     @classmethod
     def accepts(cls, config) -> bool:

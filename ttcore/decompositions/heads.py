@@ -1,0 +1,163 @@
+"""The output heads a format builds (Sec. 4.5): the base MDM head W itself (rank 1) and the E-output head
+that turns it into a CP / TT joint (each format's file subclasses it with its extra heads).
+
+E outputs per position: E = r for CP (plus r weight logits per sequence), E = r*r for TT, laid out
+as e = j * r + k. Heads run on masked positions only ([n, d] features).
+- 1-layer: W' in H x (E*V) replaces the base W; initialized as E copies of W.
+- 2-layer: W~ in H x (E*H) inserted before the frozen W, which is applied to each of the E outputs;
+  initialized as E stacked identities.
+Small Gaussian noise breaks the symmetry between the copies; with zero noise the joint model has the
+base model's marginals and likelihood exactly.
+
+A head reads the base W (the model's ``output_layer.linear``, which the checkpoint stores there) without
+owning it: ``base`` is a reference, not a submodule, so the state dict keeps one copy of W.
+"""
+
+import torch
+from torch import nn
+
+HEAD_KINDS = ("1layer", "2layer")
+GATHER_MAX_OUTPUTS = 8192  # select_logits: all E outputs then gather, up to this many outputs per row
+
+
+class OutputHead(nn.Module):
+    """What every format's head answers: ``e`` outputs per position, any of them by index. ``base``: the
+    model's W (None for a 1-layer joint head, which replaces it)."""
+
+    e: int
+
+    def __init__(self, rank: int, base: nn.Linear | None):
+        super().__init__()
+        self.rank = rank
+        object.__setattr__(self, "_base_ref", base)  # not a submodule: W belongs to the model's output layer
+
+    @property
+    def base(self) -> nn.Linear | None:
+        return self._base_ref
+
+    def select_logits(self, h: torch.Tensor, start: torch.Tensor, count: int) -> torch.Tensor:
+        """Outputs e in [start, start + count) of each row: h [n, d], start [n] -> [n, count, v], in the
+        matmul's dtype (bf16 under autocast: the sampler's float32 softmax upcasts inside its kernel)."""
+        raise NotImplementedError
+
+    def gather_logits(self, h: torch.Tensor, outputs: torch.Tensor) -> torch.Tensor:
+        """Any c outputs of each row: h [n, d], outputs [n, c] (indices into the E outputs) -> [n, c, v]."""
+        raise NotImplementedError
+
+    def component_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Every output: h [n, d] -> [n, e, v]."""
+        raise NotImplementedError
+
+
+class BaseHead(OutputHead):
+    """Rank 1: the base head W, one output per position (Eq. 2). No parameters of its own."""
+
+    e = 1
+
+    def __init__(self, base: nn.Linear):
+        super().__init__(1, base)
+
+    def select_logits(self, h, start, count):
+        return self.base(h).unsqueeze(1)
+
+    def gather_logits(self, h, outputs):
+        return self.base(h).unsqueeze(1).expand(-1, outputs.shape[1], -1)
+
+    def component_logits(self, h):
+        return self.base(h).unsqueeze(1)
+
+
+class ComponentHead(OutputHead):
+    """E outputs per masked position from a 1-layer (W') or 2-layer (W~ then the frozen W) head."""
+
+    def __init__(self, e: int, rank: int, kind: str, hidden_dim: int, out_vocab: int, base: nn.Linear | None):
+        if kind not in HEAD_KINDS:
+            raise ValueError(f"head must be one of {', '.join(HEAD_KINDS)}, got {kind!r}")
+        if kind == "2layer" and base is None:
+            raise ValueError("a 2-layer head applies the base head W to each output: it needs W")
+        super().__init__(rank, base if kind == "2layer" else None)
+        self.e, self.kind = e, kind
+        self.gather_max_outputs = GATHER_MAX_OUTPUTS
+        if kind == "1layer":
+            self.proj = nn.Linear(hidden_dim, e * out_vocab)  # W'
+        else:
+            self.mix = nn.Linear(hidden_dim, e * hidden_dim, bias=False)  # W~
+
+    @torch.no_grad()
+    def init_from_base(self, base: nn.Linear, noise: float, generator: torch.Generator | None = None) -> None:
+        """Preserve the base marginals: E copies of W (1-layer) or E stacked identities (2-layer)."""
+        if self.kind == "1layer":
+            self.proj.weight.copy_(base.weight.repeat(self.e, 1))  # [(e, v), d]
+            self.proj.bias.copy_(base.bias.repeat(self.e))
+            w = self.proj.weight
+        else:
+            d = self.mix.in_features
+            self.mix.weight.copy_(torch.eye(d).repeat(self.e, 1))  # [(e, d), d]
+            w = self.mix.weight
+        if noise > 0:
+            w.add_(noise * w.std() * torch.randn(w.shape, generator=generator).to(w))
+
+    def select_logits(self, h, start, count):
+        """Sampling needs one CP component (count 1) or one TT core row j (e = j*r .. j*r + r - 1) per
+        position, a factor r less head work than all E outputs. When the first matmul is small (E * v
+        outputs of W', or E * d of W~, at most ``gather_max_outputs``) it runs over all E outputs and
+        the rows' slices are gathered: a few large ops instead of one small matmul per distinct start.
+        Otherwise rows sharing a start share one matmul on that slice of the weight."""
+        if self.e * self._width(h) <= self.gather_max_outputs:
+            return self._all_then_gather(h, start[:, None] + torch.arange(count, device=h.device))
+        return self._slices(h, start, count)
+
+    def gather_logits(self, h, outputs):
+        """When one pass over all E outputs is small (``gather_max_outputs``) or selects at least an eighth of
+        them, it runs once and the rows' outputs are gathered; otherwise each row's outputs run as rows of
+        their own, one matmul per distinct output (``_grouped``)."""
+        n, c = outputs.shape
+        if self.e * self._width(h) <= self.gather_max_outputs or 8 * c >= self.e:
+            return self._all_then_gather(h, outputs)
+        return self._slices(h.repeat_interleave(c, 0), outputs.flatten(), 1).view(n, c, -1)
+
+    def component_logits(self, h):
+        m = h.shape[0]  # may be 0: explicit widths, not -1
+        if self.kind == "1layer":
+            return self.proj(h).view(m, self.e, self.proj.out_features // self.e)
+        return self.base(self.mix(h).view(m, self.e, self.mix.in_features))  # the frozen W on each output
+
+    def _width(self, h: torch.Tensor) -> int:
+        """Columns of the first matmul per output: v (W') or d (W~)."""
+        return h.shape[1] if self.kind == "2layer" else self.proj.out_features // self.e
+
+    def _all_then_gather(self, h: torch.Tensor, outputs: torch.Tensor) -> torch.Tensor:
+        """The first matmul over all E outputs, then each row's ``outputs`` [n, c] gathered -> [n, c, v]."""
+        n, width = h.shape[0], self._width(h)
+        rows = torch.arange(n, device=h.device)[:, None]
+        if self.kind == "2layer":
+            return self.base(self.mix(h).view(n, self.e, width)[rows, outputs])
+        return self.proj(h).view(n, self.e, width)[rows, outputs]
+
+    def _slices(self, h: torch.Tensor, start: torch.Tensor, count: int) -> torch.Tensor:
+        """Outputs [start, start + count) of each row, one matmul per distinct start -> [n, count, v]."""
+        if self.kind == "2layer":
+            return self.base(self._grouped(h, start, count, self.mix.weight, None, self._width(h)))
+        return self._grouped(h, start, count, self.proj.weight, self.proj.bias, self._width(h))
+
+    @staticmethod
+    def _grouped(h, start, count, weight, bias, width) -> torch.Tensor:
+        """One matmul per distinct start on rows [start * width, (start + count) * width) of ``weight``."""
+        out = None
+        for s0 in start.unique().tolist():
+            sel = (start == s0).nonzero().flatten()
+            w = weight[s0 * width:(s0 + count) * width]
+            b = None if bias is None else bias[s0 * width:(s0 + count) * width]
+            y = torch.nn.functional.linear(h[sel], w, b).view(len(sel), count, width)
+            if out is None:
+                out = y.new_empty((h.shape[0],) + y.shape[1:])
+            out[sel] = y
+        return out
+
+
+def zero_linear(in_features: int, out_features: int) -> nn.Linear:
+    """A zero-initialized extra head (CP's weights, TT's contracted cores): uniform at the start."""
+    layer = nn.Linear(in_features, out_features)
+    nn.init.zeros_(layer.weight)
+    nn.init.zeros_(layer.bias)
+    return layer
