@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from ttcore.data.section import default_metrics
+from ttcore.metrics.kinds import MetricsKind, default_metrics, get_metrics_kind
 from ttcore.models import CheckpointError, load_for_inference, resolve_precision
 
 from .admission import Speed
@@ -39,9 +39,9 @@ class LoadedModel:
     card: str | None = None  # the model card's markdown (GET /models/{checkpoint}/card)
 
     @property
-    def molecules(self) -> bool:
-        """Its family's metrics are molecules: answers carry RDKit's fields, valid_only applies."""
-        return self.info.metrics == "molecules"
+    def metrics(self) -> MetricsKind:
+        """What its family is measured by: whether answers carry a per-sample check (``valid``, ``valid_only``)."""
+        return get_metrics_kind(self.info.metrics)
 
 
 _ABSOLUTE_PATH = re.compile(r"(?<![\w./-])/(?:[\w.+-]+/)+([\w.+-]+)")
@@ -95,9 +95,10 @@ class ModelRegistry:
         # the family's name and metrics (the data section's, recorded by the recipes); checkpoints written
         # before the data section: SMILES models are QM9 molecules, text models text
         family = cfg.extra.get("family", "qm9" if tok.kind == "smiles" else tok.kind)
-        metrics = cfg.extra.get("metrics", default_metrics(tok.kind))
+        kind = get_metrics_kind(cfg.extra.get("metrics", default_metrics(tok.kind)))  # unregistered: refused
         card = _read_card(d / "model_card.md")
-        info = ModelInfo(model=family, checkpoint=d.name, domain=tok.kind, metrics=metrics,
+        info = ModelInfo(model=family, checkpoint=d.name, domain=tok.kind, metrics=kind.name,
+                         validates=kind.validates, depicts=kind.depicts,
                          decomposition=cfg.decomposition, rank=cfg.rank,
                          head=cfg.head_label,
                          length=cfg.dit.length, vocab_size=cfg.dit.out_vocab,

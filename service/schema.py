@@ -165,8 +165,9 @@ class GenerateRequest(SamplerFields):
 
 class Sample(BaseModel):
     text: str = Field(description="The generated sequence, padding stripped.", examples=["CC(=O)OC"])
-    valid: bool | None = Field(None, description="A family with `metrics: molecules` only (`GET /models` says each "
-                                                 "checkpoint's): parses and sanitizes with RDKit; null for others.")
+    valid: bool | None = Field(None, description="Whether the sample passes its family's check (families whose "
+                                                 "metrics check samples: `validates` in `GET /models`; molecules: "
+                                                 "parses and sanitizes with RDKit); null for others.")
     canonical: str | None = Field(None, description="Molecule families: RDKit canonical form when valid.")
     qed: float | None = Field(None, description="Molecule families, valid: RDKit's QED drug-likeness (0..1).")
     logp: float | None = Field(None, description="Molecule families, valid: Wildman-Crippen logP (RDKit).")
@@ -309,9 +310,12 @@ class ModelInfo(BaseModel):
                                                               "the steps; paper Sec. 4.4).")
     latent_dim: int = Field(0, description="VADD: the dimension of z (0 for mdlm).")
     domain: str = Field(description="The tokenizer's kind: `smiles`, `char` or `text` (BPE).")
-    metrics: Literal["molecules", "text", "none"] = Field(
-        "none", description="What its family is measured by: `molecules` (answers carry RDKit's fields, "
-        "`valid_only` applies), `text`, or `none` (the sequences only).")
+    metrics: str = Field(
+        "none", description="What its family is measured by, a registered kind (`ttcore.metrics.kinds`): "
+        "`molecules` (answers carry RDKit's fields, `valid_only` applies), `text`, or `none` (the sequences only).")
+    validates: bool = Field(False, description="Its metrics check each sample: answers carry `valid`, and "
+                                               "`valid_only` applies (molecules: RDKit).")
+    depicts: bool = Field(False, description="Its samples can be drawn (`GET /depict`: molecules).")
     decomposition: str
     rank: int
     head: str

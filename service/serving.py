@@ -36,19 +36,6 @@ from .schema import (
 log = logging.getLogger("ttcore.serving")
 
 
-@functools.cache
-def smiles_checker():
-    """``ttcore.metrics.molecules.properties`` (one parse: None for an invalid SMILES, else its canonical form
-    and descriptors), or None where RDKit is not installed: a server without the `chem` extra still serves
-    SMILES, with `valid`, `canonical` and the descriptors left null."""
-    try:
-        from ttcore.metrics.molecules import properties
-    except ImportError as e:
-        log.warning("RDKit is not importable (%s; pip install '.[chem]'): SMILES answers carry valid=null", e)
-        return None
-    return properties
-
-
 @functools.lru_cache(maxsize=4096)
 def depict(smiles: str, width: int, height: int) -> str | None:
     """An SVG drawing of a valid SMILES (RDKit; cached), else None. Raises ImportError without RDKit."""
@@ -156,8 +143,8 @@ class Serving:
         self.memory_budget, self.max_timeout_s = args.memory_budget_mb << 20, args.max_timeout_s
         self.max_step_s = engine.stall_s / 2 if args.max_step_s is None else args.max_step_s
         self.max_stream_bytes = int(args.max_stream_mb * 2**20)
-        if any(lm.molecules for lm in registry.models):
-            smiles_checker()  # says at start-up, not at the first answer, when RDKit is missing
+        for lm in registry.models:
+            lm.metrics.checker()  # says at start-up, not at the first answer, when a check's dependency is missing
 
     async def admit(self, request: GenerateRequest) -> Ticket:
         """``submit`` for a client's request: a compute refusal (``admission.TooLarge``) of a kind of work that no
@@ -194,9 +181,9 @@ class Serving:
         lm = self.registry.resolve(request.model, request.decomposition, request.rank)
         prompt = self.registry.encode_prompt(lm, request.prompt) if request.prompt else None
         timeout = min(request.timeout_s or self.max_timeout_s, self.max_timeout_s)
-        if request.valid_only and not lm.molecules:
-            raise Unsupported("valid_only", f"valid_only needs a molecule model; {lm.name}'s family "
-                                            f"{lm.family} is measured by {lm.info.metrics}")
+        if request.valid_only and not lm.metrics.validates:
+            raise Unsupported("valid_only", f"valid_only needs a family whose metrics check samples (molecules); "
+                                            f"{lm.name}'s family {lm.family} is measured by {lm.info.metrics}")
         try:
             config = request.to_sampler_config()
         except InvalidSampler as e:  # settings no step class runs together (the schema checked each alone)
@@ -440,7 +427,7 @@ class Serving:
 
     def answer(self, job: Ticket, out: StepOutput) -> GenerateResponse:
         lm, t0 = job.lm, time.perf_counter()
-        check = smiles_checker() if lm.molecules else None
+        check = lm.metrics.checker()
         samples = []
         for row in out.tokens.tolist():
             text = lm.tokenizer.decode(row)

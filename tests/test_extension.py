@@ -1,6 +1,8 @@
-"""A new format and a new sampler are each one definition: this file alone defines a toy format (a CP whose
-mixture weights are uniform, no weight head) and a toy sampler (right-to-left unmasking, drawn jointly),
-registers them, and runs them through the loss, generation and a real HTTP server, editing no other file."""
+"""A new format, a new sampler and a new metrics kind are each one definition: this file alone defines a toy
+format (a CP whose mixture weights are uniform, no weight head), a toy sampler (right-to-left unmasking, drawn
+jointly) and a toy metrics kind (a sample is valid when its length is even), registers them through their
+register functions, and runs them through the loss, a data section, generation and a real HTTP server,
+editing no other file."""
 
 import json
 import threading
@@ -12,7 +14,7 @@ import torch
 import uvicorn
 from servers import SAMPLE, free_port
 
-from ttcore.data import SmilesDataset
+from ttcore.data import DataSection, SmilesDataset
 from ttcore.decompositions import (
     ComponentHead,
     CPOutputs,
@@ -23,6 +25,7 @@ from ttcore.decompositions import (
 )
 from ttcore.distributions import sample_categorical, softmax64
 from ttcore.losses import mdlm_loss
+from ttcore.metrics.kinds import MetricsKind, register_metrics_kind, unregister_metrics_kind
 from ttcore.models import DiTConfig, JointModel, ModelConfig, save_checkpoint
 from ttcore.sampling import SamplerConfig, generate, predetermined_step
 from ttcore.sampling.steps import SAMPLERS, ConfiguredStep, WorkKind, register_step
@@ -76,13 +79,23 @@ class RightToLeft(ConfiguredStep):
         return predetermined_step(run.model, h, tokens, masked, chosen, self.config.temperature, run.generator)
 
 
+def _even_length(text):
+    return {} if len(text) % 2 == 0 else None  # valid: no extra answer fields
+
+
+EVEN = MetricsKind("even", "a sample is valid when its length is even", tokenizers=("smiles", "char"),
+                   check=lambda: _even_length)
+
+
 @pytest.fixture
 def registered():
     register_decomposition(UniformCP())
     register_step("right_to_left", RightToLeft)
+    register_metrics_kind(EVEN)
     yield
     unregister_decomposition("ucp")
     SAMPLERS.pop("right_to_left")
+    unregister_metrics_kind("even")
 
 
 def _toy_model(tok):
@@ -111,6 +124,10 @@ def test_a_toy_format_and_sampler_defined_here_train_generate_and_serve(register
     assert SamplerConfig(sampler="right_to_left").step_kind(model.cfg) == (False, False)
     assert SamplerConfig(sampler="right_to_left").work_kind(model.cfg) is WorkKind.predetermined_step
 
+    section = DataSection(source=str(SAMPLE), metrics="even")  # the data section accepts the kind by its name
+    with pytest.raises(ValueError, match="data.metrics: even needs data.tokenizer: smiles or char"):
+        DataSection(source=str(SAMPLE), tokenizer="bpe", metrics="even")
+    model.cfg.extra.update(section.model_extra())
     save_checkpoint(tmp_path / "toy" / "qm9-ucp-r3", model, tok)
     from service.app import create_app
     from service.config import ServiceArgs
@@ -130,7 +147,13 @@ def test_a_toy_format_and_sampler_defined_here_train_generate_and_serve(register
             time.sleep(0.05)
         models = httpx.get(url + "/models").json()["models"]
         assert [(m["decomposition"], m["rank"]) for m in models] == [("ucp", 3)]
-        body = {"model": "qm9", "decomposition": "ucp", "num_samples": 2, "steps": 4, "seed": 0,
+        assert (models[0]["metrics"], models[0]["validates"], models[0]["depicts"]) == ("even", True, False)
+        valid = httpx.post(url + "/generate", json={"model": "qm9_sample", "num_samples": 3, "steps": 4, "seed": 1,
+                                                    "valid_only": True}, timeout=60)
+        assert valid.status_code == 200, valid.text
+        samples = valid.json()["samples"]  # drawn in further rounds until three pass the kind's check
+        assert len(samples) == 3 and all(s["valid"] and len(s["text"]) % 2 == 0 for s in samples)
+        body = {"model": "qm9_sample", "decomposition": "ucp", "num_samples": 2, "steps": 4, "seed": 0,
                 "sampler": "right_to_left", "stream": True}
         events = []
         with httpx.stream("POST", url + "/generate", json=body, timeout=60) as r:
@@ -141,10 +164,10 @@ def test_a_toy_format_and_sampler_defined_here_train_generate_and_serve(register
         assert len(events) == 5 and len(events[-1]["samples"]) == 2  # 4 steps, then the answer
         first = events[0]["committed"][0]  # the first step's positions are the rightmost of the sequence
         assert sorted(first) == list(range(tok.length - len(first), tok.length))
-        v1 = httpx.post(url + "/v1/completions", json={"model": "qm9-ucp-r3", "prompt": "C", "n": 2, "steps": 3,
+        v1 = httpx.post(url + "/v1/completions", json={"model": "qm9_sample-ucp-r3", "prompt": "C", "n": 2, "steps": 3,
                                                         "sampler": "right_to_left"}, timeout=60)
         assert v1.status_code == 200 and len(v1.json()["choices"]) == 2
-        unknown = httpx.post(url + "/generate", json={"model": "qm9", "sampler": "nonexistent"})
+        unknown = httpx.post(url + "/generate", json={"model": "qm9_sample", "sampler": "nonexistent"})
         assert unknown.status_code == 422 and unknown.json()["detail"][0]["loc"] == ["body", "sampler"]
     finally:
         server.should_exit = True

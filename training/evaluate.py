@@ -53,7 +53,7 @@ from _report import (
     write_rows,
 )
 
-from ttcore.metrics import molecule_metrics
+from ttcore.metrics import get_metrics_kind, molecule_metrics
 from ttcore.models import load_for_inference
 from ttcore.sampling import PREDETERMINED, SamplerConfig
 from ttcore.sampling.schedules import SCHEDULES
@@ -185,10 +185,11 @@ def path_matters(**settings) -> bool:
     return SamplerConfig(**settings, adaptive_path="fast").step.chooses
 
 
-def evaluate_sequences(args, out: Path, training: set[str]) -> None:
+def evaluate_sequences(args, out: Path, section) -> None:
     """A family with ``metrics: none``: what any sequences allow, per checkpoint, ordering and K (random order
     unless ``--orderings``): ``uniqueness`` (distinct / all samples), ``novelty`` (samples not in the training
     split / all) and ``mean_length`` (characters). -> sequence_results.csv / .json and the printed table."""
+    training = set(dataset(TrainConfig(data=section)).train)
     rows = []
     for path in checkpoint_dirs(args.checkpoints):
         model, tok, _ = load_for_inference(path, args.device, args.precision)
@@ -210,7 +211,7 @@ def evaluate_sequences(args, out: Path, training: set[str]) -> None:
     print(f"\nwrote {out}/sequence_results.csv, sequence_results.json")
 
 
-def evaluate_text(args, out: Path) -> None:
+def evaluate_text(args, out: Path, section) -> None:
     from ttcore.metrics import generative_perplexity, load_judge, unigram_entropy
 
     judge = load_judge(args.judge)
@@ -299,64 +300,26 @@ def main():
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    paths = checkpoint_dirs(args.checkpoints)
-    section = data_section(args.data, paths[0])
+    section = data_section(args.data, checkpoint_dirs(args.checkpoints)[0])
     args.data = section.source
-    if section.metrics == "text":
-        return evaluate_text(args, out)
+    evaluation = EVALUATIONS[get_metrics_kind(section.metrics).evaluation]  # the family's metrics kind says which
+    return evaluation(args, out, section)
+
+
+def evaluate_molecules(args, out: Path, section) -> None:
+    """A family with ``metrics: molecules``: validity, uniqueness and novelty (and with ``--distribution`` the
+    MOSES metrics) per checkpoint and sampler setting. -> results.csv / .json, plots, the printed tables."""
+    paths = checkpoint_dirs(args.checkpoints)
     ds = dataset(TrainConfig(data=section))
-    if section.metrics == "none":
-        return evaluate_sequences(args, out, set(ds.train))
     training = set(ds.train)
-    reference = None
+    reference = data_row = None
     if args.distribution:  # MOSES-style metrics against the held-out split (MOSES: test; QM9: validation)
         from ttcore.metrics.distribution import Reference
 
         held_out = next(iter(ds.references.values()))
         reference = Reference(held_out, "cuda" if args.device.startswith("cuda") else "cpu")
         data_row = reference.compare(sorted(training)[:: max(1, len(training) // args.samples)][: args.samples])
-    rows = []
-    for path in paths:
-        model, tok, config = load_for_inference(path, args.device, args.precision)
-        cfg = model.cfg
-        spec = model.format
-        contractions = [c for c in args.contractions if c in spec.contractions] or ["head"]
-        sweeps = [(s, t) for s in args.schedules for t in args.temperatures]
-        settings = [(o, k, None, c, True, s, t) for o in args.orderings for k in args.steps for c in contractions
-                    for s, t in sweeps if c == "head" or o in PREDETERMINED]
-        if args.rank_one_view and spec.joint_head:  # the same network and joint, its marginals only
-            settings += [(o, k, None, c, False, s, t) for o in args.orderings for k in args.steps for c in contractions
-                         for s, t in sweeps if c == "head" or o in PREDETERMINED]
-        settings += [("eb", args.eb_max_steps, g, "head", True, "loglinear", 1.0) for g in args.eb_gammas]
-        settings = [s + (p,) for s in settings for p in args.adaptive_paths  # the path matters to adaptive joints
-                    if p == "exact" or path_matters(ordering="random" if s[2] is not None else s[0], eb_gamma=s[2],
-                                                    joint=s[4])]
-        done = {}  # (ordering, gamma, contraction, joint, temperature, path, unmasking counts) -> (res, m)
-        for ordering, steps, gamma, contraction, joint, schedule, temperature, path_kind in settings:
-            kw = {"eb_gamma": gamma} if gamma is not None else {"ordering": ordering, "contraction": contraction,
-                                                                 "schedule": schedule}
-            kw.update(joint=joint, temperature=temperature, adaptive_path=path_kind)
-            key = (ordering, gamma, contraction, joint, temperature, path_kind,  # K >= l only adds idle steps
-                   count_schedule(cfg.dit.length, steps, schedule) if gamma is None else steps)
-            if key not in done:  # the same counts and seeds give the same run: computed once
-                res = run_setting(model, tok, args.samples, steps, args.batch, args.seed, args.memory_mb, **kw)
-                m = molecule_metrics(res["texts"], training)
-                if reference is not None and gamma is None:
-                    m.update(reference.compare(res["texts"]))
-                done[key] = res, m
-            res, m = done[key]
-            row = {"checkpoint": path.name, "decomposition": cfg.decomposition, "rank": cfg.rank,
-                   "ordering": ordering, "contraction": contraction, "joint": joint, "steps": steps,
-                   "eb_gamma": gamma, "schedule": schedule, "temperature": temperature,
-                   "adaptive_path": path_kind, "avg_steps": res["avg_steps"],
-                   "validity": m["validity"], "uniqueness": m["uniqueness"], "novelty": m["novelty"],
-                   "samples": m["n"], "seconds": res["seconds"]}
-            row.update({k: m[k] for k in DISTRIBUTION_COLUMNS if k in m})
-            rows.append(row)
-            print(f"{series(row):>16} {ordering:>13} {contraction:>5} K={steps:<4} gamma={gamma} "
-                  f"steps~{res['avg_steps']:.1f}: "
-                  f"validity {100 * m['validity']:.1f}%, uniqueness {100 * m['uniqueness']:.1f}%, "
-                  f"novelty {100 * m['novelty']:.1f}% ({res['seconds']:.0f} s)", flush=True)
+    rows = [row for path in paths for row in _molecule_rows(args, path, training, reference)]
     write_rows(rows, out / "results")
     if args.cards:  # one table per card: the distribution metrics are columns of it when measured
         if reference is None:
@@ -372,6 +335,58 @@ def main():
     if reference is not None:
         _print_distribution(rows, data_row, len(reference.smiles))
     print(f"\nwrote {out}/results.csv, results.json, validity.png" + (", eb.png" if args.eb_gammas else ""))
+
+
+def _molecule_settings(args, fmt) -> list[tuple]:
+    """(ordering, K, gamma, contraction, joint, schedule, temperature, adaptive_path) of every line asked for."""
+    contractions = [c for c in args.contractions if c in fmt.contractions] or ["head"]
+    sweeps = [(s, t) for s in args.schedules for t in args.temperatures]
+    settings = [(o, k, None, c, True, s, t) for o in args.orderings for k in args.steps for c in contractions
+                for s, t in sweeps if c == "head" or o in PREDETERMINED]
+    if args.rank_one_view and fmt.joint_head:  # the same network and joint, its marginals only
+        settings += [(o, k, None, c, False, s, t) for o in args.orderings for k in args.steps for c in contractions
+                     for s, t in sweeps if c == "head" or o in PREDETERMINED]
+    settings += [("eb", args.eb_max_steps, g, "head", True, "loglinear", 1.0) for g in args.eb_gammas]
+    return [s + (p,) for s in settings for p in args.adaptive_paths  # the path matters to adaptive joints
+            if p == "exact" or path_matters(ordering="random" if s[2] is not None else s[0], eb_gamma=s[2],
+                                            joint=s[4])]
+
+
+def _molecule_rows(args, path: Path, training: set[str], reference) -> list[dict]:
+    """One checkpoint's rows: each setting sampled once (settings with the same unmasking counts share a run)."""
+    model, tok, _ = load_for_inference(path, args.device, args.precision)
+    cfg = model.cfg
+    rows, done = [], {}  # (ordering, gamma, contraction, joint, temperature, path, unmasking counts) -> (res, m)
+    for ordering, steps, gamma, contraction, joint, schedule, temperature, path_kind in _molecule_settings(
+            args, model.format):
+        kw = {"eb_gamma": gamma} if gamma is not None else {"ordering": ordering, "contraction": contraction,
+                                                             "schedule": schedule}
+        kw.update(joint=joint, temperature=temperature, adaptive_path=path_kind)
+        key = (ordering, gamma, contraction, joint, temperature, path_kind,  # K >= l only adds idle steps
+               count_schedule(cfg.dit.length, steps, schedule) if gamma is None else steps)
+        if key not in done:  # the same counts and seeds give the same run: computed once
+            res = run_setting(model, tok, args.samples, steps, args.batch, args.seed, args.memory_mb, **kw)
+            m = molecule_metrics(res["texts"], training)
+            if reference is not None and gamma is None:
+                m.update(reference.compare(res["texts"]))
+            done[key] = res, m
+        res, m = done[key]
+        row = {"checkpoint": path.name, "decomposition": cfg.decomposition, "rank": cfg.rank,
+               "ordering": ordering, "contraction": contraction, "joint": joint, "steps": steps,
+               "eb_gamma": gamma, "schedule": schedule, "temperature": temperature,
+               "adaptive_path": path_kind, "avg_steps": res["avg_steps"],
+               "validity": m["validity"], "uniqueness": m["uniqueness"], "novelty": m["novelty"],
+               "samples": m["n"], "seconds": res["seconds"]}
+        row.update({k: m[k] for k in DISTRIBUTION_COLUMNS if k in m})
+        rows.append(row)
+        print(f"{series(row):>16} {ordering:>13} {contraction:>5} K={steps:<4} gamma={gamma} "
+              f"steps~{res['avg_steps']:.1f}: "
+              f"validity {100 * m['validity']:.1f}%, uniqueness {100 * m['uniqueness']:.1f}%, "
+              f"novelty {100 * m['novelty']:.1f}% ({res['seconds']:.0f} s)", flush=True)
+    return rows
+
+
+EVALUATIONS = {"molecules": evaluate_molecules, "text": evaluate_text, "sequences": evaluate_sequences}
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ function request(checkpoint, rankOneView = false) {
   };
   if ($("seed").value !== "") body.seed = Number($("seed").value);
   if ($("prompt").value) body.prompt = $("prompt").value;
-  if ($("valid-only").checked && m.metrics === "molecules") body.valid_only = true;
+  if ($("valid-only").checked && m.validates) body.valid_only = true;
   return [body, m];
 }
 
@@ -98,13 +98,13 @@ async function showAnswer(pane, answer, model) {
     return div;
   }));
   const took = `${answer.steps} steps, ${answer.model_calls} model calls, ${answer.timings.total_ms.toFixed(0)} ms`;
-  if (model.metrics !== "molecules") {
+  if (!model.validates) {
     pane.querySelector(".summary").textContent = `${samples.length} samples; ${took}`;
     pane.dataset.done = "1";
     return;
   }
   const valid = samples.filter((s) => s.valid);
-  const unique = new Set(valid.map((s) => s.canonical));
+  const unique = new Set(valid.map((s) => s.canonical ?? s.text));
   pane.querySelector(".summary").textContent =
     `valid ${valid.length}/${samples.length} (${(100 * valid.length / Math.max(1, samples.length)).toFixed(0)}%), ` +
     `unique ${unique.size}, drawn ${answer.drawn}; ${took}`;
@@ -114,12 +114,13 @@ async function showAnswer(pane, answer, model) {
     const code = document.createElement("code");
     code.textContent = s.text || "(empty)";
     const note = document.createElement("figcaption");
-    note.textContent = s.valid ? `QED ${s.qed.toFixed(2)} · logP ${s.logp.toFixed(1)} · ${s.mol_weight.toFixed(0)} g/mol`
-      : "invalid";
+    note.textContent = !s.valid ? "invalid" : s.qed == null ? "valid"
+      : `QED ${s.qed.toFixed(2)} · logP ${s.logp.toFixed(1)} · ${s.mol_weight.toFixed(0)} g/mol`;
     cell.append(code, note);
     return [cell, s];
   });
   pane.querySelector(".molecules").replaceChildren(...cells.map(([c]) => c));
+  if (!model.depicts) return;
   await Promise.all(cells.filter(([, s]) => s.valid).map(async ([cell, s]) => {
     const url = await picture(s.canonical);
     if (!url) return;

@@ -2,6 +2,7 @@
 a stalled worker, and the reproductions of the robustness review (each a regression test)."""
 
 import asyncio
+import dataclasses
 import re
 import threading
 import time
@@ -12,11 +13,11 @@ import pytest
 from common import metric
 from servers import start_uvicorn
 
-import service.serving as serving_module
 from service.engine import Engine
 from service.registry import ModelRegistry
 from service.schema import GenerateRequest
 from service.serving import Serving
+from ttcore.metrics.kinds import METRICS_KINDS
 from ttcore.metrics.molecules import properties
 
 pytestmark = pytest.mark.slow  # servers
@@ -199,7 +200,8 @@ def test_rdkit_answers_are_decoded_off_the_event_loop(checkpoints, monkeypatch):
         threads.append(threading.get_ident())
         return properties(smiles)
 
-    monkeypatch.setattr(serving_module, "smiles_checker", lambda: observed)
+    molecules = METRICS_KINDS["molecules"]
+    monkeypatch.setitem(METRICS_KINDS, "molecules", dataclasses.replace(molecules, check=lambda: observed))
     serving = Serving(ModelRegistry(checkpoints, "cpu", "fp32"), Engine())
 
     async def generate():

@@ -196,10 +196,11 @@ def test_settings_are_micro_batched_within_the_memory_budget(checkpoints):
 
     model, tok, _ = load_for_inference(checkpoints / "qm9-tt-r2", "cpu", "fp32")
     per_row = cost.step_row_bytes(model.cfg, True)  # adaptive: full cores per sequence
-    assert rows_within(model, 1, ordering="top_prob") == 1  # never zero: one sequence a pass at least
-    assert rows_within(model, 64, ordering="top_prob") == (64 << 20) // per_row
+    chain = dict(ordering="top_prob", adaptive_path="exact")  # the chain rule
+    assert rows_within(model, 1, **chain) == 1  # never zero: one sequence a pass at least
+    assert rows_within(model, 64, **chain) == (64 << 20) // per_row
     assert rows_within(model, 64, joint=False) == rows_within(model, 64, contraction="exact")  # exact marginals at T
     assert rows_within(model, 64, joint=False, ordering="top_prob") == (64 << 20) // per_row  # ranks every marginal
-    assert rows_within(model, 64, ordering="random") >= rows_within(model, 64, ordering="top_prob")
-    res = run_setting(model, tok, 12, 4, 12, 0, 1, ordering="top_prob")  # twelve passes of one sequence
+    assert rows_within(model, 64, ordering="random") >= rows_within(model, 64, **chain)
+    res = run_setting(model, tok, 12, 4, 12, 0, 1, **chain)  # twelve passes of one sequence
     assert len(res["texts"]) == 12 and res["avg_steps"] == 4

@@ -8,7 +8,8 @@
       length: 64                # tokens per sequence (default: the longest in the data; bpe / gpt2: 128)
       val_fraction: 0.05        # or val: a file of validation sequences
       test: held_out.txt        # optional: held-out sequences the metrics compare against
-      metrics: none             # molecules | text | none (default: molecules for smiles, text for bpe / gpt2)
+      metrics: none             # a registered kind (ttcore.metrics.kinds): molecules | text | none (default:
+                                # molecules for smiles, text for bpe / gpt2)
       family: peptides          # the name the service serves it under (default: the corpus or file name)
 
 A family's name, tokenizer kind and metrics travel with its checkpoints (``extra``), so the service and
@@ -18,15 +19,10 @@ A family's name, tokenizer kind and metrics travel with its checkpoints (``extra
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from ttcore.metrics.kinds import METRICS_KINDS, default_metrics, get_metrics_kind
+
 TOKENIZERS = ("smiles", "char", "bpe", "gpt2")
-METRICS = ("molecules", "text", "none")
 PACKED = ("bpe", "gpt2")  # documents joined and cut into blocks of the length, as MDLM does for text
-
-
-def default_metrics(tokenizer: str) -> str:
-    """What a family is measured by when its section does not say: molecules for SMILES, text for BPE (a
-    tokenizer's saved kind, ``text``, or the section's ``bpe`` / ``gpt2``), none otherwise."""
-    return "molecules" if tokenizer == "smiles" else "text" if tokenizer in (*PACKED, "text") else "none"
 
 
 def coerce_numbers(obj, where: str = "") -> None:
@@ -70,10 +66,11 @@ class DataSection:
             raise ValueError(f"data.tokenizer must be one of {list(TOKENIZERS)}, got {self.tokenizer!r}")
         if self.metrics is None:
             self.metrics = default_metrics(self.tokenizer)
-        if self.metrics not in METRICS:
-            raise ValueError(f"data.metrics must be one of {list(METRICS)}, got {self.metrics!r}")
-        if self.metrics == "molecules" and self.tokenizer != "smiles":
-            raise ValueError("data.metrics: molecules needs data.tokenizer: smiles")
+        if self.metrics not in METRICS_KINDS:
+            raise ValueError(f"data.metrics must be one of {list(METRICS_KINDS)}, got {self.metrics!r}")
+        kind = get_metrics_kind(self.metrics)
+        if not kind.applies_to(self.tokenizer):
+            raise ValueError(f"data.metrics: {kind.name} needs data.tokenizer: {' or '.join(kind.tokenizers)}")
         if corpus is not None and corpus.packed and not self.packed:
             raise ValueError(f"data.source: {self.source} is packed into blocks: it needs data.tokenizer bpe or gpt2")
         if self.length is None and self.packed:

@@ -1,0 +1,95 @@
+"""What a family is measured by (its ``data.metrics``), as objects: the recipes, ``evaluate.py``, the service's
+registry and its answers, and the playground ask the kind instead of comparing its name.
+
+A kind says which tokenizers it applies to and is the default for, whether each sample can be checked
+(``checker``: a valid sample's extra answer fields, None for an invalid one; ``valid_only`` then applies),
+whether samples can be drawn (``depicts``: GET /depict), and which of ``evaluate.py``'s evaluations it takes
+(``evaluation``). A new kind is one ``register_metrics_kind`` call.
+"""
+
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+log = logging.getLogger("ttcore.metrics")
+
+Checker = Callable[[str], dict | None]  # a sample's text -> its extra answer fields when valid, None when not
+
+
+@dataclass(frozen=True)
+class MetricsKind:
+    name: str
+    description: str  # what it measures (the API's and the docs' wording)
+    tokenizers: tuple[str, ...] | None = None  # the tokenizer kinds it applies to (None: any)
+    default_for: tuple[str, ...] = ()  # tokenizer kinds (a section's, or a saved tokenizer's) it is the default of
+    evaluation: str = "sequences"  # evaluate.py's evaluation: molecules, text or sequences
+    depicts: bool = False  # a sample can be drawn (GET /depict: molecules)
+    check: Callable[[], Checker | None] | None = None  # builds the per-sample check (None where it cannot run)
+
+    @property
+    def validates(self) -> bool:
+        """Whether each sample is checked (answers carry ``valid``; ``valid_only`` applies)."""
+        return self.check is not None
+
+    def checker(self) -> Checker | None:
+        """The per-sample check, or None (it checks nothing, or its dependency is missing: answers then carry
+        ``valid: null``)."""
+        return None if self.check is None else _cached_checker(self.check)
+
+    def applies_to(self, tokenizer: str) -> bool:
+        return self.tokenizers is None or tokenizer in self.tokenizers
+
+
+@functools.cache
+def _cached_checker(build: Callable[[], Checker | None]) -> Checker | None:
+    return build()
+
+
+def _rdkit_properties() -> Checker | None:
+    """``molecules.properties`` (one parse: None for an invalid SMILES, else its canonical form and descriptors),
+    or None where RDKit is not installed (a server without the `chem` extra serves SMILES with ``valid: null``)."""
+    try:
+        from .molecules import properties
+    except ImportError as e:
+        log.warning("RDKit is not importable (%s; pip install '.[chem]'): SMILES answers carry valid=null", e)
+        return None
+    return properties
+
+
+METRICS_KINDS: dict[str, MetricsKind] = {}
+
+
+def register_metrics_kind(kind: MetricsKind) -> MetricsKind:
+    """Make ``kind`` a ``data.metrics`` value that recipes record and the service and ``evaluate.py`` honour."""
+    if kind.name in METRICS_KINDS and METRICS_KINDS[kind.name] is not kind:
+        raise ValueError(f"a metrics kind named {kind.name!r} is already registered")
+    METRICS_KINDS[kind.name] = kind
+    return kind
+
+
+def unregister_metrics_kind(name: str) -> None:
+    METRICS_KINDS.pop(name, None)
+
+
+def get_metrics_kind(name: str) -> MetricsKind:
+    if name not in METRICS_KINDS:
+        raise ValueError(f"metrics must be one of {list(METRICS_KINDS)}, got {name!r}")
+    return METRICS_KINDS[name]
+
+
+def default_metrics(tokenizer: str) -> str:
+    """What a family is measured by when its section does not say: the kind that is ``tokenizer``'s default
+    (molecules for SMILES, text for BPE: a section's ``bpe`` / ``gpt2`` or a saved tokenizer's ``text``), else
+    none."""
+    return next((k.name for k in METRICS_KINDS.values() if tokenizer in k.default_for), "none")
+
+
+for _kind in (
+    MetricsKind("molecules", "RDKit validity, uniqueness, novelty and descriptors", ("smiles",), ("smiles",),
+                "molecules", depicts=True, check=_rdkit_properties),
+    MetricsKind("text", "generative perplexity under a judge LM and unigram entropy", None, ("bpe", "gpt2", "text"),
+                "text"),
+    MetricsKind("none", "the sequences only: uniqueness and novelty against the training split"),
+):
+    register_metrics_kind(_kind)
