@@ -19,7 +19,7 @@ import torch
 from ttcore.flops import device_peak, mfu, train_flops_per_token
 from ttcore.losses import mdlm_loss
 from ttcore.models import DiTConfig, JointModel, ModelConfig
-from ttcore.training import MODEL_SIZES, autocast
+from ttcore.recipes import MODEL_SIZES, autocast
 
 SMOKE = dict(hidden_dim=32, cond_dim=16, n_blocks=1, n_heads=2)
 

@@ -13,7 +13,7 @@ from _loop import fit
 
 from ttcore.data import SmilesDataset
 from ttcore.models import JointModel, ModelConfig
-from ttcore.training import load_config
+from ttcore.recipes import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "tests" / "data" / "qm9_sample.txt"

@@ -7,7 +7,7 @@ import torch
 
 from ttcore.data import load_dataset
 from ttcore.parallel import is_main_process
-from ttcore.training import load_config
+from ttcore.recipes import load_config
 
 
 def parser(doc: str) -> argparse.ArgumentParser:

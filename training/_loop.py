@@ -1,5 +1,5 @@
 """The training loop of the recipes (``pretrain.py``, ``finetune.py``): they build a model and call ``fit``,
-which assembles the library's parts (``ttcore.training``: config, schedule, data order, EMA, checkpoint
+which assembles the library's parts (``ttcore.recipes``: config, schedule, data order, EMA, checkpoint
 state, validation, cards). A run writes an atomic checkpoint every ``ckpt_minutes`` and at the end;
 ``resume`` continues exactly (model, optimizer, LR schedule position, every process's mask stream, step, data
 position) when it runs on as many processes as wrote the checkpoint (on another number, the mask streams
@@ -22,7 +22,7 @@ from ttcore.flops import device_peak, mfu, train_flops_per_token
 from ttcore.losses import mdlm_loss, vadd_loss
 from ttcore.models import JointModel, load_train_state, save_checkpoint
 from ttcore.parallel import Workers
-from ttcore.training import (
+from ttcore.recipes import (
     RESEED_STRIDE,
     BatchOrder,
     TrainConfig,

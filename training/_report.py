@@ -12,9 +12,9 @@ import torch
 
 from ttcore.data import CORPORA, DataSection
 from ttcore.models import read_train_config
+from ttcore.recipes import TrainConfig, public_command
 from ttcore.sampling import cost, generate, unmask_counts
 from ttcore.sampling.schedules import SCHEDULES
-from ttcore.training import TrainConfig, public_command
 
 
 def checkpoint_dirs(paths: list[str]) -> list[Path]:

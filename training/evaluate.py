@@ -55,9 +55,9 @@ from _report import (
 
 from ttcore.metrics import get_metrics_kind, molecule_metrics
 from ttcore.models import load_for_inference
+from ttcore.recipes import TrainConfig
 from ttcore.sampling import PREDETERMINED, SamplerConfig
 from ttcore.sampling.schedules import SCHEDULES
-from ttcore.training import TrainConfig
 
 
 def _plot(rows: list[dict], orderings: list[str], out: Path) -> None:

@@ -1,5 +1,5 @@
 """Likelihood of each checkpoint on the data it was trained on (its ``train_config.json``), or on ``--data``:
-the validation metrics (joint NLL, marginal NLL, NELBO; ``ttcore.training.evaluate_loss``), the ELBO perplexity,
+the validation metrics (joint NLL, marginal NLL, NELBO; ``ttcore.recipes.evaluate_loss``), the ELBO perplexity,
 and, for TT, the contracted-core head's error against the exact contraction (total variation per row of Gbar_j,
 mean and max over masked positions). Any family: no sample metrics needed.
 
@@ -19,8 +19,8 @@ from _report import checkpoint_dirs, data_section, this_command, train_config
 from ttcore.decompositions import exact_contracted_cores
 from ttcore.losses import forward_mask, sample_times
 from ttcore.models import load_for_inference
+from ttcore.recipes import evaluate_loss, validation_summary
 from ttcore.scoring import elbo
-from ttcore.training import evaluate_loss, validation_summary
 
 
 @torch.no_grad()

@@ -24,7 +24,7 @@ from ttcore.decompositions import DECOMPOSITIONS, HEAD_KINDS, get_decomposition
 from ttcore.models import JointModel, load_checkpoint, load_train_state
 from ttcore.models.mdlm_compat import is_mdlm_checkpoint, load_mdlm
 from ttcore.parallel import is_main_process
-from ttcore.training import throughput_line
+from ttcore.recipes import throughput_line
 
 
 def main():

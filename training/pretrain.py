@@ -15,8 +15,8 @@ from _loop import fit
 
 from ttcore.models import JointModel, ModelConfig, load_checkpoint, load_train_state
 from ttcore.parallel import is_main_process
+from ttcore.recipes import throughput_line
 from ttcore.tokenizers import load_tokenizer
-from ttcore.training import throughput_line
 
 
 def main():

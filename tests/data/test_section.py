@@ -9,8 +9,8 @@ import json
 import pytest
 
 from ttcore.data import DataSection, load_dataset, read_sequences
+from ttcore.recipes import TrainConfig, load_config
 from ttcore.tokenizers import CharTokenizer, load_tokenizer
-from ttcore.training import TrainConfig, load_config
 
 SEQS = ["ACDK", "GGLK", "MKVLA", "WWY", "KRKRKRK", "AC"]
 
@@ -89,20 +89,27 @@ def test_defaults_and_refusals():
         TrainConfig.from_dict({"data": {"val_fraction": "a fifth"}})
 
 
-def test_configs_before_the_section(tmp_path):
+def test_configs_before_the_section_are_migrated_by_export(tmp_path):
     """Flat keys (every checkpoint's train_config.json before the section records them all, text-only ones
-    too) and ``data`` as a bare name."""
+    too) and ``data`` as a bare name: ``training/export.py`` migrates them (the one place they are read); the
+    library refuses them, naming it."""
+    from export import migrate_train_config
+
     old = {"data": "qm9", "family": "qm9", "tokenizer": "bpe", "bpe_vocab": 8192, "length": 128,
            "val_fraction": 0.05}
-    assert TrainConfig.from_dict(old).data == DataSection()
-    text = TrainConfig.from_dict({**old, "data": "text", "family": "text", "bpe_vocab": 300, "length": 16}).data
+    with pytest.raises(ValueError, match="training/export.py"):
+        TrainConfig.from_dict(old)
+    assert TrainConfig.from_dict(migrate_train_config(old)).data == DataSection()
+    text = migrate_train_config({**old, "data": "text", "family": "text", "bpe_vocab": 300, "length": 16})
+    text = TrainConfig.from_dict(text).data
     assert (text.source, text.tokenizer, text.bpe_vocab, text.length, text.family) == ("text", "bpe", 300, 16, "text")
-    cfg = TrainConfig.from_dict(old)
+    cfg = TrainConfig.from_dict(migrate_train_config(old))
     from dataclasses import asdict
     assert TrainConfig.from_dict(json.loads(json.dumps(asdict(cfg)))) == cfg  # what checkpoints now record
-    (tmp_path / "c.yaml").write_text("data: text\nfamily: text\nlr: 1.0e-3\n")
+    assert migrate_train_config(asdict(cfg)) == json.loads(json.dumps(asdict(cfg)))  # current configs pass as they are
+    (tmp_path / "c.yaml").write_text("data: text\nlr: 1.0e-3\n")  # a bare source name
     cfg = load_config(tmp_path / "c.yaml", ["data.source=p.txt", "data.tokenizer=char", "lr=3e-4"])
-    assert (cfg.data.source, cfg.data.tokenizer, cfg.data.family, cfg.lr) == ("p.txt", "char", "text", 3e-4)
+    assert (cfg.data.source, cfg.data.tokenizer, cfg.data.family, cfg.lr) == ("p.txt", "char", "p", 3e-4)
 
 
 @pytest.mark.slow

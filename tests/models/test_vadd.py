@@ -144,7 +144,7 @@ def test_z_comes_from_the_seed_once_and_runs_stay_batch_independent():
 def test_marginal_weight_is_refused_for_a_vadd_model_not_ignored(tmp_path):
     from _loop import fit
 
-    from ttcore.training import TrainConfig
+    from ttcore.recipes import TrainConfig
 
     x = torch.randint(0, V, (8, L))
     with pytest.raises(ValueError, match="marginal_weight"):

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from ttcore.data import SmilesDataset
 from ttcore.models import DiTConfig, JointModel, ModelConfig, load_checkpoint, read_train_config
-from ttcore.training import TrainConfig, evaluate_loss, load_config
+from ttcore.recipes import TrainConfig, evaluate_loss, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "tests" / "data" / "qm9_sample.txt"
@@ -223,7 +223,7 @@ def test_a_run_sized_to_minutes_prints_and_trains_the_steps_that_fit(tmp_path):
 
 
 def test_model_size_presets_set_the_backbone():
-    from ttcore.training import MODEL_SIZES, TrainConfig
+    from ttcore.recipes import MODEL_SIZES, TrainConfig
 
     cfg = TrainConfig.from_dict({"model": {"size": "m", "hidden_dim": 64}})
     assert (cfg.model.hidden_dim, cfg.model.n_blocks, cfg.model.n_heads) == (512, 8, 8)  # the size wins
@@ -232,11 +232,15 @@ def test_model_size_presets_set_the_backbone():
         TrainConfig.from_dict({"model": {"size": "huge"}})
 
 
-def test_configs_nest_the_model_and_read_the_flat_cards_of_earlier_checkpoints():
+def test_configs_nest_the_model_and_export_migrates_the_flat_configs_of_earlier_checkpoints():
+    from export import migrate_train_config
+
     cfg = load_config(TINY, ["model.rank=4", "decomposition=tt", "lr=0.01"])
     assert (cfg.model.rank, cfg.model.decomposition, cfg.model.hidden_dim, cfg.lr) == (4, "tt", 32, 0.01)
     flat = {"hidden_dim": 64, "rank": 8, "decomposition": "tt", "batch_size": 16}  # as cards recorded it
-    legacy = TrainConfig.from_dict(flat)
+    with pytest.raises(ValueError, match=r"belong in the model: / data: sections .*training/export.py"):
+        TrainConfig.from_dict(flat)
+    legacy = TrainConfig.from_dict(migrate_train_config(flat))  # export.py: the one place old configs are read
     assert (legacy.model.hidden_dim, legacy.model.rank, legacy.batch_size) == (64, 8, 16)
     from dataclasses import asdict
     assert TrainConfig.from_dict(asdict(legacy)) == legacy
@@ -249,7 +253,7 @@ def test_configs_nest_the_model_and_read_the_flat_cards_of_earlier_checkpoints()
 
 
 def test_cards_record_commands_without_the_trainers_paths(tmp_path, monkeypatch):
-    from ttcore.training import public_command
+    from ttcore.recipes import public_command
     monkeypatch.chdir(tmp_path)
     argv = ["python", str(tmp_path / "training" / "finetune.py"), "--base", "/home/someone/ck", "--out=/srv/x/run",
             "--set", "data=/data/q.txt", "lr=0.1"]

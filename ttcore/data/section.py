@@ -21,6 +21,8 @@ from pathlib import Path
 
 from ttcore.metrics.kinds import METRICS_KINDS, default_metrics, get_metrics_kind
 
+from .corpora import CORPORA
+
 TOKENIZERS = ("smiles", "char", "bpe", "gpt2")
 PACKED = ("bpe", "gpt2")  # documents joined and cut into blocks of the length, as MDLM does for text
 
@@ -56,8 +58,6 @@ class DataSection:
     family: str | None = None
 
     def __post_init__(self):
-        from .sources import CORPORA
-
         coerce_numbers(self, "data.")
         corpus = CORPORA.get(self.source)
         if self.tokenizer is None:
