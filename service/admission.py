@@ -26,15 +26,7 @@ from dataclasses import dataclass
 from ttcore.sampling import GenerationRun, SamplerConfig, cost
 from ttcore.sampling.steps import WorkKind
 
-
-class TooLarge(ValueError):
-    """The request can never fit this server's limits; ``field`` names what to lower. ``compute``: refused by
-    the compute estimate (which a re-timing may revise), not by memory or the stream limit."""
-
-    def __init__(self, field: str, message: str, compute: bool = False):
-        super().__init__(message)
-        self.field, self.compute = field, compute
-
+from .refusals import TooLarge
 
 WINDOW = 8  # observations per kind of work that the estimate is the median of
 CALIBRATION_REPEATS = 3  # best of this many short timings at start-up

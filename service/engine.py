@@ -31,6 +31,7 @@ from ttcore.sampling import GenerationRun, batch_step
 
 from .config import ServiceArgs
 from .metrics import Metrics
+from .refusals import Overloaded
 from .registry import LoadedModel
 
 log = logging.getLogger("ttcore.engine")
@@ -62,12 +63,6 @@ def release_freed_memory() -> None:
         torch.cuda.empty_cache()
 
 
-class Overloaded(RuntimeError):
-    def __init__(self, message: str, retry_after_s: int):
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-
 @dataclass
 class StepOutput:
     """One denoising step of one request: ``tokens`` [b, l] after it (mask id where still masked), the
@@ -90,7 +85,7 @@ class EngineError:
 @dataclass
 class Job:
     lm: LoadedModel
-    run: GenerationRun
+    run: GenerationRun | None  # None: a reserved slot whose work runs its own pieces (/score)
     cost_s: float = 0.0  # estimated compute of the whole request (admission)
     timeout_s: float = float("inf")
     kind: str | None = None  # its work kind (SamplerConfig.work_kind): the estimate its measured time corrects
@@ -110,7 +105,10 @@ class Job:
     @property
     def remaining_s(self) -> float:
         """Time still ahead of this request: once it has taken steps, its own pace so far (wall time per
-        step, queueing behind others included) times the steps left; before that, admission's estimate."""
+        step, queueing behind others included) times the steps left; before that, admission's estimate. A
+        reserved job (no run: /score) has admission's estimate less the time it has run."""
+        if self.run is None:
+            return max(0.0, self.cost_s - (time.perf_counter() - self.arrived))
         working = min(self.run.steps, self.run.tokens.shape[1])  # steps that unmask anything: at most l
         done = sum(1 for n in self.tokens_per_step if n)  # idle steps (more steps than positions) cost nothing
         left = max(0, working - done)
@@ -296,19 +294,33 @@ class Engine:
                timeout_s: float = float("inf"), kind: str | None = None) -> Job:
         """Admit a run of ``lm`` (raises Overloaded). Must run on the event loop. ``kind``: its work kind
         (``SamplerConfig.work_kind``); when given, its measured time corrects ``lm.speed`` once it finishes."""
-        if len(self._jobs) >= self.max_requests:
-            self.metrics.rejected.inc()
-            first_free = min(job.remaining_s for job in self._jobs.values())  # when a slot frees up
-            retry = max(1, min(3600, math.ceil(first_free)))
-            raise Overloaded(f"{len(self._jobs)} requests in flight (the limit is {self.max_requests})", retry)
-        job = Job(lm, run, cost_s, timeout_s, kind)
-        self._jobs[job.id] = job
-        self.metrics.queue_depth.set(len(self._jobs))
+        job = self.reserve(lm, cost_s, timeout_s, kind)
+        job.run = run
         batcher = self._batchers.get(lm.name)
         if batcher is None:
             batcher = self._batchers[lm.name] = _Batcher(self, lm)
         batcher.add(job)
         return job
+
+    def reserve(self, lm: LoadedModel, cost_s: float = 0.0, timeout_s: float = float("inf"),
+                kind: str | None = None) -> Job:
+        """A slot among the ``max_requests`` in flight (raises Overloaded), for a job without a run: work that
+        runs its own pieces on the model's worker (``run_on_worker``: /score) counts against the same limit as
+        generation and is aborted the same way (``job.cancelled``). ``submit`` gives the slot a run; other work
+        gives it back with ``release``."""
+        if len(self._jobs) >= self.max_requests:
+            self.metrics.rejected.inc()
+            first_free = min(job.remaining_s for job in self._jobs.values())  # when a slot frees up
+            retry = max(1, min(3600, math.ceil(first_free)))
+            raise Overloaded(f"{len(self._jobs)} requests in flight (the limit is {self.max_requests})", retry)
+        job = Job(lm, None, cost_s, timeout_s, kind)
+        self._jobs[job.id] = job
+        self.metrics.queue_depth.set(len(self._jobs))
+        return job
+
+    def release(self, job: Job) -> None:
+        """Give back a reserved job's slot (its work is done, failed or cancelled)."""
+        self._release(job, job.cancelled)
 
     async def outputs(self, job: Job):
         """Async generator of the job's ``StepOutput``s until the finished one (or an ``EngineError``);

@@ -17,18 +17,20 @@ import asyncio
 import json
 import re
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import ValidationError
 
 from ttcore.decompositions import DECOMPOSITIONS
 
+from .completions import completion_prompt
+from .completions import completions as completion_steps
 from .openai_schema import Completion, CompletionChoice, CompletionRequest, OpenAIModel, OpenAIModelList, Usage
+from .refusals import Refusal, failure_status
 from .registry import LoadedModel
+from .routes import current_serving
 from .schema import MIN_TEMPERATURE, GenerateRequest, SamplerFields
 from .security import clip
 from .serving import Failure, Serving
-from .statuses import REFUSED, failure_status, refusal
 
 
 def _model_id_pattern() -> re.Pattern:
@@ -57,93 +59,89 @@ def _generate_request(req: CompletionRequest) -> GenerateRequest:
                            prompt=req.prompt or None, **sampler)
 
 
-def openai_router(serving: Serving) -> APIRouter:
-    router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"])
-    registry = serving.registry
+def openai_refused(r: Refusal) -> JSONResponse:
+    """A refusal as OpenAI's error object: 422 becomes 400 (OpenAI's invalid request), ``num_samples`` is ``n``."""
+    param = {"num_samples": "n"}.get(r.loc[0], r.loc[0]) if r.loc else None
+    kind = "server_error" if r.status >= 500 else "invalid_request_error"
+    return openai_error(400 if r.status == 422 else r.status, r.message, param, r.code, kind, headers=r.headers or None)
 
-    @router.get("/models", response_model=OpenAIModelList)
-    async def models():
-        return OpenAIModelList(data=[OpenAIModel(id=model_id(lm), ttcore={
-            "checkpoint": lm.name, "family": lm.family, "decomposition": lm.info.decomposition, "rank": lm.info.rank,
-            "length": lm.info.length, "domain": lm.domain, "metrics": lm.info.metrics}) for lm in registry.models])
 
-    @router.post("/completions", response_model=Completion, responses={
-        200: {"description": "A completion; with `stream: true`, `data: {chunk}` events then `data: [DONE]`",
-              "content": {"text/event-stream": {"schema": {
-                  "type": "object", "required": ["data"],
-                  "properties": {"data": {"type": "string", "description": "a Completion chunk (JSON) or [DONE]"}}}}}},
-        400: {"description": "Invalid request (OpenAI error object)"}, 401: {"description": "Missing or bad key"},
-        404: {"description": "Unknown model"}, 413: {"description": "Body too large"},
-        422: {"description": "Invalid request (OpenAI error object)"},
-        503: {"description": "Overloaded (Retry-After)"}, 504: {"description": "Deadline passed"}})
-    async def completions(req: CompletionRequest, request: Request):
-        try:
-            gen = _generate_request(req)
-            # everything that can refuse the request happens before it is admitted: a failure after
-            # admission would hold a slot (and run the job) with no reader
-            lm = registry.resolve(gen.model, gen.decomposition, gen.rank)
-            prompt = serving.completion_prompt(lm, req.prompt)
-            job = await serving.admit(gen)
-        except ValidationError as e:
-            err = e.errors()[0]
-            return openai_error(400, f"{'.'.join(map(str, err['loc']))}: {err['msg']}", str(err["loc"][-1]))
-        except REFUSED as e:
-            r = refusal(e)
-            param = {"num_samples": "n"}.get(r.loc[0], r.loc[0]) if r.loc else None
-            kind = "server_error" if r.status >= 500 else "invalid_request_error"
-            return openai_error(400 if r.status == 422 else r.status, r.message, param, r.code, kind,
-                                headers=r.headers or None)
-        try:
-            return await _answer(req, request, job, prompt)
-        except BaseException:  # a bug here must not leave the admitted job running without a reader
-            serving.abort(job)
-            raise
+router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"])
 
-    async def _answer(req: CompletionRequest, request: Request, job, prompt):
-        """Formats serving's completion steps as OpenAI's objects."""
-        prefix = req.prompt if req.echo and not prompt.template else ""
-        cid, name = f"cmpl-{job.id}", model_id(job.lm)
 
-        def usage(step) -> Usage:
-            return Usage(prompt_tokens=prompt.tokens, completion_tokens=step.completion_tokens,
-                         total_tokens=prompt.tokens + step.completion_tokens)
+@router.get("/models", response_model=OpenAIModelList)
+async def models(serving: Serving = Depends(current_serving)):
+    return OpenAIModelList(data=[OpenAIModel(id=model_id(lm), ttcore={
+        "checkpoint": lm.name, "family": lm.family, "decomposition": lm.info.decomposition, "rank": lm.info.rank,
+        "length": lm.info.length, "domain": lm.domain, "metrics": lm.info.metrics}) for lm in serving.registry.models])
 
-        def error(f: Failure) -> dict:
-            return {"message": f.message, "type": "server_error", "param": None, "code": f.kind}
 
-        if not req.stream:
-            watcher = asyncio.create_task(serving.cancel_when(request.is_disconnected, job))
-            try:
-                async for step in serving.completions(job, prompt, req.n, req.max_tokens, stream=False):
-                    if isinstance(step, Failure):
-                        return openai_error(failure_status(step.kind), step.message, code=step.kind,
-                                            kind="server_error")
-                    made = [CompletionChoice(text=prefix + text, index=i, finish_reason=reason)
-                            for i, (text, reason) in enumerate(step.final)]
-                    return Completion(id=cid, model=name, choices=made, usage=usage(step), ttcore=step.telemetry)
-            finally:
-                watcher.cancel()
+@router.post("/completions", response_model=Completion, responses={
+    200: {"description": "A completion; with `stream: true`, `data: {chunk}` events then `data: [DONE]`",
+          "content": {"text/event-stream": {"schema": {
+              "type": "object", "required": ["data"],
+              "properties": {"data": {"type": "string", "description": "a Completion chunk (JSON) or [DONE]"}}}}}},
+    400: {"description": "Invalid request (OpenAI error object)"}, 401: {"description": "Missing or bad key"},
+    404: {"description": "Unknown model"}, 413: {"description": "Body too large"},
+    422: {"description": "Invalid request (OpenAI error object)"},
+    503: {"description": "Overloaded (Retry-After)"}, 504: {"description": "Deadline passed"}})
+async def completions(req: CompletionRequest, request: Request, serving: Serving = Depends(current_serving)):
+    gen = _generate_request(req)
+    # everything that can refuse the request happens before it is admitted: a failure after admission would hold
+    # a slot (and run the job) with no reader; a refusal is answered by the app's handler (``openai_refused``)
+    lm = serving.registry.resolve(gen.model, gen.decomposition, gen.rank)
+    prompt = completion_prompt(serving, lm, req.prompt)
+    job = await serving.admit(gen)
+    try:
+        if req.stream:
+            return StreamingResponse(_chunks(serving, req, job, prompt), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return await _answer(serving, req, request, job, prompt)
+    except BaseException:  # a bug here must not leave the admitted job running without a reader
+        serving.abort(job)
+        raise
 
-        include_usage = bool((req.stream_options or {}).get("include_usage"))
 
-        async def stream():
-            first = True
-            async for step in serving.completions(job, prompt, req.n, req.max_tokens, stream=True):
-                if isinstance(step, Failure):
-                    yield f"data: {json.dumps({'error': error(step)})}\n\n".encode()
-                    break
-                for i, text, reason in step.deltas:
-                    chunk = Completion(id=cid, model=name, choices=[CompletionChoice(
-                        text=(prefix if first else "") + text, index=i, finish_reason=reason)],
-                        ttcore={"step": step.step, "canvas": step.canvases[i], "committed": step.committed[i]})
-                    yield f"data: {chunk.model_dump_json(exclude_none=True)}\n\n".encode()
-                first = False
-                if step.final is not None and include_usage:
-                    last = Completion(id=cid, model=name, choices=[], usage=usage(step))
-                    yield f"data: {last.model_dump_json(exclude_none=True)}\n\n".encode()
-            yield b"data: [DONE]\n\n"
+def _usage(prompt, step) -> Usage:
+    return Usage(prompt_tokens=prompt.tokens, completion_tokens=step.completion_tokens,
+                 total_tokens=prompt.tokens + step.completion_tokens)
 
-        return StreamingResponse(stream(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
-    return router
+async def _answer(serving: Serving, req: CompletionRequest, request: Request, job, prompt):
+    """The whole completion as one OpenAI object (the job is cancelled when its client goes away)."""
+    prefix = req.prompt if req.echo and not prompt.template else ""
+    watcher = asyncio.create_task(serving.cancel_when(request.is_disconnected, job))
+    try:
+        async for step in completion_steps(serving, job, prompt, req.n, req.max_tokens, stream=False):
+            if isinstance(step, Failure):
+                return openai_error(failure_status(step.kind), step.message, code=step.kind, kind="server_error")
+            made = [CompletionChoice(text=prefix + text, index=i, finish_reason=reason)
+                    for i, (text, reason) in enumerate(step.final)]
+            return Completion(id=f"cmpl-{job.id}", model=model_id(job.lm), choices=made, usage=_usage(prompt, step),
+                              ttcore=step.telemetry)
+    finally:
+        watcher.cancel()
+
+
+async def _chunks(serving: Serving, req: CompletionRequest, job, prompt):
+    """The completion as OpenAI's stream: a chunk per choice per step (the streaming rule above), the usage
+    chunk when asked, then ``[DONE]``."""
+    prefix = req.prompt if req.echo and not prompt.template else ""
+    cid, name = f"cmpl-{job.id}", model_id(job.lm)
+    include_usage = bool((req.stream_options or {}).get("include_usage"))
+    first = True
+    async for step in completion_steps(serving, job, prompt, req.n, req.max_tokens, stream=True):
+        if isinstance(step, Failure):
+            error = {"message": step.message, "type": "server_error", "param": None, "code": step.kind}
+            yield f"data: {json.dumps({'error': error})}\n\n".encode()
+            break
+        for i, text, reason in step.deltas:
+            chunk = Completion(id=cid, model=name, choices=[CompletionChoice(
+                text=(prefix if first else "") + text, index=i, finish_reason=reason)],
+                ttcore={"step": step.step, "canvas": step.canvases[i], "committed": step.committed[i]})
+            yield f"data: {chunk.model_dump_json(exclude_none=True)}\n\n".encode()
+        first = False
+        if step.final is not None and include_usage:
+            last = Completion(id=cid, model=name, choices=[], usage=_usage(prompt, step))
+            yield f"data: {last.model_dump_json(exclude_none=True)}\n\n".encode()
+    yield b"data: [DONE]\n\n"

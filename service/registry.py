@@ -12,19 +12,31 @@ from ttcore.metrics.kinds import MetricsKind, default_metrics, get_metrics_kind
 from ttcore.models import CheckpointError, load_for_inference, resolve_precision
 
 from .admission import Speed
-from .schema import ModelInfo
+from .refusals import ModelNotFound, PromptError
 
 log = logging.getLogger("ttcore.registry")
 
 
-class ModelNotFound(LookupError):
-    def __init__(self, message: str, available: list[dict]):
-        super().__init__(message)
-        self.available = available
-
-
-class PromptError(ValueError):
-    pass
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the service tells of a loaded checkpoint (``GET /models`` adds this machine's estimates and sends it
+    as the wire type ``schema.ModelInfo``, whose fields document each)."""
+    model: str  # the family's name
+    checkpoint: str
+    domain: str
+    metrics: str
+    validates: bool
+    depicts: bool
+    decomposition: str
+    rank: int
+    head: str
+    length: int
+    vocab_size: int
+    parameters: int
+    card_url: str | None
+    summary: tuple[str, ...]
+    base: str
+    latent_dim: int
 
 
 @dataclass
@@ -34,7 +46,7 @@ class LoadedModel:
     domain: str  # the tokenizer's kind: smiles, char or text
     model: torch.nn.Module
     tokenizer: object
-    info: ModelInfo
+    info: ModelFacts
     speed: Speed  # this machine's timings of the model (admission's compute estimates)
     card: str | None = None  # the model card's markdown (GET /models/{checkpoint}/card)
 
@@ -97,14 +109,14 @@ class ModelRegistry:
         family = cfg.extra.get("family", "qm9" if tok.kind == "smiles" else tok.kind)
         kind = get_metrics_kind(cfg.extra.get("metrics", default_metrics(tok.kind)))  # unregistered: refused
         card = _read_card(d / "model_card.md")
-        info = ModelInfo(model=family, checkpoint=d.name, domain=tok.kind, metrics=kind.name,
+        info = ModelFacts(model=family, checkpoint=d.name, domain=tok.kind, metrics=kind.name,
                          validates=kind.validates, depicts=kind.depicts,
                          decomposition=cfg.decomposition, rank=cfg.rank,
                          head=cfg.head_label,
                          length=cfg.dit.length, vocab_size=cfg.dit.out_vocab,
                          parameters=sum(p.numel() for p in model.parameters()),
                          card_url=f"/models/{d.name}/card" if card is not None else None,
-                         summary=[line[2:] for line in (card or "").splitlines() if line.startswith("- ")][:8],
+                         summary=tuple(line[2:] for line in (card or "").splitlines() if line.startswith("- "))[:8],
                          base="vadd" if cfg.dit.latent_dim else "mdlm", latent_dim=cfg.dit.latent_dim)
         log.info("loaded %s: %s %s r=%d (admission times each kind of work when a request first needs it)",
                  d.name, family, cfg.decomposition, cfg.rank)
@@ -114,13 +126,6 @@ class ModelRegistry:
     @property
     def ready(self) -> bool:
         return bool(self.models)
-
-    def model_infos(self) -> list[ModelInfo]:
-        return [lm.info.model_copy(update={
-            "estimated_seconds": {k: lm.speed.estimate(k) for k in Speed.KINDS if lm.speed.timed(k)},
-            "estimated_step_overhead_seconds": {k: v for k, v in lm.speed.overhead.items()
-                                                if k != "chain_rule" and lm.speed.timed(k)}})
-            for lm in self.models]
 
     def resolve(self, family: str | None, decomposition: str | None, rank: int | None) -> LoadedModel:
         """The checkpoint for (family, decomposition, rank); defaults pick the best available."""

@@ -63,7 +63,7 @@ def _tiny_text_model(out: Path) -> None:
     from ttcore.data import load_text, training_texts
     from ttcore.tokenizers.text import train_bpe
 
-    cfg = load_config(TINY, ["threads=1", "val_batches=1", "family=text", "data=text"])
+    cfg = load_config(TINY, ["threads=1", "val_batches=1", "data=text", "data.family=text"])
     tok = train_bpe(training_texts()[:60], vocab_size=512, length=32)
     ds = load_text(tok)
     torch.manual_seed(0)

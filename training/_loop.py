@@ -72,185 +72,234 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
     if getattr(model, "latent_dim", 0) and cfg.marginal_weight:
         raise ValueError("marginal_weight is not applied to VADD models (Eq. 21 has no marginal-consistency "
                          "term here): leave it at 0 for a model with a latent")
-    device = pick_device(cfg.device)
-    workers = Workers.from_env(device)
-    workers.check_batch(cfg.batch_size)
-    device = workers.device(device)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    model.to(device).train()
-    workers.broadcast_parameters(model)
-    if cfg.compile:
-        model.backbone.compile()  # in place: parameter names (and checkpoints) are unchanged
-    params = [p for p in model.parameters() if p.requires_grad]
-    backbone = [p for p in model.backbone.parameters() if p.requires_grad]
-    in_backbone = {id(p) for p in backbone}
-    groups = [{"params": backbone, "lr_scale": 1.0},
-              {"params": [p for p in params if id(p) not in in_backbone], "lr_scale": cfg.head_lr_ratio}]
-    opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, betas=(0.9, cfg.beta2),
-                            weight_decay=cfg.weight_decay, fused=device.type == "cuda")  # one kernel on CUDA
-    if device.type == "cuda":  # the split lives on the device: a step indexes it there, no host copy per batch
-        train_tokens = train_tokens.to(device)
-    gen = torch.Generator(device).manual_seed(cfg.seed + RESEED_STRIDE * workers.rank)  # masks differ per process
-    order = BatchOrder(len(train_tokens), cfg.batch_size, cfg.seed)
-    meta = {"step": 0, "wall_seconds": 0.0, "commands": [], "val": {}, "device": str(device)}
-    saved = load_train_state(out) if resume and Path(out).exists() else None
-    if saved is not None:
+    run = _Run(model, tokenizer, train_tokens, val_tokens, cfg, Path(out), title)
+    if resume and Path(out).exists():
+        run.resume()
+    run.meta["commands"] = run.meta["commands"] + [public_command([Path(sys.executable).name] + sys.argv)]
+    run.meta.pop("stopped_early", None)  # this run's own stop decides
+    return run.train(cfg.total_steps if max_steps is None else max_steps, max_steps is not None, max_minutes,
+                     quiet, fit_minutes)
+
+
+class _Run:
+    """One ``fit``: the model on its device, its optimizer, mask stream, data order, EMA and the state a
+    checkpoint carries (``meta``); the loop and its pieces are methods."""
+
+    def __init__(self, model, tokenizer, train_tokens, val_tokens, cfg: TrainConfig, out: Path, title: str):
+        self.model, self.tokenizer, self.val_tokens, self.cfg, self.out, self.title = (
+            model, tokenizer, val_tokens, cfg, out, title)
+        device = pick_device(cfg.device)
+        self.workers = workers = Workers.from_env(device)
+        workers.check_batch(cfg.batch_size)
+        self.device = device = workers.device(device)
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        torch.manual_seed(cfg.seed)
+        model.to(device).train()
+        workers.broadcast_parameters(model)
+        if cfg.compile:
+            model.backbone.compile()  # in place: parameter names (and checkpoints) are unchanged
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.backbone = [p for p in model.backbone.parameters() if p.requires_grad]
+        in_backbone = {id(p) for p in self.backbone}
+        groups = [{"params": self.backbone, "lr_scale": 1.0},
+                  {"params": [p for p in self.params if id(p) not in in_backbone], "lr_scale": cfg.head_lr_ratio}]
+        self.opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, betas=(0.9, cfg.beta2),
+                                     weight_decay=cfg.weight_decay, fused=device.type == "cuda")  # one CUDA kernel
+        if device.type == "cuda":  # the split lives on the device: a step indexes it there, no host copy per batch
+            train_tokens = train_tokens.to(device)
+        self.train_tokens = train_tokens
+        self.gen = torch.Generator(device).manual_seed(cfg.seed + RESEED_STRIDE * workers.rank)  # per process
+        self.order = BatchOrder(len(train_tokens), cfg.batch_size, cfg.seed)
+        self.meta = {"step": 0, "wall_seconds": 0.0, "commands": [], "val": {}, "device": str(device)}
+        # EMA: the checkpoint's model weights are the average (what validation, export and serving see); the
+        # optimizer's own weights travel in the train state as raw.<name>
+        self.ema = WeightEMA(model, cfg.ema_decay) if cfg.ema_decay > 0 else None
+        self.flops_per_token = train_flops_per_token(model)  # MFU: model FLOPs against the peak (ttcore.flops)
+        self.peak, self.peak_source = device_peak(device, cfg.precision)
+        self.run_tokens, self.run_train_s = 0, 0.0  # this run's training steps only (no validation or saving)
+        self.start_time, self.start_wall = time.time(), 0.0
+        self.t0 = time.time()  # the start of the current logging interval
+
+    def resume(self) -> None:
+        """Continue from the checkpoint's train state, if it has one."""
+        saved = load_train_state(self.out)
+        if saved is None:
+            return
+        cfg, workers = self.cfg, self.workers
         tensors, meta = saved
-        load_optimizer_state(opt, tensors, meta.pop("optimizer"))
+        self.meta = meta
+        load_optimizer_state(self.opt, tensors, meta.pop("optimizer"))
         # every process's mask stream continues where it stopped when the run resumes on as many processes;
         # on another number of processes (or a checkpoint without them) the others reseed from (seed, rank, step)
         own = "rng.generator" if workers.main else f"rng.generator.{workers.rank}"
         if own in tensors and meta.get("processes", 1) == workers.world:
-            restore_generator(gen, tensors[own], meta, cfg.seed)
+            restore_generator(self.gen, tensors[own], meta, cfg.seed)
         else:
-            gen.manual_seed(cfg.seed + RESEED_STRIDE * (meta["step"] + workers.rank * 1_000_003))
+            self.gen.manual_seed(cfg.seed + RESEED_STRIDE * (meta["step"] + workers.rank * 1_000_003))
             meta.setdefault("reseeded", []).append({"step": meta["step"], "processes": workers.world})
         torch.set_rng_state(tensors["rng.torch"])
-        meta["device"] = str(device)
-        order = BatchOrder(len(train_tokens), cfg.batch_size, cfg.seed, meta["epoch"], meta["index"])
-    # EMA: the checkpoint's model weights are the average (what validation, export and serving see); the
-    # optimizer's own weights travel in the train state as raw.<name>
-    ema = WeightEMA(model, cfg.ema_decay, meta.get("ema_updates", 0)) if cfg.ema_decay > 0 else None
-    if saved is not None and ema is not None and any(k.startswith("raw.") for k in tensors):
-        with torch.no_grad():
-            for n, p in model.named_parameters():
-                if f"raw.{n}" in tensors:
-                    p.copy_(tensors[f"raw.{n}"].to(p))
-    meta["commands"] = meta["commands"] + [public_command([Path(sys.executable).name] + sys.argv)]
-    mask_id = tokenizer.mask_id
-    steps_asked = max_steps is not None  # fit_minutes caps an explicit --max-steps, else replaces the config's
-    max_steps = cfg.total_steps if max_steps is None else max_steps
-    flops_per_token = train_flops_per_token(model)  # MFU: model FLOPs against the device's peak (ttcore.flops)
-    peak, peak_source = device_peak(device, cfg.precision)
-    run_tokens, run_train_s = 0, 0.0  # this run's training steps only (no validation, checkpoint or data setup)
-    start_time, start_wall, last_ckpt = time.time(), meta["wall_seconds"], time.time()
-    meta.pop("stopped_early", None)  # this run's own stop decides
+        meta["device"] = str(self.device)
+        self.order = BatchOrder(len(self.train_tokens), cfg.batch_size, cfg.seed, meta["epoch"], meta["index"])
+        self.start_wall = meta["wall_seconds"]
+        if self.ema is not None:
+            self.ema.updates = meta.get("ema_updates", 0)
+            if any(k.startswith("raw.") for k in tensors):
+                with torch.no_grad():
+                    for n, p in self.model.named_parameters():
+                        if f"raw.{n}" in tensors:
+                            p.copy_(tensors[f"raw.{n}"].to(p))
 
-    def validate():
-        nonlocal t0
-        started = time.time()
+    def _weights_for_reading(self):
+        return self.ema.applied(self.model) if self.ema is not None else contextlib.nullcontext()
+
+    def validate(self) -> dict:
+        """``evaluate_loss`` on the validation split (the EMA weights when kept); its time is not training's."""
+        started, cfg = time.time(), self.cfg
         try:
-            return _validate()
+            with self._weights_for_reading():
+                return evaluate_loss(self.model, self.val_tokens, self.tokenizer.mask_id, batch_size=cfg.batch_size,
+                                     batches=cfg.val_batches, precision=cfg.precision, eps=cfg.eps,
+                                     device=self.device, kl_weight=cfg.kl_weight)
         finally:
-            t0 += time.time() - started  # the interval's throughput counts training steps only
+            self.t0 += time.time() - started  # the interval's throughput counts training steps only
 
-    def _validate():
-        with ema.applied(model) if ema is not None else contextlib.nullcontext():
-            return evaluate_loss(model, val_tokens, mask_id, batch_size=cfg.batch_size, batches=cfg.val_batches,
-                                 precision=cfg.precision, eps=cfg.eps, device=device, kl_weight=cfg.kl_weight)
-
-    def checkpoint():
+    def checkpoint(self) -> None:
         """Called by every process (they exchange their mask streams' states); process 0 writes."""
-        nonlocal t0
         started = time.time()
         try:
-            _checkpoint()
+            self._checkpoint()
         finally:
-            t0 += time.time() - started
+            self.t0 += time.time() - started
 
-    def _checkpoint():
-        states = workers.gather_states(gen.get_state())
+    def _checkpoint(self) -> None:
+        workers, meta, cfg = self.workers, self.meta, self.cfg
+        states = workers.gather_states(self.gen.get_state())
         if not workers.main:
             return
         meta["processes"] = workers.world
-        meta["wall_seconds"] = start_wall + time.time() - start_time
+        meta["wall_seconds"] = self.start_wall + time.time() - self.start_time
         meta["seconds_per_step"] = meta["wall_seconds"] / max(1, meta["step"])
-        meta["epoch"], meta["index"] = order.epoch, order.index
+        meta["epoch"], meta["index"] = self.order.epoch, self.order.index
         meta["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        if run_train_s > 0:  # this run's (a resumed run reports its own part)
-            rate = run_tokens / run_train_s
-            meta["throughput"] = {"tokens_per_second": rate, "mfu": mfu(rate / workers.world, flops_per_token, peak),
-                                  "flops_per_token": flops_per_token, "peak_flops": peak, "peak": peak_source,
-                                  "processes": workers.world}
-        opt_tensors, opt_meta = optimizer_state(opt)
+        if self.run_train_s > 0:  # this run's (a resumed run reports its own part)
+            rate = self.run_tokens / self.run_train_s
+            meta["throughput"] = {"tokens_per_second": rate, "flops_per_token": self.flops_per_token,
+                                  "mfu": mfu(rate / workers.world, self.flops_per_token, self.peak),
+                                  "peak_flops": self.peak, "peak": self.peak_source, "processes": workers.world}
+        opt_tensors, opt_meta = optimizer_state(self.opt)
         tensors = dict(opt_tensors, **{"rng.generator": states[0], "rng.torch": torch.get_rng_state()},
                        **{f"rng.generator.{rank}": state for rank, state in enumerate(states) if rank})
-        if ema is not None:
-            meta["ema_updates"] = ema.updates
-        with ema.applied(model) if ema is not None else contextlib.nullcontext() as raw:
+        if self.ema is not None:
+            meta["ema_updates"] = self.ema.updates
+        with self._weights_for_reading() as raw:
             tensors.update({f"raw.{n}": v for n, v in (raw or {}).items()})
-            save_checkpoint(out, model, tokenizer, model_card=model_card(title, cfg, model, meta),
+            save_checkpoint(self.out, self.model, self.tokenizer,
+                            model_card=model_card(self.title, cfg, self.model, meta),
                             train_state=(tensors, dict(meta, optimizer=opt_meta, config=asdict(cfg))),
                             train_config=asdict(cfg))
 
-    quiet = quiet or not workers.main
-    start_step, probe_t0 = meta["step"], time.time()
-    tokens_per_step = cfg.batch_size * train_tokens.shape[1]
-    bar = tqdm(total=max_steps, initial=meta["step"], disable=quiet, dynamic_ncols=True, mininterval=5)
-    tokens_seen, t0 = 0, time.time()
-    stop = _StopOnSignal()  # SIGTERM / SIGINT: finish the step, checkpoint, return
-    while meta["step"] < max_steps:
-        out_of_time = max_minutes is not None and time.time() - start_time > 60 * max_minutes
-        due = workers.main and meta["step"] > 0 and time.time() - last_ckpt > 60 * cfg.ckpt_minutes
-        # every process stops, and checkpoints, on the same step (process 0's clock decides when one is due)
-        stop_now, checkpoint_now = workers.any_of([out_of_time or stop.requested, due], device)
-        if checkpoint_now:
-            checkpoint()
-            last_ckpt = time.time()
-        if stop_now:  # the budget is steps; wall time and signals are safety stops, and the card says so
-            meta["stopped_early"] = {"step": meta["step"], "of": max_steps,
-                                     "by": "max_minutes" if out_of_time else "signal"}
-            break
-        step = meta["step"]
-        for group in opt.param_groups:
+    def step(self, step: int) -> tuple[dict, torch.Tensor, int]:
+        """One optimizer step on the next global batch. -> (losses, gradient norm, tokens in the global batch)."""
+        cfg, model, workers, mask_id = self.cfg, self.model, self.workers, self.tokenizer.mask_id
+        for group in self.opt.param_groups:
             group["lr"] = group["lr_scale"] * lr_at(step, cfg.lr, cfg.warmup_steps, cfg.total_steps, cfg.min_lr_ratio)
-        x0 = train_tokens[workers.share(order.next())].to(device)
-        with autocast(device, cfg.precision):
+        x0 = self.train_tokens[workers.share(self.order.next())].to(self.device)
+        with autocast(self.device, cfg.precision):
             if model.latent_dim:
-                losses = vadd_loss(model, x0, mask_id, cfg.kl_weight, cfg.eps, generator=gen)
+                losses = vadd_loss(model, x0, mask_id, cfg.kl_weight, cfg.eps, generator=self.gen)
             else:
-                losses = mdlm_loss(model, x0, mask_id, cfg.eps, generator=gen, marginal_weight=cfg.marginal_weight,
-                                   processes=workers)
-        opt.zero_grad(set_to_none=True)
+                losses = mdlm_loss(model, x0, mask_id, cfg.eps, generator=self.gen,
+                                   marginal_weight=cfg.marginal_weight, processes=workers)
+        self.opt.zero_grad(set_to_none=True)
         losses["loss"].backward()
-        workers.average_gradients(params)  # the global batch's mean gradient on every process
+        workers.average_gradients(self.params)  # the global batch's mean gradient on every process
         if step < cfg.freeze_backbone_steps:  # no gradient: AdamW leaves these weights and their moments alone
-            for p in backbone:
+            for p in self.backbone:
                 p.grad = None
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        opt.step()
-        if ema is not None:
-            ema.update(model)
-        meta["step"] = step + 1
-        tokens_seen += x0.numel() * workers.world
-        if meta["step"] % cfg.log_every == 0 or meta["step"] == max_steps:
-            loss_text = f"{losses['nll'].item():.4f}"  # .item(): the interval's steps are done (CUDA too)
-            interval = time.time() - t0
-            rate = tokens_seen / interval
-            run_tokens, run_train_s = run_tokens + tokens_seen, run_train_s + interval
-            bar.set_postfix(loss=loss_text, lc=f"{losses['lc'].item():.2e}", gn=f"{grad_norm.item():.2f}",
-                            lr=f"{opt.param_groups[0]['lr']:.2e}", tok_s=f"{rate:.0f}",
-                            mfu=f"{100 * mfu(rate / workers.world, flops_per_token, peak):.1f}%")
-            tokens_seen, t0 = 0, time.time()
-        bar.update(1)
-        if fit_minutes is not None and meta["step"] - start_step == PROBE_STEPS + 1:
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            per_step = (time.time() - probe_t0) / PROBE_STEPS
-            fitted = start_step + max(PROBE_STEPS + 1, int(60 * fit_minutes / per_step))
-            fitted = int(workers.all_sum(torch.tensor(fitted, device=device)).item()) // workers.world
-            max_steps = cfg.total_steps = min(max_steps, fitted) if steps_asked else fitted
-            bar.total = max_steps
-            if workers.main:
-                print(f"fit {fit_minutes:g} minutes: {per_step:.3f} s/step measured over {PROBE_STEPS} steps "
-                      f"({tokens_per_step / per_step:,.0f} tokens/s): {max_steps} steps", flush=True)
-        if fit_minutes is not None and meta["step"] - start_step == 1:
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            probe_t0 = time.time()
-        if not workers.main:
-            continue  # process 0 validates and checkpoints; the others meet it at the next all-reduce
-        if meta["step"] % cfg.val_every == 0 or meta["step"] == max_steps:
-            meta["val"] = validate()
-            if not quiet:
-                bar.write(f"step {meta['step']}: val " + " ".join(f"{k} {v:.4f}" for k, v in meta["val"].items()))
-    bar.close()
-    stop.restore()
-    workers.check_replicas(model)
-    if workers.main and not meta["val"]:
-        meta["val"] = validate()
-    checkpoint()
-    workers.close()
-    return meta
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
+        self.opt.step()
+        if self.ema is not None:
+            self.ema.update(model)
+        return losses, grad_norm, x0.numel() * workers.world
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def train(self, max_steps: int, steps_asked: bool, max_minutes: float | None, quiet: bool,
+              fit_minutes: float | None) -> dict:
+        """The loop: steps until ``max_steps`` (``fit_minutes`` may resize it after its probe; ``steps_asked``:
+        it then caps an explicit ``--max-steps`` rather than replacing the config's), safety stops, the
+        interval logs, validation and checkpoints; then the last validation and checkpoint. -> ``meta``."""
+        cfg, workers, meta = self.cfg, self.workers, self.meta
+        quiet = quiet or not workers.main
+        start_step, probe_t0, last_ckpt = meta["step"], time.time(), time.time()
+        tokens_per_step = cfg.batch_size * self.train_tokens.shape[1]
+        bar = tqdm(total=max_steps, initial=meta["step"], disable=quiet, dynamic_ncols=True, mininterval=5)
+        tokens_seen, self.t0 = 0, time.time()
+        stop = _StopOnSignal()  # SIGTERM / SIGINT: finish the step, checkpoint, return
+        while meta["step"] < max_steps:
+            out_of_time = max_minutes is not None and time.time() - self.start_time > 60 * max_minutes
+            due = workers.main and meta["step"] > 0 and time.time() - last_ckpt > 60 * cfg.ckpt_minutes
+            # every process stops, and checkpoints, on the same step (process 0's clock decides when one is due)
+            stop_now, checkpoint_now = workers.any_of([out_of_time or stop.requested, due], self.device)
+            if checkpoint_now:
+                self.checkpoint()
+                last_ckpt = time.time()
+            if stop_now:  # the budget is steps; wall time and signals are safety stops, and the card says so
+                meta["stopped_early"] = {"step": meta["step"], "of": max_steps,
+                                         "by": "max_minutes" if out_of_time else "signal"}
+                break
+            losses, grad_norm, tokens = self.step(meta["step"])
+            meta["step"] += 1
+            tokens_seen += tokens
+            if meta["step"] % cfg.log_every == 0 or meta["step"] == max_steps:
+                self._log(bar, losses, grad_norm, tokens_seen)
+                tokens_seen = 0
+            bar.update(1)
+            if fit_minutes is not None and meta["step"] - start_step == PROBE_STEPS + 1:
+                self._sync()
+                per_step = (time.time() - probe_t0) / PROBE_STEPS
+                max_steps = self._fitted(start_step, per_step, fit_minutes, max_steps, steps_asked, tokens_per_step)
+                bar.total = max_steps
+            if fit_minutes is not None and meta["step"] - start_step == 1:
+                self._sync()
+                probe_t0 = time.time()
+            if not workers.main:
+                continue  # process 0 validates and checkpoints; the others meet it at the next all-reduce
+            if meta["step"] % cfg.val_every == 0 or meta["step"] == max_steps:
+                meta["val"] = self.validate()
+                if not quiet:
+                    bar.write(f"step {meta['step']}: val " + " ".join(f"{k} {v:.4f}" for k, v in meta["val"].items()))
+        bar.close()
+        stop.restore()
+        workers.check_replicas(self.model)
+        if workers.main and not meta["val"]:
+            meta["val"] = self.validate()
+        self.checkpoint()
+        workers.close()
+        return meta
+
+    def _log(self, bar, losses: dict, grad_norm: torch.Tensor, tokens_seen: int) -> None:
+        """The interval's loss, speed and MFU on the progress bar; the interval ends here."""
+        loss_text = f"{losses['nll'].item():.4f}"  # .item(): the interval's steps are done (CUDA too)
+        interval = time.time() - self.t0
+        rate = tokens_seen / interval
+        self.run_tokens, self.run_train_s = self.run_tokens + tokens_seen, self.run_train_s + interval
+        bar.set_postfix(loss=loss_text, lc=f"{losses['lc'].item():.2e}", gn=f"{grad_norm.item():.2f}",
+                        lr=f"{self.opt.param_groups[0]['lr']:.2e}", tok_s=f"{rate:.0f}",
+                        mfu=f"{100 * mfu(rate / self.workers.world, self.flops_per_token, self.peak):.1f}%")
+        self.t0 = time.time()
+
+    def _fitted(self, start_step: int, per_step: float, fit_minutes: float, max_steps: int, steps_asked: bool,
+                tokens_per_step: int) -> int:
+        """``fit_minutes``' steps from the probe's seconds per step (agreed by every process), printed."""
+        workers = self.workers
+        fitted = start_step + max(PROBE_STEPS + 1, int(60 * fit_minutes / per_step))
+        fitted = int(workers.all_sum(torch.tensor(fitted, device=self.device)).item()) // workers.world
+        max_steps = self.cfg.total_steps = min(max_steps, fitted) if steps_asked else fitted
+        if workers.main:
+            print(f"fit {fit_minutes:g} minutes: {per_step:.3f} s/step measured over {PROBE_STEPS} steps "
+                  f"({tokens_per_step / per_step:,.0f} tokens/s): {max_steps} steps", flush=True)
+        return max_steps

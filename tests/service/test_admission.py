@@ -7,7 +7,8 @@ import re
 import pytest
 import torch
 
-from service.admission import CALIBRATION_ROWS, Speed, TooLarge, calibrate, check_passes, plan
+from service.admission import CALIBRATION_ROWS, Speed, calibrate, check_passes, plan
+from service.refusals import TooLarge
 from ttcore.models import DiTConfig, JointModel, ModelConfig
 from ttcore.sampling import SamplerConfig
 

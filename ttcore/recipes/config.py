@@ -36,6 +36,7 @@ MODEL_SIZES = {"s": dict(hidden_dim=256, cond_dim=128, n_blocks=6, n_heads=8),
 
 
 MODEL_KEYS = frozenset(f.name for f in fields(ModelSection))
+DATA_KEYS = frozenset(f.name for f in fields(DataSection)) - {"source"}  # ``data=NAME`` sets the source
 
 
 @dataclass
@@ -103,21 +104,21 @@ class TrainConfig:
 
 
 def load_config(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
-    """A YAML file, then ``key=value`` overrides (``model.rank=8``, or ``rank=8`` for a model key)."""
+    """A YAML file, then ``key=value`` overrides: ``model.rank=8`` / ``data.length=32``, or a section's key without
+    its prefix (``rank=8``, ``length=32``); ``data=NAME`` names the source."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config file {str(path)!r} not found")
     values = yaml.safe_load(path.read_text()) or {}
     for item in overrides:
         key, _, raw = item.partition("=")
-        if key.startswith("model."):
-            values.setdefault("model", {})[key[len("model."):]] = yaml.safe_load(raw)
-        elif key.startswith("data."):
+        section, _, name = key.partition(".") if key.startswith(("model.", "data.")) else ("", "", key)
+        if section == "model" or (not section and key in MODEL_KEYS):
+            values.setdefault("model", {})[name] = yaml.safe_load(raw)
+        elif section == "data" or (not section and key in DATA_KEYS):
             if not isinstance(values.get("data"), dict):  # a bare source name or path: the section it names
                 values["data"] = {} if values.get("data") is None else {"source": values["data"]}
-            values["data"][key[len("data."):]] = yaml.safe_load(raw)
-        elif key in MODEL_KEYS:  # ``rank=8``: a model key without its section's prefix
-            values.setdefault("model", {})[key] = yaml.safe_load(raw)
+            values["data"][name] = yaml.safe_load(raw)
         else:
             values[key] = yaml.safe_load(raw)
     return TrainConfig.from_dict(values)

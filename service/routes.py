@@ -1,0 +1,172 @@
+"""The native API's routes, at module level (``create_app`` includes them): generation, scoring, the model list
+and cards, depictions, the playground page, health and metrics. Each asks the app's ``Serving``
+(``current_serving``); a refusal is raised, never caught here: the app's one handler answers it
+(``service.app``)."""
+
+import asyncio
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from ttcore.sampling.steps import WorkKind
+
+from . import scores
+from .admission import Speed
+from .refusals import failure_status
+from .registry import LoadedModel
+from .schema import GenerateRequest, GenerateResponse, ModelInfo, ModelList, ScoreRequest, ScoreResponse, StepEvent
+from .serving import Failure, Serving
+from .serving import depict as depict_smiles
+
+MAX_DEPICT_CHARS = 256
+MIN_DEPICT_PX, MAX_DEPICT_PX = 64, 1024
+PLAYGROUND = Path(__file__).resolve().parent / "playground"  # the page at / (static files, no build step)
+
+router = APIRouter()
+
+
+def current_serving(request: Request) -> Serving:
+    """The ``Serving`` the app was built over (``create_app``)."""
+    return request.app.state.serving
+
+
+def _sse(item: StepEvent | GenerateResponse | Failure) -> bytes:
+    """One server-sent event: ``step``, ``done`` (the answer) or ``error``."""
+    if isinstance(item, Failure):
+        event, payload = "error", item.payload()
+    else:
+        event, payload = ("step" if isinstance(item, StepEvent) else "done"), item.model_dump()
+    return f"event: {event}\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
+
+
+SSE_EVENT = {"type": "object", "required": ["event", "data"], "properties": {
+    "event": {"type": "string", "enum": ["step", "done", "error"]},
+    "data": {"type": "string", "description": "JSON: a StepEvent, a GenerateResponse or {id, error, code}"}}}
+GENERATE_RESPONSES = {
+    200: {"description": "The samples (JSON); with `stream: true` a server-sent-event stream instead: `event: step` "
+                         "per denoising step (StepEvent), then `event: done` (the JSON answer) or `event: error` "
+                         "(`{id, error, code}`, code `timeout`, `failed`, `cancelled`, or under Ray Serve "
+                         "`replica_failed`); every event carries the request's `id`",
+          "content": {"text/event-stream": {"schema": SSE_EVENT}}},
+    400: {"description": "The body is not JSON"},
+    401: {"description": "Missing or unknown API key (when keys are configured)"},
+    404: {"description": "No loaded checkpoint matches; the answer names what is available"},
+    413: {"description": "The body is larger than the server's limit"},
+    422: {"description": "Invalid input, or more compute or memory than the server's limits: the field and the "
+                         "rule (for limits, the largest value that fits)"},
+    500: {"description": "A denoising step failed"},
+    503: {"description": "Overloaded; retry after the Retry-After header (seconds until a slot frees, estimated)"},
+    504: {"description": "The request's deadline (`timeout_s`, or the server's maximum) passed"},
+}
+
+
+
+
+@router.post("/generate", response_model=GenerateResponse, responses=GENERATE_RESPONSES)
+async def generate(req: GenerateRequest, request: Request, serving: Serving = Depends(current_serving)):
+    job = await serving.admit(req)
+    start = time.perf_counter()
+    if req.stream:
+        async def stream():
+            async for item in serving.events(job, request=req):
+                yield _sse(item)
+                if isinstance(item, GenerateResponse):
+                    serving.metrics.latency.labels("/generate").observe(time.perf_counter() - start)
+        return StreamingResponse(stream(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    watcher = asyncio.create_task(serving.cancel_when(request.is_disconnected, job))
+    try:
+        async for item in serving.events(job, steps=False, request=req):
+            if isinstance(item, GenerateResponse):
+                return JSONResponse(item.model_dump())
+            if isinstance(item, Failure):
+                return JSONResponse(status_code=failure_status(item.kind), content={"detail": item.message})
+    finally:
+        watcher.cancel()
+
+
+@router.post("/score", response_model=ScoreResponse, responses={
+    400: {"description": "The body is not JSON"}, 401: {"description": "Missing or unknown API key"},
+    404: {"description": "No loaded checkpoint matches"}, 413: {"description": "Body too large"},
+    422: {"description": "Invalid input (a sequence that cannot be scored is named by its index), or more "
+                         "compute than the deadline allows (the largest `num_mc` or number of `sequences` "
+                         "that fits)"},
+    503: {"description": "Overloaded: as many requests in flight as the server allows (Retry-After)"},
+    504: {"description": "The request's deadline (`timeout_s`, or the server's maximum) passed"}})
+async def score(req: ScoreRequest, request: Request, serving: Serving = Depends(current_serving)):
+    return await scores.score(serving, req, gone=request.is_disconnected)
+
+
+@router.get("/depict", response_class=Response, responses={
+    200: {"description": "The molecule drawn by RDKit", "content": {"image/svg+xml": {}}},
+    401: {"description": "Missing or unknown API key"},
+    422: {"description": "Not a valid SMILES, or a size out of range: the field and the rule"},
+    503: {"description": "RDKit is not installed on this server"}})
+async def depict(smiles: str = Query(min_length=1, max_length=MAX_DEPICT_CHARS,
+                                     description="A SMILES string (at most 256 characters)"),
+                 width: int = Query(240, ge=MIN_DEPICT_PX, le=MAX_DEPICT_PX, description="pixels, 64..1024"),
+                 height: int = Query(240, ge=MIN_DEPICT_PX, le=MAX_DEPICT_PX, description="pixels, 64..1024")):
+    """A 2-D depiction of a molecule as SVG (cached)."""
+    try:
+        svg = await asyncio.to_thread(depict_smiles, smiles, width, height)
+    except ImportError:
+        return JSONResponse(status_code=503, content={"detail": "RDKit is not installed on this server"})
+    if svg is None:
+        return JSONResponse(status_code=422, content={"detail": [{
+            "loc": ["query", "smiles"], "msg": "not a valid SMILES (RDKit cannot parse and sanitize it)",
+            "type": "value_error"}]})
+    return Response(svg, media_type="image/svg+xml", headers={"Cache-Control": "private, max-age=86400"})
+
+
+@router.get("/", response_class=HTMLResponse, include_in_schema=False)
+async def playground():
+    return HTMLResponse((PLAYGROUND / "index.html").read_text())  # headers: SecurityHeaders
+
+
+@router.get("/models", response_model=ModelList)
+async def models(serving: Serving = Depends(current_serving)):
+    return ModelList(models=[model_info(lm) for lm in serving.registry.models])
+
+
+def model_info(lm: LoadedModel) -> ModelInfo:
+    """A loaded checkpoint's facts with this machine's current compute estimates, as the API sends them."""
+    speed = lm.speed
+    return ModelInfo(**dataclasses.asdict(lm.info),
+                     estimated_seconds={k: speed.estimate(k) for k in Speed.KINDS if speed.timed(k)},
+                     estimated_step_overhead_seconds={k: v for k, v in speed.overhead.items()
+                                                      if k != WorkKind.chain_rule and speed.timed(k)})
+
+
+@router.get("/models/{checkpoint}/card", response_class=PlainTextResponse, responses={
+    200: {"description": "The checkpoint's model card", "content": {"text/markdown": {}}},
+    404: {"description": "No loaded checkpoint of that name has a card"}})
+async def model_card(checkpoint: str, serving: Serving = Depends(current_serving)):
+    card = next((lm.card for lm in serving.registry.models if lm.name == checkpoint), None)
+    if card is None:
+        return JSONResponse(status_code=404, content={"detail": "no loaded checkpoint of that name has a card"})
+    return PlainTextResponse(card, media_type="text/markdown; charset=utf-8")
+
+
+@router.get("/health", responses={503: {"description": "A worker stopped, or has been on one step longer than the "
+                                                        "stall limit (`--stall-s`)"}})
+async def health(serving: Serving = Depends(current_serving)):
+    ok, why = serving.engine.check_health()
+    return JSONResponse({"status": "ok" if ok else "unhealthy", "detail": why}, status_code=200 if ok else 503)
+
+
+@router.get("/ready")
+async def ready(serving: Serving = Depends(current_serving)):
+    registry = serving.registry
+    if registry.ready:
+        return {"status": "ready", "models": len(registry.models), "refused": registry.refused}
+    return JSONResponse({"status": "no models loaded", "refused": registry.refused}, status_code=503)
+
+
+@router.get("/metrics", response_class=PlainTextResponse,
+            responses={200: {"description": "Prometheus text format 0.0.4"}, 401: {"description": "Key needed"}})
+async def prometheus(serving: Serving = Depends(current_serving)):
+    return Response(serving.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
