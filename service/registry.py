@@ -29,6 +29,7 @@ class ModelFacts:
     depicts: bool
     decomposition: str
     rank: int
+    outputs_per_position: int
     head: str
     length: int
     vocab_size: int
@@ -74,8 +75,7 @@ def _read_card(path: Path) -> str | None:
 def _preference(lm: "LoadedModel") -> tuple:
     """Which checkpoint serves a request that names no decomposition or rank: the most expressive joint, i.e.
     the most head outputs per masked position (TT r16: 256, CP r64: 64, rank 1: 1), then the higher rank."""
-    cfg = lm.model.cfg
-    return cfg.format.outputs_per_position(cfg.rank), cfg.rank
+    return lm.info.outputs_per_position, lm.info.rank
 
 
 class ModelRegistry:
@@ -112,6 +112,7 @@ class ModelRegistry:
         info = ModelFacts(model=family, checkpoint=d.name, domain=tok.kind, metrics=kind.name,
                          validates=kind.validates, depicts=kind.depicts,
                          decomposition=cfg.decomposition, rank=cfg.rank,
+                         outputs_per_position=cfg.format.outputs_per_position(cfg.rank),
                          head=cfg.head_label,
                          length=cfg.dit.length, vocab_size=cfg.dit.out_vocab,
                          parameters=sum(p.numel() for p in model.parameters()),

@@ -7,7 +7,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 
 from ttcore.decompositions import CONTRACTIONS, DECOMPOSITIONS
 from ttcore.sampling import ADAPTIVE, EB_PROXIES, PREDETERMINED, SCHEDULES, SamplerConfig
-from ttcore.sampling.steps import SAMPLERS
+from ttcore.sampling.steps import named_sampler, sampler_names
 
 
 def registered(names, what: str):
@@ -22,7 +22,7 @@ def registered(names, what: str):
 
 # the API's choices are the library's registries: a new ordering, schedule, format or sampler appears here
 Decomposition = registered(lambda: list(DECOMPOSITIONS), "decomposition")
-Sampler = registered(lambda: ["fixed", "eb", *SAMPLERS], "sampler")
+Sampler = registered(sampler_names, "sampler")
 Ordering = Literal[tuple(PREDETERMINED) + tuple(ADAPTIVE)]
 Schedule = Literal[tuple(SCHEDULES)]
 EBProxy = Literal[tuple(EB_PROXIES)]
@@ -102,10 +102,9 @@ class SamplerFields(BaseModel):
         ``temperature`` is each request type's own field (OpenAI's allows 0, served as the minimum)."""
         temperature = max(self.temperature, MIN_TEMPERATURE)
         return SamplerConfig(ordering=self.ordering, schedule=self.schedule, temperature=temperature,
-                             eb_gamma=self.eb_gamma if self.sampler == "eb" else None, eb_proxy=self.eb_proxy,
-                             contraction=self.contraction, joint=self.joint, adaptive_path=self.adaptive_path,
-                             chooser_outputs=self.chooser_outputs,
-                             sampler=None if self.sampler in ("fixed", "eb") else self.sampler)
+                             eb_proxy=self.eb_proxy, contraction=self.contraction, joint=self.joint,
+                             adaptive_path=self.adaptive_path, chooser_outputs=self.chooser_outputs,
+                             **named_sampler(self.sampler, self.eb_gamma))
 
 
 class GenerateRequest(SamplerFields):
@@ -318,6 +317,10 @@ class ModelInfo(BaseModel):
     depicts: bool = Field(False, description="Its samples can be drawn (`GET /depict`: molecules).")
     decomposition: str
     rank: int
+    outputs_per_position: int = Field(
+        1, description="Head outputs per masked position (E: 1 for rank 1, r for CP, r^2 for TT). A request that "
+                       "names no decomposition or rank gets its family's checkpoint with the most (then the higher "
+                       "rank).")
     head: str
     length: int
     vocab_size: int

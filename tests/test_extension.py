@@ -1,10 +1,11 @@
 """A new format, a new sampler and a new metrics kind are each one definition: this file alone defines a toy
 format (a CP whose mixture weights are uniform, no weight head), a toy sampler (right-to-left unmasking, drawn
 jointly) and a toy metrics kind (a sample is valid when its length is even), registers them through their
-register functions, and runs them through the loss, a data section, generation and a real HTTP server,
-editing no other file."""
+register functions, and runs them through the loss, a data section, the recipes' training loop, generation and a
+real HTTP server, editing no other file."""
 
 import json
+import math
 import threading
 import time
 
@@ -12,6 +13,7 @@ import httpx
 import pytest
 import torch
 import uvicorn
+from _loop import fit
 from servers import SAMPLE, free_port
 
 from ttcore.data import DataSection, SmilesDataset
@@ -26,7 +28,8 @@ from ttcore.decompositions import (
 from ttcore.distributions import sample_categorical, softmax64
 from ttcore.losses import mdlm_loss
 from ttcore.metrics.kinds import MetricsKind, register_metrics_kind, unregister_metrics_kind
-from ttcore.models import DiTConfig, JointModel, ModelConfig, save_checkpoint
+from ttcore.models import DiTConfig, JointModel, ModelConfig
+from ttcore.recipes import TrainConfig
 from ttcore.sampling import SamplerConfig, generate, predetermined_step
 from ttcore.sampling.steps import SAMPLERS, ConfiguredStep, WorkKind, register_step
 
@@ -128,7 +131,12 @@ def test_a_toy_format_and_sampler_defined_here_train_generate_and_serve(register
     with pytest.raises(ValueError, match="data.metrics: even needs data.tokenizer: smiles or char"):
         DataSection(source=str(SAMPLE), tokenizer="bpe", metrics="even")
     model.cfg.extra.update(section.model_extra())
-    save_checkpoint(tmp_path / "toy" / "qm9-ucp-r3", model, tok)
+    # the recipes' own loop: two optimizer steps of the toy format, validated, checkpointed with its card
+    cfg = TrainConfig(data=section, batch_size=8, val_batches=1, threads=1, device="cpu", warmup_steps=1)
+    meta = fit(model, tok, torch.from_numpy(ds.train_tokens), torch.from_numpy(ds.val_tokens), cfg,
+               tmp_path / "toy" / "qm9-ucp-r3", max_steps=2, quiet=True)
+    assert meta["step"] == 2 and math.isfinite(meta["val"]["nll"])
+    assert "decomposition: ucp, rank 3" in (tmp_path / "toy" / "qm9-ucp-r3" / "model_card.md").read_text()
     from service.app import create_app
     from service.config import ServiceArgs
     from service.serving import build_serving

@@ -31,9 +31,12 @@ function fillCheckpoints() {
   const options = here.map((m) => [m.checkpoint, `${m.checkpoint} (${m.decomposition}, r=${m.rank})`]);
   fill($("checkpoint-a"), options);
   fill($("checkpoint-b"), options);
-  const tt = here.find((m) => m.decomposition === "tt");
-  const rank1 = here.find((m) => m.decomposition === "none") || here.find((m) => m !== tt);
-  if (tt) $("checkpoint-a").value = tt.checkpoint;
+  // A: the checkpoint the server serves by default (the most head outputs per position, then the higher rank);
+  // B: a rank-1 model (the MDM's own head) to compare it with
+  const joint = here.filter((m) => m.head !== "base").sort((x, y) =>
+    (y.outputs_per_position - x.outputs_per_position) || (y.rank - x.rank))[0];
+  const rank1 = here.find((m) => m.head === "base") || here.find((m) => m !== joint);
+  if (joint) $("checkpoint-a").value = joint.checkpoint;
   if (rank1) $("checkpoint-b").value = rank1.checkpoint;
 }
 

@@ -297,3 +297,42 @@ def test_a_stream_above_the_stream_limit_is_refused_and_the_estimate_bounds_what
         assert streamed <= 0.5 * 2**20 + answer * fit  # the admitted stream stayed near the limit
     finally:
         _stop(proc)
+
+
+def test_score_requests_hold_an_engine_slot_under_the_request_limit(checkpoints):
+    """/score runs beside generation on the model's worker, so the request limit must count it: with
+    ``--max-requests 1`` a score request while a generation holds the slot is refused with 503 (Retry-After), one
+    alone runs, gives its slot back when done, and an abort of its job stops it between pieces."""
+    from service import scores
+    from service.config import ServiceArgs
+    from service.refusals import Overloaded, ScoreCancelled
+    from service.schema import ScoreRequest
+
+    serving = Serving(ModelRegistry(checkpoints, "cpu", "fp32"), Engine(ServiceArgs(max_requests=1)),
+                      ServiceArgs(max_requests=1))
+    score = ScoreRequest(model="qm9", decomposition="tt", sequences=["CCO", "CCN"], mode="elbo", num_mc=4, seed=0)
+
+    engine = serving.engine
+
+    async def released():
+        while engine._jobs:
+            await asyncio.sleep(0.005)
+
+    async def scenario():
+        job = serving.submit(GenerateRequest(model="qm9", decomposition="tt", num_samples=2, steps=64, seed=0))
+        with pytest.raises(Overloaded) as refused:
+            await scores.score(serving, score)
+        assert refused.value.retry_after_s >= 1
+        serving.abort(job)
+        await asyncio.wait_for(released(), 30)
+        answer = await scores.score(serving, score)
+        assert len(answer.scores) == 2 and not engine._jobs  # ran, and gave its slot back
+        task = asyncio.ensure_future(scores.score(serving, score.model_copy(update={"num_mc": 64})))
+        while not engine._jobs:  # its slot is taken once admitted
+            await asyncio.sleep(0.001)
+        engine.abort(next(iter(engine._jobs)))
+        with pytest.raises(ScoreCancelled):
+            await task
+        assert not engine._jobs
+
+    asyncio.run(scenario())

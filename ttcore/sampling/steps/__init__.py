@@ -13,15 +13,30 @@ from .predetermined import PredeterminedJointStep
 
 STEP_CLASSES: list[type[Step]] = [MarginalViewStep, FastAdaptiveStep, EBStep, ChainRuleStep, PredeterminedJointStep]
 SAMPLERS: dict[str, type[Step]] = {}  # named samplers beyond the settings-chosen ones (``SamplerConfig.sampler``)
+BUILT_IN = {"fixed": False, "eb": True}  # the API's built-in sampler names -> whether the request's eb_gamma applies
 
 
 def register_step(name: str, cls: type[Step]) -> type[Step]:
     """Make ``cls`` the sampler a request selects with ``sampler: name``."""
-    if name in ("fixed", "eb"):
+    if name in BUILT_IN:
         raise ValueError(f"sampler name {name!r} is taken by the built-in samplers")
     SAMPLERS[name] = cls
     return cls
 
 
+def sampler_names() -> list[str]:
+    """Every name a request's ``sampler`` may take: the built-in ones, then the registered."""
+    return [*BUILT_IN, *SAMPLERS]
+
+
+def named_sampler(name: str, eb_gamma: float | None) -> dict:
+    """A request's ``sampler`` and ``eb_gamma`` as ``SamplerConfig`` settings: a built-in name selects by the
+    settings (``eb``: with EB's bound; ``fixed``: without), a registered one by its name."""
+    if name in BUILT_IN:
+        return {"sampler": None, "eb_gamma": eb_gamma if BUILT_IN[name] else None}
+    return {"sampler": name, "eb_gamma": None}
+
+
 __all__ = ["SAMPLERS", "STEP_CLASSES", "ChainRuleStep", "ConfiguredStep", "EBStep", "FastAdaptiveStep",
-           "MarginalViewStep", "PredeterminedJointStep", "Step", "WorkKind", "register_step"]
+           "MarginalViewStep", "PredeterminedJointStep", "Step", "WorkKind", "named_sampler", "register_step",
+           "sampler_names"]
