@@ -1,6 +1,8 @@
 """Real servers for the tests: tiny trained checkpoints and uvicorn in a subprocess."""
 
 import os
+import random
+import shlex
 import socket
 import subprocess
 import sys
@@ -104,3 +106,27 @@ def start_ray_serve(app_args: dict, env: dict | None = None) -> tuple[subprocess
         proc.kill()
         raise
     return proc, url
+
+
+AMINO = "ACDEFGHIKLMNPQRSTVWY"
+
+
+def peptides(n: int, seed: int = 0) -> list[str]:
+    """Peptide-like strings: a hydrophobic start, an amphipathic repeat, a charged end (lengths 8-24)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        core = "".join(rng.choice("LIVFAKR" if k % 3 else "GSEKD") for k in range(rng.randint(4, 18)))
+        out.append(rng.choice("GFMA") + rng.choice(AMINO) + core + rng.choice(["KK", "R", "KR", "DE"]))
+    return out
+
+
+def page_argv(command: str, values: dict[str, str]) -> list[str]:
+    """A docs page's ``python ...`` command as argv: ``$NAME`` replaced by ``values[NAME]`` (longest names first),
+    this interpreter for ``python``, the repository's ``training/`` scripts and configs by absolute path."""
+    argv = shlex.split(command)
+    for name in sorted(values, key=len, reverse=True):
+        argv = [a.replace(f"${name}", values[name]) for a in argv]
+    assert argv[0] == "python" and not any("$" in a for a in argv), argv
+    argv[0] = sys.executable
+    return [str(ROOT / a) if a.startswith("training/") else a for a in argv]

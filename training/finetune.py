@@ -22,6 +22,7 @@ from _loop import fit
 
 from ttcore.decompositions import DECOMPOSITIONS, HEAD_KINDS, get_decomposition
 from ttcore.models import JointModel, load_checkpoint, load_train_state
+from ttcore.models.hf import is_hf_directory, load_masked_lm
 from ttcore.models.mdlm_compat import is_mdlm_checkpoint, load_mdlm
 from ttcore.parallel import is_main_process
 from ttcore.recipes import throughput_line
@@ -29,22 +30,29 @@ from ttcore.recipes import throughput_line
 
 def main():
     ap = parser(__doc__)
-    ap.add_argument("--base", required=True, help="pretrained rank-1 checkpoint directory")
+    ap.add_argument("--base", required=True, help="pretrained rank-1 checkpoint directory: a ttcore checkpoint, an "
+                    "official MDLM directory, or a local transformers masked LM (ModernBERT, BERT, RoBERTa, ESM, ...)")
     ap.add_argument("--decomposition", choices=list(DECOMPOSITIONS))
     ap.add_argument("--rank", type=int)
     ap.add_argument("--head", choices=HEAD_KINDS)
+    ap.add_argument("--train", choices=["all", "head"], default="all",
+                    help="all: the backbone and the head; head: the backbone frozen for the whole run")
     args = ap.parse_args()
     cfg = config_from_args(args, {"model.decomposition": args.decomposition, "model.rank": args.rank,
                                   "model.head": args.head})
     head = cfg.model
     if not get_decomposition(head.decomposition).joint_head:
         head.rank = 1
+    if args.train == "head":  # no step updates the backbone (AdamW leaves it and its moments alone)
+        cfg.freeze_backbone_steps = 2**31 - 1
     resuming = args.resume and Path(args.out).exists() and load_train_state(args.out) is not None
     if resuming:
         model, tokenizer, _ = load_checkpoint(args.out)
     else:
         if is_mdlm_checkpoint(args.base):  # an official MDLM (e.g. mdlm-owt) directory
             base, tokenizer = load_mdlm(args.base, length=cfg.data.length)
+        elif is_hf_directory(args.base):  # a transformers masked LM: its MLM decoder is the base head W
+            base, tokenizer = load_masked_lm(args.base, length=cfg.data.length)
         else:
             base, tokenizer, _ = load_checkpoint(args.base)
         if not base.format.joint_head:

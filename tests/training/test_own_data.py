@@ -4,22 +4,18 @@ gets peptides back. Only sizes shrink: the config's network and each run's wall 
 
 import json
 import os
-import random
 import re
-import shlex
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
-from servers import free_port, wait_ready
+from servers import free_port, page_argv, peptides, wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "own-data.md"
-AMINO = "ACDEFGHIKLMNPQRSTVWY"
 
 pytestmark = pytest.mark.slow
 
@@ -35,26 +31,11 @@ def page_blocks() -> tuple[str, list[str], dict]:
     return config, commands, body
 
 
-def peptides(n: int, seed: int = 0) -> list[str]:
-    """Peptide-like strings: a hydrophobic start, an amphipathic repeat, a charged end (lengths 8-24)."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        core = "".join(rng.choice("LIVFAKR" if k % 3 else "GSEKD") for k in range(rng.randint(4, 18)))
-        out.append(rng.choice("GFMA") + rng.choice(AMINO) + core + rng.choice(["KK", "R", "KR", "DE"]))
-    return out
-
-
 SMOKE_STEPS = {"STEPS": "4", "FT_STEPS": "4"}  # the smallest size: a few steps instead of minutes
 
 
 def _argv(command: str, env: dict) -> list[str]:
-    argv = [a.replace("$FT_STEPS", env["FT_STEPS"]).replace("$STEPS", env["STEPS"]) for a in shlex.split(command)]
-    assert argv[0] == "python" and not any("$" in a for a in argv), argv
-    argv[0] = sys.executable
-    if len(argv) > 1 and argv[1].startswith("training/"):
-        argv[1] = str(ROOT / argv[1])
-    return argv
+    return page_argv(command, {k: env[k] for k in ("STEPS", "FT_STEPS")})
 
 
 def test_own_data_page_commands(tmp_path):

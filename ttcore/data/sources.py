@@ -32,7 +32,8 @@ def load_dataset(section: DataSection, tokenizer=None):
     """The family ``section`` defines, tokenized; with ``tokenizer`` (a base model's), encoded with it instead of
     building one from the data."""
     corpus = CORPORA.get(section.source)
-    if not section.packed and tokenizer is not None and tokenizer.kind != section.tokenizer:
+    if not section.packed and tokenizer is not None and tokenizer.kind != section.tokenizer \
+            and not tokenizer.any_text:
         raise ValueError(f"data.tokenizer is {section.tokenizer!r}, the base model's tokenizer {tokenizer.kind!r}")
     if corpus is not None and corpus.load is not None:
         ds = corpus.load(section, tokenizer)
@@ -70,8 +71,9 @@ def _cached_sequences(section: DataSection, tokenizer, corpus: Corpus | None) ->
     if sources is None:
         return _sequence_dataset(section, tokenizer, corpus)
     key = cache_key(asdict(section), tokenizer.to_dict() if tokenizer is not None else None, sources)
-    kind = _symbol_tokenizer(section.tokenizer)
-    ds = load_cached(key, kind.from_dict)
+    # the key holds a given tokenizer whole: a hit was encoded by it (no need to rebuild it from the entry)
+    restore = (lambda _: tokenizer) if tokenizer is not None else _symbol_tokenizer(section.tokenizer).from_dict
+    ds = load_cached(key, restore)
     if ds is None:
         ds = _sequence_dataset(section, tokenizer, corpus)
         try:

@@ -64,8 +64,9 @@ class CPHead(ComponentHead):
         self.weights = zero_linear(hidden_dim, rank)
 
     def weight_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """The mixture weights' logits from the features of whole sequences: h [b, l, d] -> [b, r] float32."""
-        return self.weights(h.mean(1)).float()
+        """The mixture weights' logits from the features of whole sequences: h [b, l, d] -> [b, r] float32
+        (float64 for a float64 model)."""
+        return output_dtype(self.weights(h.mean(1)))
 
 
 class CPDecomposition(SumsNothing):
@@ -78,7 +79,7 @@ class CPDecomposition(SumsNothing):
         return CPHead(rank, kind, hidden_dim, out_vocab, base)
 
     def outputs(self, head, h: torch.Tensor, mask: torch.Tensor) -> CPOutputs:
-        return CPOutputs(mask, output_dtype(head.component_logits(h[mask])), output_dtype(head.weight_logits(h)))
+        return CPOutputs(mask, output_dtype(head.component_logits(h[mask])), head.weight_logits(h))
 
     def draw(self, head, h, x, masked, chosen, temperature, generator, contraction) -> torch.Tensor:
         """Eq. 18: a component per sequence, then each x^j from that component's factor (computed for

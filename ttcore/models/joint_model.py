@@ -20,6 +20,8 @@ class ModelConfig:
     rank: int = 1
     head: str = "1layer"  # 1layer | 2layer (joint heads only)
     extra: dict = field(default_factory=dict)  # free-form metadata (training, data)
+    backbone: dict | None = None  # None: the DiT (``dit``); else a transformers masked LM (``ttcore.models.hf``),
+    # ``dit`` then giving only its shape (vocabulary, length, width)
 
     def __post_init__(self):
         if isinstance(self.dit, dict):
@@ -52,9 +54,15 @@ class JointModel(nn.Module):
         d = cfg.dit
         self.format = fmt = cfg.format
         joint = fmt.joint_head
-        self.backbone = DiT(d)
-        self.output_layer = FinalLayer(d.hidden_dim, d.cond_dim, d.out_vocab,
-                                       with_linear=not (joint and cfg.head == "1layer"))
+        with_linear = not (joint and cfg.head == "1layer")
+        if cfg.backbone is None:
+            self.backbone = DiT(d)
+            self.output_layer = FinalLayer(d.hidden_dim, d.cond_dim, d.out_vocab, with_linear=with_linear)
+        else:  # a pretrained masked LM: its decoder is the base head W (``ttcore.models.hf``)
+            from .hf import HFBackbone, MLMOutput
+
+            self.backbone = HFBackbone(cfg.backbone)
+            self.output_layer = MLMOutput(d.hidden_dim, d.out_vocab, with_linear=with_linear)
         self.head = fmt.build_head(cfg.rank, cfg.head, d.hidden_dim, d.out_vocab, self.output_layer.linear)
         if joint and cfg.head == "2layer":
             self.output_layer.linear.requires_grad_(False)  # W stays frozen (Sec. 4.5)
@@ -70,7 +78,8 @@ class JointModel(nn.Module):
         if base.format.joint_head:
             raise ValueError(f"the base model must be rank 1 (decomposition 'none'), got {base.cfg.decomposition!r}")
         joint = get_decomposition(decomposition).joint_head
-        cfg = ModelConfig(base.cfg.dit, decomposition, rank if joint else 1, head, dict(base.cfg.extra))
+        cfg = ModelConfig(base.cfg.dit, decomposition, rank if joint else 1, head, dict(base.cfg.extra),
+                          base.cfg.backbone)
         model = cls(cfg).to(next(base.parameters()))  # same device and dtype
         state = {k: v for k, v in base.state_dict().items() if model.output_layer.linear is not None
                  or not k.startswith("output_layer.linear")}
@@ -86,7 +95,10 @@ class JointModel(nn.Module):
 
     def features(self, x_t: torch.Tensor, sigma: torch.Tensor | None = None,
                  z: torch.Tensor | None = None) -> torch.Tensor:
-        """x_t [b, l] (and z [b, latent_dim] for a VADD model) -> final normalized features [b, l, d]."""
+        """x_t [b, l] (and z [b, latent_dim] for a VADD model) -> final normalized features [b, l, d]. A masked
+        LM's backbone takes no time (``sigma`` ignored: no time conditioning, as MDLM)."""
+        if self.cfg.backbone is not None:
+            return self.backbone(x_t)
         x, c = self.backbone(x_t, sigma, z)
         return self.output_layer.features(x, c)
 

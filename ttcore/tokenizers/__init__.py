@@ -14,14 +14,23 @@ def _text_tokenizer():  # the `tokenizers` library is an extra: imported only wh
     return TextTokenizer
 
 
+def _hf_tokenizer():  # `transformers` is an extra: imported only for a pretrained masked LM's tokenizer
+    from .hf import HFTokenizer
+    return HFTokenizer
+
+
+_EXTRAS = {"text": _text_tokenizer, "hf": _hf_tokenizer}
+
+
 def load_tokenizer(directory: str | Path):
     """The tokenizer saved in a checkpoint directory (``tokenizer.json``)."""
     d = json.loads(Path(directory, "tokenizer.json").read_text())
-    if d.get("type") == "text":
-        return _text_tokenizer().from_dict(d)
-    if d.get("type") not in _KINDS:
-        raise ValueError(f"unknown tokenizer type {d.get('type')!r}; known: {sorted(_KINDS) + ['text']}")
-    return _KINDS[d["type"]].from_dict(d)
+    kind = d.get("type")
+    if kind in _EXTRAS:
+        return _EXTRAS[kind]().from_dict(d)
+    if kind not in _KINDS:
+        raise ValueError(f"unknown tokenizer type {kind!r}; known: {sorted(_KINDS) + sorted(_EXTRAS)}")
+    return _KINDS[kind].from_dict(d)
 
 
 __all__ = ["CharTokenizer", "SmilesTokenizer", "load_tokenizer", "smiles_tokens"]

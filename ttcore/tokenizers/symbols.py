@@ -13,8 +13,27 @@ PAD, MASK = "[PAD]", "[MASK]"
 _SPECIAL = re.compile(r"(\[MASK\]|\[PAD\])")
 
 
+
+def decode_runs(ids, mask_id: int, skip: set[int], text_of) -> str:
+    """A sequence's text from its runs of ordinary tokens (``text_of(run)``), [MASK] where masked, the ``skip`` ids
+    (separators, padding, special tokens) dropped: what the subword tokenizers' ``decode`` shares."""
+    out, run = [], []
+    for i in ids:
+        if i == mask_id or i in skip:
+            if run:
+                out.append(text_of(run))
+                run = []
+            if i == mask_id:
+                out.append(MASK)
+        else:
+            run.append(i)
+    if run:
+        out.append(text_of(run))
+    return "".join(out)
+
 class SymbolTokenizer:
     kind = ""
+    any_text = False  # only its own symbols: a family's data must be of its kind
     pads = True  # a sequence shorter than the length ends in [PAD]s, which the model generates as tokens
 
     @staticmethod

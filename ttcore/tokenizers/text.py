@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from .symbols import MASK  # the same placeholder as every tokenizer
+from .symbols import MASK, decode_runs  # MASK: the same placeholder as every tokenizer
 
 EOT = "<|endoftext|>"
 
@@ -37,6 +37,7 @@ def _byte_level(tok: Tokenizer) -> Tokenizer:
 
 class TextTokenizer:
     kind = "text"
+    any_text = False
     pads = False  # documents are packed into blocks of the length: a sample never ends in padding
 
     def __init__(self, bpe: Tokenizer, length: int, name: str):
@@ -68,19 +69,7 @@ class TextTokenizer:
 
     def decode(self, ids) -> str:
         """Masks shown as [MASK]; end-of-text tokens dropped (they separate documents)."""
-        out, run = [], []
-        for i in ids:
-            if i == self.mask_id or i == self.eot_id:
-                if run:
-                    out.append(self.bpe.decode(run))
-                    run = []
-                if i == self.mask_id:
-                    out.append(MASK)
-            else:
-                run.append(i)
-        if run:
-            out.append(self.bpe.decode(run))
-        return "".join(out)
+        return decode_runs(ids, self.mask_id, {self.eot_id}, self.bpe.decode)
 
     def pieces(self, ids) -> list[str]:
         """Each position's token as text (end-of-text as "", [MASK] as "[MASK]"; a byte-level token that is

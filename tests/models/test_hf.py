@@ -1,0 +1,110 @@
+"""A transformers masked LM as the backbone (``ttcore.models.hf``): the rank-1 view of the adapted model is the
+masked LM itself, the joint heads' math holds on it (against enumeration), and what cannot be adapted is refused
+with its reason. Tiny random models of four architectures, written with ``save_pretrained`` (no hub)."""
+
+import itertools
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+from hf_models import KINDS, write_tiny_masked_lm  # noqa: E402
+
+from ttcore.models import JointModel, load_checkpoint, save_checkpoint  # noqa: E402
+from ttcore.models.hf import load_masked_lm  # noqa: E402
+
+L = 12
+
+
+@pytest.fixture(scope="module")
+def directories(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf")
+    return {kind: write_tiny_masked_lm(kind, root / kind) for kind in KINDS}
+
+
+def _masked_input(tok, text="MKTAYIAK"):
+    x = torch.tensor([tok.encode(text), tok.encode(text[::-1])])
+    x[0, 2:5] = tok.mask_id
+    x[1, 1::3] = tok.mask_id
+    return x
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_rank_one_view_is_the_masked_lms_own_logits(directories, kind):
+    from transformers import AutoModelForMaskedLM
+
+    model, tok = load_masked_lm(directories[kind], length=L)
+    hf = AutoModelForMaskedLM.from_pretrained(directories[kind], local_files_only=True).eval()
+    x = _masked_input(tok)
+    mask = x == tok.mask_id
+    with torch.no_grad():
+        ours = model(x, mask).logits  # the rank-1 head outputs on the masked positions, ttcore's vocabulary order
+        theirs = hf(input_ids=torch.tensor([tok.to_hf(row) for row in x.tolist()]),
+                    attention_mask=torch.ones_like(x)).logits[mask][:, tok.hf_ids[:-1]]
+    assert ours.shape == (int(mask.sum()), tok.vocab_size) and theirs.abs().max() > 1
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+    assert tok.decode(tok.encode("MKTAYIAK")) == "MKTAYIAK"  # the model's own tokenizer, in ttcore's layout
+
+
+@pytest.mark.parametrize("kind", ["modernbert", "esm"])
+@pytest.mark.parametrize("decomposition,rank", [("tt", 2), ("cp", 3)])
+def test_joint_heads_on_an_adapted_backbone_match_enumeration(directories, kind, decomposition, rank):
+    """Zero noise: the joint keeps the masked LM's marginals; with noise, the joint over two masked positions
+    sums to one and scores each pair as the enumerated product of its normalized factors does."""
+    base, tok = load_masked_lm(directories[kind], length=L)
+    x = torch.tensor([tok.encode("GFLIVKR")])
+    x[0, [2, 5]] = tok.mask_id
+    mask = x == tok.mask_id
+    same = JointModel.from_base(base, decomposition, rank, noise=0.0).eval()
+    with torch.no_grad():
+        free = torch.full_like(x, -1)
+        torch.testing.assert_close(same(x, mask).joint(x).marginals(free).double(),
+                                   base(x, mask).joint(x).marginals(free).double(), rtol=1e-5, atol=1e-6)
+    joint = JointModel.from_base(base, decomposition, rank, noise=0.5, generator=torch.Generator().manual_seed(0))
+    joint = joint.double().eval()
+    with torch.no_grad():
+        out = joint(x, mask)
+    v = tok.vocab_size
+    pairs = torch.tensor(list(itertools.product(range(v), repeat=2)))  # every value of the two masked positions
+    x0 = x.repeat(len(pairs), 1)
+    x0[:, 2], x0[:, 5] = pairs[:, 0], pairs[:, 1]
+    rows = {name: getattr(out, name) for name in ("core_logits", "factor_logits", "contracted_logits",
+                                                  "weight_logits") if hasattr(out, name)}
+    expanded = type(out)(mask.repeat(len(pairs), 1), **{
+        k: t.repeat(len(pairs), *[1] * (t.dim() - 1)) if k not in ("weight_logits",) else t.repeat(len(pairs), 1)
+        for k, t in rows.items()})
+    log_p = expanded.log_prob(x0)
+    assert abs(float(log_p.exp().sum()) - 1) < 1e-9  # a normalized joint over V^2 pairs
+    assert torch.isfinite(out.auxiliary_loss())
+
+
+def test_an_adapted_model_saves_and_loads_as_a_ttcore_checkpoint(directories, tmp_path):
+    """The checkpoint holds the masked LM's config and weights (its decoder once, as the base head W); loading
+    builds the architecture class from transformers and gives the same outputs."""
+    model, tok = load_masked_lm(directories["bert"], length=L)
+    joint = JointModel.from_base(model, "tt", 2, noise=0.3, generator=torch.Generator().manual_seed(0)).eval()
+    save_checkpoint(tmp_path / "ckpt", joint, tok)
+    again, tok2, config = load_checkpoint(tmp_path / "ckpt")
+    assert config["model"]["backbone"]["model_type"] == "bert" and tok2.kind == "hf"
+    x = _masked_input(tok2)
+    with torch.no_grad():
+        torch.testing.assert_close(again(x, x == tok2.mask_id).core_logits, joint(x, x == tok.mask_id).core_logits)
+
+
+def test_what_cannot_be_adapted_is_refused_with_its_reason(directories, tmp_path):
+    import shutil
+
+    remote = tmp_path / "remote"
+    shutil.copytree(directories["bert"], remote)
+    config = json.loads((remote / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForMaskedLM": "modeling_mine.MyModel"}
+    (remote / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="trust_remote_code is refused"):
+        load_masked_lm(remote)
+    bare = tmp_path / "bare"
+    shutil.copytree(directories["bert"], bare)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (bare / name).unlink(missing_ok=True)
+    with pytest.raises(FileNotFoundError, match="no tokenizer files"):
+        load_masked_lm(bare)
