@@ -115,3 +115,12 @@ def test_the_throughput_lease_script_runs_at_smoke_size(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "smoke" in (tmp_path / "out" / "throughput.log").read_text()
+
+
+def test_hf_adapter_smoke(tmp_path):
+    pytest.importorskip("transformers")
+    out = _bench(ROOT / "benchmarks" / "hf_adapter.py", "--overhead", "--table", "--smoke", "--reps", "1", "--out",
+                 str(tmp_path))
+    assert len(re.findall(r"^\s+(fp32|bf16) \| DiT\s+[\d.]+ ms .* ratio [\d.]+x$", out, re.M)) == 2, out
+    rows = re.findall(r"^\|\s+(rank1|tt-r4) \| [\d.]+ \|(\s+[\d.]+% \|){3}$", out, re.M)
+    assert [r[0] for r in rows] == ["rank1", "tt-r4"], out

@@ -9,10 +9,9 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
-from hf_models import KINDS, write_tiny_masked_lm  # noqa: E402
-
 from ttcore.models import JointModel, load_checkpoint, save_checkpoint  # noqa: E402
 from ttcore.models.hf import load_masked_lm  # noqa: E402
+from ttcore.models.hf_random import KINDS, write_random_masked_lm  # noqa: E402
 
 L = 12
 
@@ -20,7 +19,7 @@ L = 12
 @pytest.fixture(scope="module")
 def directories(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf")
-    return {kind: write_tiny_masked_lm(kind, root / kind) for kind in KINDS}
+    return {kind: write_random_masked_lm(kind, root / kind) for kind in KINDS}
 
 
 def _masked_input(tok, text="MKTAYIAK"):

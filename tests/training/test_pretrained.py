@@ -13,7 +13,7 @@ import pytest
 from servers import free_port, page_argv, peptides, wait_ready
 
 pytest.importorskip("transformers")
-from hf_models import write_tiny_masked_lm  # noqa: E402
+from ttcore.models.hf_random import write_random_masked_lm  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "pretrained.md"
@@ -39,7 +39,7 @@ def test_pretrained_page_commands(tmp_path, kind):
     setup, *recipes, serve = commands
     assert setup.startswith("export BASE=") and serve.startswith("python -m service")
     assert all("--max-steps $STEPS" in c for c in recipes if "finetune.py" in c)
-    base = write_tiny_masked_lm(kind, tmp_path / "base")
+    base = write_random_masked_lm(kind, tmp_path / "base")
     train = peptides(600)
     (tmp_path / "peptides.txt").write_text("\n".join(train) + "\n")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), BASE=str(base), STEPS="3")

@@ -1,5 +1,6 @@
-"""Tiny random masked LMs of four architectures, written with ``save_pretrained`` with a tokenizer built here,
-as a user's local ``transformers`` directories would be (no hub)."""
+"""Random masked LMs of four architectures (BERT, RoBERTa, ESM, ModernBERT), each written with ``save_pretrained``
+and a tokenizer built here, as a user's local ``transformers`` directory would be (no hub): what the adapter's
+tests and its benchmark (``benchmarks/hf_adapter.py``) start from."""
 
 from pathlib import Path
 
@@ -20,15 +21,17 @@ def _word_level_tokenizer(tokens: list[str], specials: dict[str, str]):
     return PreTrainedTokenizerFast(tokenizer_object=core, **specials)
 
 
-def write_tiny_masked_lm(kind: str, directory: Path, hidden: int = 32, layers: int = 2, seed: int = 0) -> Path:
-    """A random ``kind`` (bert, roberta, esm, modernbert) masked LM with its tokenizer, saved to ``directory``."""
+def write_random_masked_lm(kind: str, directory: Path, hidden: int = 32, layers: int = 2, heads: int = 2,
+                           seed: int = 0, spread: float = 0.2) -> Path:
+    """A random ``kind`` (bert, roberta, esm, modernbert) masked LM with its tokenizer, saved to ``directory``;
+    ``spread``: noise added to the initial weights (a fresh init's logits are nearly flat)."""
     import torch
     from transformers import AutoModelForMaskedLM, BertConfig, EsmConfig, EsmTokenizer, ModernBertConfig, RobertaConfig
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    arch = dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=2, intermediate_size=2 * hidden,
-                max_position_embeddings=80)
+    arch = dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                intermediate_size=(4 if hidden > 64 else 2) * hidden, max_position_embeddings=80)
     if kind == "esm":
         vocab = ["<cls>", "<pad>", "<eos>", "<unk>", *AMINO, "<mask>"]
         (directory / "vocab.txt").write_text("\n".join(vocab))
@@ -51,9 +54,9 @@ def write_tiny_masked_lm(kind: str, directory: Path, hidden: int = 32, layers: i
                                       global_attn_every_n_layers=1, **arch)
     torch.manual_seed(seed)
     model = AutoModelForMaskedLM.from_config(config)
-    with torch.no_grad():  # a random init's logits are nearly flat: spread them so that tests can tell outputs apart
+    with torch.no_grad():
         for p in model.parameters():
-            p.add_(0.2 * torch.randn_like(p))
+            p.add_(spread * torch.randn_like(p))
     model.save_pretrained(directory)
     tok.save_pretrained(directory)
     return directory
