@@ -3,6 +3,7 @@
 import os
 import random
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 import torch
 from _loop import fit
 
@@ -130,3 +132,28 @@ def page_argv(command: str, values: dict[str, str]) -> list[str]:
     assert argv[0] == "python" and not any("$" in a for a in argv), argv
     argv[0] = sys.executable
     return [str(ROOT / a) if a.startswith("training/") else a for a in argv]
+
+
+def playground_generates(url: str, alphabet: set[str], options: int) -> None:
+    """The playground (a real chromium) lists the family's ``options`` checkpoints and shows generated sequences as
+    text over ``alphabet``, with no molecule summary; skipped where there is no browser."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    sync_api = pytest.importorskip("playwright.sync_api") if chromium else None
+    if sync_api is None:
+        return
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page()
+        errors = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(url + "/")
+        sync_api.expect(page.locator("#checkpoint-a option")).to_have_count(options)  # not wait_for_function: CSP
+        page.fill("#steps", "4")
+        page.fill("#num-samples", "3")
+        page.click("#generate")
+        page.wait_for_selector("body[data-state=done]", timeout=120_000)
+        seqs = [el.inner_text() for el in page.query_selector_all(".pane .seq")]
+        assert len(seqs) == 3 and all(set(q) <= alphabet for q in seqs), seqs
+        assert "valid " not in page.query_selector(".pane .summary").inner_text()
+        assert not errors, errors
+        browser.close()

@@ -5,14 +5,13 @@ gets peptides back. Only sizes shrink: the config's network and each run's wall 
 import json
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
-from servers import free_port, page_argv, peptides, wait_ready
+from servers import free_port, page_argv, peptides, playground_generates, wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "own-data.md"
@@ -94,33 +93,7 @@ def test_own_data_page_commands(tmp_path):
             assert s["valid"] is None and s.get("qed") is None
         refused = httpx.post(url + "/generate", json={**body, "valid_only": True}, timeout=30)
         assert refused.status_code in (400, 422) and "valid_only" in refused.text and "none" in refused.text
-        _playground_generates(url, set(tok["symbols"]))
+        playground_generates(url, set(tok["symbols"]), options=2)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-
-
-def _playground_generates(url: str, alphabet: set[str]) -> None:
-    """The playground (a real chromium) lists the family's checkpoints and shows generated peptides as text, with
-    no molecule summary; skipped where there is no browser."""
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    sync_api = pytest.importorskip("playwright.sync_api") if chromium else None
-    if sync_api is None:
-        return
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
-        page = browser.new_page()
-        errors = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.goto(url + "/")
-        sync_api.expect(page.locator("#checkpoint-a option")).to_have_count(2)  # not wait_for_function: CSP
-        page.fill("#steps", "4")
-        page.fill("#num-samples", "3")
-        page.click("#generate")
-        page.wait_for_selector("body[data-state=done]", timeout=120_000)
-        seqs = [el.inner_text() for el in page.query_selector_all(".pane .seq")]
-        assert len(seqs) == 3 and all(set(q) <= alphabet for q in seqs), seqs
-        assert "valid " not in page.query_selector(".pane .summary").inner_text()
-        assert not errors, errors
-        browser.close()
-

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from servers import free_port, page_argv, peptides, wait_ready
+from servers import free_port, page_argv, peptides, playground_generates, wait_ready
 
 pytest.importorskip("transformers")
 from ttcore.models.hf_random import write_random_masked_lm  # noqa: E402
@@ -74,6 +74,8 @@ def test_pretrained_page_commands(tmp_path, kind):
         v1 = httpx.post(url + "/v1/completions", json={"model": "peptides-tt-r4", "prompt": "G", "n": 2,
                                                         "steps": 4}, timeout=60)
         assert v1.status_code == 200 and len(v1.json()["choices"]) == 2
+        if kind == "esm":
+            playground_generates(url, alphabet, options=1)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
