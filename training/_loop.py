@@ -19,7 +19,7 @@ import torch
 from tqdm import tqdm
 
 from ttcore.flops import device_peak, mfu, train_flops_per_token
-from ttcore.losses import mdlm_loss, vadd_loss
+from ttcore.losses import forward_mask, mdlm_loss, sample_times, vadd_loss
 from ttcore.models import JointModel, load_train_state, save_checkpoint
 from ttcore.parallel import Workers
 from ttcore.recipes import (
@@ -39,6 +39,17 @@ from ttcore.recipes import (
 )
 
 PROBE_STEPS = 10  # fit_minutes: the steps timed to size the run
+
+
+class _WholeBatch:
+    """``mdlm_loss``'s ``processes`` for a micro-batch: the whole batch's masked count (all processes') as the
+    normalizer, and the number of processes whose gradients are averaged."""
+
+    def __init__(self, world: int, n_masked: torch.Tensor):
+        self.world, self.n_masked = world, n_masked
+
+    def all_sum(self, _share: torch.Tensor) -> torch.Tensor:
+        return self.n_masked
 
 
 class _StopOnSignal:
@@ -97,6 +108,8 @@ class _Run:
         torch.manual_seed(cfg.seed)
         model.to(device).train()
         workers.broadcast_parameters(model)
+        if cfg.activation_checkpointing:
+            model.backbone.checkpointing_()
         if cfg.compile:
             model.backbone.compile()  # in place: parameter names (and checkpoints) are unchanged
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -184,7 +197,8 @@ class _Run:
         meta["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         if self.run_train_s > 0:  # this run's (a resumed run reports its own part)
             rate = self.run_tokens / self.run_train_s
-            meta["throughput"] = {"tokens_per_second": rate, "flops_per_token": self.flops_per_token,
+            meta["throughput"] = {"tokens_per_second": rate, "train_seconds": self.run_train_s,
+                                  "flops_per_token": self.flops_per_token,
                                   "mfu": mfu(rate / workers.world, self.flops_per_token, self.peak),
                                   "peak_flops": self.peak, "peak": self.peak_source, "processes": workers.world}
         opt_tensors, opt_meta = optimizer_state(self.opt)
@@ -201,18 +215,12 @@ class _Run:
 
     def step(self, step: int) -> tuple[dict, torch.Tensor, int]:
         """One optimizer step on the next global batch. -> (losses, gradient norm, tokens in the global batch)."""
-        cfg, model, workers, mask_id = self.cfg, self.model, self.workers, self.tokenizer.mask_id
+        cfg, model, workers = self.cfg, self.model, self.workers
         for group in self.opt.param_groups:
             group["lr"] = group["lr_scale"] * lr_at(step, cfg.lr, cfg.warmup_steps, cfg.total_steps, cfg.min_lr_ratio)
         x0 = self.train_tokens[workers.share(self.order.next())].to(self.device)
-        with autocast(self.device, cfg.precision):
-            if model.latent_dim:
-                losses = vadd_loss(model, x0, mask_id, cfg.kl_weight, cfg.eps, generator=self.gen)
-            else:
-                losses = mdlm_loss(model, x0, mask_id, cfg.eps, generator=self.gen,
-                                   marginal_weight=cfg.marginal_weight, processes=workers)
         self.opt.zero_grad(set_to_none=True)
-        losses["loss"].backward()
+        losses = self._backward(x0)
         workers.average_gradients(self.params)  # the global batch's mean gradient on every process
         if step < cfg.freeze_backbone_steps:  # no gradient: AdamW leaves these weights and their moments alone
             for p in self.backbone:
@@ -222,6 +230,46 @@ class _Run:
         if self.ema is not None:
             self.ema.update(model)
         return losses, grad_norm, x0.numel() * workers.world
+
+    def _backward(self, x0: torch.Tensor) -> dict:
+        """The batch's loss and its gradient (``backward``), in ``grad_accum`` micro-batches: the times and masks
+        are drawn for the whole batch first (as one piece draws them) and every piece is normalized by the whole
+        batch's masked count (``mdlm_loss``'s shares), so the summed gradient is the one-piece gradient, up to
+        float rounding. VADD's Eq. 21 is normalized by rows (b * l): each piece weighs its rows."""
+        cfg, model, workers, mask_id = self.cfg, self.model, self.workers, self.tokenizer.mask_id
+        k = cfg.grad_accum
+        if len(x0) % k:
+            raise ValueError(f"grad_accum {k} must divide this process's share of the batch ({len(x0)} sequences)")
+        if model.latent_dim:
+            parts = []
+            for piece in x0.chunk(k):
+                with autocast(self.device, cfg.precision):
+                    out = vadd_loss(model, piece, mask_id, cfg.kl_weight, cfg.eps, generator=self.gen)
+                (out["loss"] * len(piece) / len(x0)).backward()
+                parts.append(out)
+            return {key: sum(p[key].detach() for p in parts) / k for key in parts[0]}
+        shares = workers if workers.world > 1 else None
+        if k == 1:
+            with autocast(self.device, cfg.precision):
+                losses = mdlm_loss(model, x0, mask_id, cfg.eps, generator=self.gen,
+                                   marginal_weight=cfg.marginal_weight, processes=shares)
+            losses["loss"].backward()
+            return losses
+        t = sample_times(len(x0), cfg.eps, x0.device, self.gen)
+        _, mask = forward_mask(x0, t, mask_id, self.gen)
+        n_local = mask.sum().float()
+        whole = _WholeBatch(workers.world, workers.all_sum(n_local.clone()) if shares is not None else n_local)
+        totals, rows = {}, torch.arange(len(x0), device=x0.device)
+        for idx in rows.chunk(k):
+            with autocast(self.device, cfg.precision):
+                out = mdlm_loss(model, x0[idx], mask_id, cfg.eps, t=t[idx], mask=mask[idx],
+                                marginal_weight=cfg.marginal_weight, processes=whole)
+            out["loss"].backward()
+            n_piece = mask[idx].sum()
+            for key in ("nll", "lc", "marginal_nll"):  # per masked token: the pieces weighed by their counts
+                totals[key] = totals.get(key, 0) + out[key] * n_piece / n_local.clamp_min(1)
+            totals["nelbo"] = totals.get("nelbo", 0) + out["nelbo"] * len(idx) / len(x0)  # per position
+        return totals
 
     def _sync(self) -> None:
         if self.device.type == "cuda":

@@ -57,13 +57,14 @@ def mdlm_loss(model, x0: torch.Tensor, mask_id: int, eps: float = 1e-3,
 
     ``t`` [b] and ``mask`` [b, l] (bool) fix the times and the masked set instead of drawing them.
 
-    Data-parallel training (``processes``: ``ttcore.parallel.Workers``, or anything with ``world`` and
-    ``all_sum``): ``x0`` is this process's share of a global batch, and every per-token normalizer (|M| of
-    ``nll``, ``marginal_nll`` and L_C's 1/N) is the global batch's, summed across the processes. ``loss`` is
-    then ``world`` times this process's part of the global objective, so that averaging the gradients over the
-    processes (``Workers.average_gradients``) gives the gradient of the single-process objective on the global
-    batch, whatever each share's masked count (a mean of per-process means would weigh a token of a share with
-    few masked tokens more). The metrics returned beside it stay this process's own (its share's ratios).
+    Data-parallel training and gradient accumulation (``processes``: ``ttcore.parallel.Workers``, or anything
+    with ``world`` and ``all_sum``): ``x0`` is a share of a global batch (a process's, or a micro-batch of it),
+    and every per-token normalizer (|M| of ``nll``, ``marginal_nll`` and L_C's 1/N) is the global batch's
+    (``all_sum`` of the share's masked count). ``loss`` is then ``world`` times this share's part of the global
+    objective, so that summing the micro-batches' gradients and averaging them over the processes
+    (``Workers.average_gradients``) gives the gradient of the single-process objective on the global batch,
+    whatever each share's masked count (a mean of per-share means would weigh a token of a share with few masked
+    tokens more). The metrics returned beside it stay the share's own (its ratios).
     """
     b, l = x0.shape
     if t is None:
@@ -80,7 +81,7 @@ def mdlm_loss(model, x0: torch.Tensor, mask_id: int, eps: float = 1e-3,
         per_position = per_sequence(-out.marginal_log_probs(x0), mask)  # [b]
     per_token = nll.sum() / n_masked
     marginal = per_position.sum() / n_masked
-    if processes is None or processes.world == 1:
+    if processes is None:
         loss = per_token + lc + marginal_weight * marginal if marginal_weight > 0 else per_token + lc
     else:
         loss = _global_share(nll.sum(), per_position.sum(), lc * mask.sum(), mask.sum(), marginal_weight,

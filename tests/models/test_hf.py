@@ -107,3 +107,21 @@ def test_what_cannot_be_adapted_is_refused_with_its_reason(directories, tmp_path
         (bare / name).unlink(missing_ok=True)
     with pytest.raises(FileNotFoundError, match="no tokenizer files"):
         load_masked_lm(bare)
+
+
+@pytest.mark.parametrize("kind", ["bert", "esm"])
+def test_activation_checkpointing_of_an_adapted_backbone_keeps_the_gradient(directories, kind):
+    from ttcore.losses import mdlm_loss
+
+    def gradient(checkpointing: bool) -> torch.Tensor:
+        model, tok = load_masked_lm(directories[kind], length=L)
+        model.backbone.checkpointing_(checkpointing)
+        model.train()  # the masked LM's own dropout is on: the same seed, the same masks (recomputed ones too)
+        torch.manual_seed(0)
+        x0 = torch.tensor([tok.encode("GFLIVKR"), tok.encode("MKTAYIAK")] * 4)
+        mdlm_loss(model, x0, tok.mask_id, generator=torch.Generator().manual_seed(0))["loss"].backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+    plain, recomputed = gradient(False), gradient(True)
+    assert plain.abs().max() > 0
+    torch.testing.assert_close(recomputed, plain, rtol=1e-5, atol=1e-7)

@@ -4,6 +4,7 @@ sampled at two step counts and with EB, measured in MOSES's columns beside the p
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -70,3 +71,5 @@ def test_the_gpu_lease_moses_script_runs_at_smoke_size(tmp_path):
         extra = json.loads((tmp_path / "runs" / "export" / name / "config.json").read_text())["model"]["extra"]
         assert extra["family"] == "moses" and extra["metrics"] == "molecules"
     assert sorted((tmp_path / "out").glob("moses.tar.part-*"))
+    assert re.search(r"^lease: \d+ s of training steps .* in \d+ s of wall time \(\d+%", done.stdout, re.M), \
+        done.stdout[-2000:]

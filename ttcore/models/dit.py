@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass
@@ -151,6 +152,7 @@ class DiT(nn.Module):
             nn.init.zeros_(self.latent_map.weight)
             nn.init.zeros_(self.latent_map.bias)
         self.blocks = nn.ModuleList(DDiTBlock(cfg) for _ in range(cfg.n_blocks))
+        self.checkpointing = False  # training: recompute each block's activations in backward (``checkpointing_``)
         cos, sin = rotary_tables(cfg.length, cfg.hidden_dim // cfg.n_heads)
         self.register_buffer("rotary_cos", cos, persistent=False)
         self.register_buffer("rotary_sin", sin, persistent=False)
@@ -172,5 +174,14 @@ class DiT(nn.Module):
         x = self.vocab_embed(x_t)  # [b, l, d]
         rotary = (self.rotary_cos[:l], self.rotary_sin[:l])
         for block in self.blocks:
-            x = block(x, rotary, c)
+            if self.checkpointing and self.training and torch.is_grad_enabled():
+                x = checkpoint(block, x, rotary, c, use_reentrant=False)
+            else:
+                x = block(x, rotary, c)
         return x, c
+
+    def checkpointing_(self, on: bool = True) -> "DiT":
+        """Activation checkpointing: in training, each block keeps only its input and recomputes the rest in
+        backward (memory for about a third more compute); the gradients are the same."""
+        self.checkpointing = on
+        return self

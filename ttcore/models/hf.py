@@ -66,6 +66,14 @@ class HFBackbone(nn.Module):
         setattr(parent, name, _StopAtDecoder())  # W lives in ttcore's output layer (the checkpoint keeps one copy)
         self.register_buffer("hf_ids", torch.tensor(spec["hf_ids"], dtype=torch.long), persistent=False)
 
+    def checkpointing_(self, on: bool = True) -> "HFBackbone":
+        """Activation checkpointing, as the masked LM implements it (``gradient_checkpointing_enable``)."""
+        if on:
+            self.mlm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            self.mlm.gradient_checkpointing_disable()
+        return self
+
     def forward(self, x_t: torch.Tensor) -> torch.Tensor:
         ids = self.hf_ids[x_t]
         try:

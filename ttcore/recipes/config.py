@@ -56,6 +56,8 @@ class TrainConfig:
     seed: int = 0
     precision: str = "bf16"  # bf16 autocast for matmuls; losses and normalizers stay float32
     compile: bool = False  # torch.compile the backbone (fixed shapes [b, l]; heads see dynamic m)
+    grad_accum: int = 1  # micro-batches per step: batch_size is the step's batch, run in this many pieces
+    activation_checkpointing: bool = False  # recompute the backbone's activations in backward (less memory)
     device: str = "auto"
     threads: int = 0  # 0: all cores
     log_every: int = 20
@@ -79,6 +81,9 @@ class TrainConfig:
             self.data = DataSection.from_value(self.data)
         coerce_numbers(self)
         coerce_numbers(self.model, "model.")
+        if self.grad_accum < 1 or self.batch_size % self.grad_accum:
+            raise ValueError(f"grad_accum must be >= 1 and divide batch_size ({self.batch_size}), "
+                             f"got {self.grad_accum}")
         if self.model.size is not None:
             if self.model.size not in MODEL_SIZES:
                 raise ValueError(f"model.size must be one of {list(MODEL_SIZES)}, got {self.model.size!r}")
