@@ -90,11 +90,12 @@ def _molecule_cells(r: dict) -> list:
         label += " (rank-1 view, joint: false)"
     if r.get("schedule", "loglinear") != "loglinear" or r.get("temperature", 1.0) != 1.0:
         label += f" (schedule {r.get('schedule', 'loglinear')}, temperature {r.get('temperature', 1.0):g})"
+    quality = r.get("quality")  # rows measured before GenMol's quality was a column have none
     return [label, r["steps"], f"{r['avg_steps']:.1f}", f"{100 * r['validity']:.1f}", f"{100 * r['uniqueness']:.1f}",
-            f"{100 * r['novelty']:.1f}"]
+            f"{100 * r['novelty']:.1f}", "" if quality is None else f"{100 * quality:.1f}"]
 
 
-MOLECULE_COLUMNS = ["ordering", "K", "avg steps", "validity %", "uniqueness %", "novelty %"]
+MOLECULE_COLUMNS = ["ordering", "K", "avg steps", "validity %", "uniqueness %", "novelty %", "quality %"]
 TEXT_COLUMNS = ["ordering", "K", "GenPPL", "unigram entropy", "samples"]
 
 
@@ -376,7 +377,7 @@ def _molecule_rows(args, path: Path, training: set[str], reference) -> list[dict
                "eb_gamma": gamma, "schedule": schedule, "temperature": temperature,
                "adaptive_path": path_kind, "avg_steps": res["avg_steps"],
                "validity": m["validity"], "uniqueness": m["uniqueness"], "novelty": m["novelty"],
-               "samples": m["n"], "seconds": res["seconds"]}
+               "quality": m["quality"], "samples": m["n"], "seconds": res["seconds"]}
         row.update({k: m[k] for k in DISTRIBUTION_COLUMNS if k in m})
         rows.append(row)
         print(f"{series(row):>16} {ordering:>13} {contraction:>5} K={steps:<4} gamma={gamma} "

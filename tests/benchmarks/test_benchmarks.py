@@ -124,3 +124,10 @@ def test_hf_adapter_smoke(tmp_path):
     assert len(re.findall(r"^\s+(fp32|bf16) \| DiT\s+[\d.]+ ms .* ratio [\d.]+x$", out, re.M)) == 2, out
     rows = re.findall(r"^\|\s+(rank1|tt-r4) \| [\d.]+ \|(\s+[\d.]+% \|){3}$", out, re.M)
     assert [r[0] for r in rows] == ["rank1", "tt-r4"], out
+
+
+def test_representations_smoke(tmp_path):
+    pytest.importorskip("selfies")
+    out = _bench(ROOT / "benchmarks" / "representations.py", "--smoke", "--out", str(tmp_path), timeout=600)
+    rows = re.findall(r"^\| (SMILES|SELFIES|SMILES \+ 4 randomized) \| \d+ \| 4 \|( [\d.]+ \|){4}$", out, re.M)
+    assert [r[0] for r in rows] == ["SMILES", "SELFIES", "SMILES + 4 randomized"], out

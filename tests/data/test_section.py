@@ -5,12 +5,15 @@ import csv
 import gzip
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
 from ttcore.data import DataSection, load_dataset, read_sequences
 from ttcore.recipes import TrainConfig, load_config
 from ttcore.tokenizers import CharTokenizer, load_tokenizer
+
+ROOT = Path(__file__).resolve().parents[2]
 
 SEQS = ["ACDK", "GGLK", "MKVLA", "WWY", "KRKRKRK", "AC"]
 
@@ -154,3 +157,20 @@ def test_a_tokenized_split_is_cached_and_a_changed_file_is_read_again(tmp_path, 
     os.utime(tmp_path / "pep.txt")
     changed = load_dataset(section)
     assert not getattr(changed, "from_cache", False) and changed.repeats == 0
+
+
+def test_randomized_smiles_augmentation_adds_spellings_of_training_molecules_only(tmp_path):
+    """data.augment: k randomized SMILES of each training molecule (the same molecule, another atom order) join the
+    training split after the split; validation is untouched; only molecule families may ask for it."""
+    pytest.importorskip("rdkit")
+    from ttcore.metrics import canonical
+
+    smiles = (ROOT / "tests" / "data" / "qm9_sample.txt").read_text().split()[:200]
+    (tmp_path / "m.smi").write_text("\n".join(smiles) + "\n")
+    plain = load_dataset(DataSection(source=str(tmp_path / "m.smi")))
+    aug = load_dataset(DataSection(source=str(tmp_path / "m.smi"), augment=2))
+    assert aug.val == plain.val and len(aug.train) > 2 * len(plain.train)
+    assert {canonical(s) for s in aug.train} == {canonical(s) for s in plain.train}  # no new molecule
+    assert len(set(aug.train)) > len(set(plain.train))  # new spellings
+    with pytest.raises(ValueError, match="data.augment"):
+        DataSection(source=str(tmp_path / "m.smi"), tokenizer="char", metrics="none", augment=2)

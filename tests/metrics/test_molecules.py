@@ -10,3 +10,20 @@ def test_validity_uniqueness_novelty():
     assert m["validity"] == pytest.approx(3 / 6)
     assert m["uniqueness"] == pytest.approx(2 / 3)
     assert m["novelty"] == pytest.approx(1 / 3)
+
+
+def test_genmol_quality_counts_valid_unique_druglike_synthesizable_samples():
+    """Quality = |{valid, unique, QED >= 0.6, SA <= 4}| / all samples (GenMol): ibuprofen twice (two spellings)
+    counts once; benzene is valid but not drug-like (QED 0.44); an invalid string counts in the denominator."""
+    from rdkit import Chem
+    from rdkit.Chem import QED
+
+    from ttcore.metrics.molecules import quality, sa_score
+
+    ibuprofen, benzene = Chem.MolFromSmiles("CC(C)Cc1ccc(cc1)C(C)C(=O)O"), Chem.MolFromSmiles("c1ccccc1")
+    assert QED.qed(ibuprofen) >= 0.6 and sa_score(ibuprofen) <= 4 and QED.qed(benzene) < 0.6
+    assert 1 <= sa_score(benzene) < sa_score(Chem.MolFromSmiles("CC1(C)CC2CC3(O)C(C)C(O)C4OC4C3C2C1O")) <= 10
+    samples = ["CC(C)Cc1ccc(cc1)C(C)C(=O)O", "OC(=O)C(C)c1ccc(CC(C)C)cc1", "c1ccccc1", "C1CC"]
+    m = molecule_metrics(samples)
+    assert m["quality"] == pytest.approx(1 / 4)
+    assert quality([canonical(s) for s in samples[:3]], 3) == pytest.approx(1 / 3)

@@ -43,8 +43,8 @@ def _qm9_sequences() -> list[str]:
 
 def _qm9_cached(section: "DataSection", tokenizer):
     """QM9 at its default settings, from the on-disk cache (``load_qm9``)."""
-    if section.length is not None or section.val is not None:
-        return None
+    if section.length is not None or section.val is not None or section.tokenizer != "smiles" or section.augment:
+        return None  # the generic path reads, splits and tokenizes it as the section says (and caches it)
     ds = load_qm9(val_fraction=section.val_fraction)
     if tokenizer is not None and tokenizer.to_dict() != ds.tokenizer.to_dict():
         ds = SmilesDataset(ds.train, ds.val, tokenizer)  # re-encode with the base model's tokenizer

@@ -4,13 +4,14 @@
       source: peptides.txt      # a packaged corpus (qm9, moses, text) or a file: .txt / .smi (one sequence
                                 # per line), .csv (a column), any of them .gz
       column: sequence          # .csv: the column holding the sequences (default: the first)
-      tokenizer: char           # smiles | char | bpe | gpt2 (default: the corpus's; a file: smiles)
+      tokenizer: char           # smiles | selfies | char | bpe | gpt2 (default: the corpus's; a file: smiles)
       length: 64                # tokens per sequence (default: the longest in the data; bpe / gpt2: 128)
       val_fraction: 0.05        # or val: a file of validation sequences
       test: held_out.txt        # optional: held-out sequences the metrics compare against
       metrics: none             # a registered kind (ttcore.metrics.kinds): molecules | text | none (default:
                                 # molecules for smiles, text for bpe / gpt2)
       family: peptides          # the name the service serves it under (default: the corpus or file name)
+      augment: 0                # molecules: randomized SMILES per training molecule added to the training split
 
 A family's name, tokenizer kind and metrics travel with its checkpoints (``extra``), so the service and
 ``evaluate.py`` need no code for a new one.
@@ -23,7 +24,7 @@ from ttcore.metrics.kinds import METRICS_KINDS, default_metrics, get_metrics_kin
 
 from .corpora import CORPORA
 
-TOKENIZERS = ("smiles", "char", "bpe", "gpt2")
+TOKENIZERS = ("smiles", "selfies", "char", "bpe", "gpt2")
 PACKED = ("bpe", "gpt2")  # documents joined and cut into blocks of the length, as MDLM does for text
 
 
@@ -56,6 +57,7 @@ class DataSection:
     test: str | None = None
     metrics: str | None = None
     family: str | None = None
+    augment: int = 0  # molecules: this many randomized SMILES of each training molecule beside it (0: none)
 
     def __post_init__(self):
         coerce_numbers(self, "data.")
@@ -77,6 +79,10 @@ class DataSection:
             self.length = 128
         if self.family is None:
             self.family = self.source if corpus else Path(self.source).name.split(".")[0]
+        if self.augment < 0 or (self.augment and not (self.tokenizer in ("smiles", "selfies")
+                                                      and self.metrics == "molecules")):
+            raise ValueError(f"data.augment must be >= 0, and > 0 only for molecules (smiles / selfies tokenizers), "
+                             f"got {self.augment} with {self.tokenizer} / {self.metrics}")
         if not 0 < self.val_fraction < 1:
             raise ValueError(f"data.val_fraction must be in (0, 1), got {self.val_fraction}")
 

@@ -13,6 +13,9 @@ from .sequences import SequenceDataset
 def _symbol_tokenizer(kind: str):
     from ttcore.tokenizers import CharTokenizer, SmilesTokenizer
 
+    if kind == "selfies":
+        from ttcore.tokenizers.selfies import SelfiesTokenizer
+        return SelfiesTokenizer
     return {"smiles": SmilesTokenizer, "char": CharTokenizer}[kind]
 
 
@@ -100,6 +103,10 @@ def _sequence_dataset(section: DataSection, tokenizer, corpus: Corpus | None) ->
         repeats += len(held_out) - len(val)
     else:
         train, val = split(distinct, section.val_fraction, 0)
+    if section.augment:  # after the split: no molecule of the validation split is seen in another spelling
+        from ttcore.metrics.molecules import randomized_smiles
+
+        train = train + [r for k, s in enumerate(train) for r in randomized_smiles(s, section.augment, seed=k)]
     if tokenizer is None:  # the vocabulary and the default length are the training split's alone
         tokenizer = _symbol_tokenizer(section.tokenizer).build(train, section.length)
     references = corpus.references() if corpus is not None and corpus.references is not None else None

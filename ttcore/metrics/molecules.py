@@ -1,5 +1,9 @@
-"""RDKit molecule metrics: validity, uniqueness among valid, novelty against the training set; a molecule's
-descriptors (QED, logP, weight) and its 2-D depiction as SVG."""
+"""RDKit molecule metrics: validity, uniqueness among valid, novelty against the training set, GenMol's quality;
+a molecule's descriptors (QED, logP, weight), its synthetic accessibility and its 2-D depiction as SVG."""
+
+import functools
+import importlib.util
+import os
 
 from rdkit import Chem, RDLogger
 from rdkit.Chem import QED, Crippen, Descriptors
@@ -20,13 +24,51 @@ def canonical(smiles: str) -> str | None:
     return Chem.MolToSmiles(mol) if mol is not None else None
 
 
+def randomized_smiles(smiles: str, n: int, seed: int = 0) -> list[str]:
+    """``n`` randomized SMILES of a molecule (random atom orders, RDKit's ``MolToRandomSmilesVect``, seeded): the
+    same molecule spelled differently (Arus-Pous et al. 2019's augmentation); none for an invalid string."""
+    mol = _molecule(smiles)
+    return [] if mol is None else list(Chem.MolToRandomSmilesVect(mol, n, randomSeed=seed))
+
+
+QUALITY_QED, QUALITY_SA = 0.6, 4.0  # GenMol's thresholds: drug-like and synthesizable
+
+
+@functools.cache
+def _sascorer():
+    """RDKit's Contrib SA_Score (Ertl & Schuffenhauer 2009), shipped with RDKit's wheels (its fragment table is
+    RDKit's own data file)."""
+    from rdkit.Chem import RDConfig
+
+    path = os.path.join(RDConfig.RDContribDir, "SA_Score", "sascorer.py")
+    spec = importlib.util.spec_from_file_location("sascorer", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def sa_score(mol) -> float:
+    """Synthetic accessibility, 1 (easy) .. 10 (hard), of an RDKit molecule (``_sascorer``)."""
+    return _sascorer().calculateScore(mol)
+
+
+def quality(canonical_valid: list[str], n: int) -> float:
+    """GenMol's quality (Lee et al. 2025): the fraction of all ``n`` samples that are valid, unique (each distinct
+    molecule counted once), drug-like (QED >= 0.6) and synthesizable (SA <= 4)."""
+    good = 0
+    for smiles in set(canonical_valid):
+        mol = Chem.MolFromSmiles(smiles)
+        good += QED.qed(mol) >= QUALITY_QED and sa_score(mol) <= QUALITY_SA
+    return good / max(1, n)
+
+
 def molecule_metrics(samples: list[str], training: set[str] | None = None) -> dict:
     """validity = valid / all; uniqueness = distinct canonical / valid; novelty = valid not in
-    ``training`` (canonical SMILES) / valid, as in MDLM/UDLM."""
+    ``training`` (canonical SMILES) / valid, as in MDLM/UDLM; ``quality``: GenMol's (``quality``)."""
     canon = [canonical(s) for s in samples]
     valid = [c for c in canon if c is not None]
     out = {"n": len(samples), "validity": len(valid) / max(1, len(samples)),
-           "uniqueness": len(set(valid)) / max(1, len(valid))}
+           "uniqueness": len(set(valid)) / max(1, len(valid)), "quality": quality(valid, len(samples))}
     if training is not None:
         out["novelty"] = sum(c not in training for c in valid) / max(1, len(valid))
     return out

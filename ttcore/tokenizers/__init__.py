@@ -19,7 +19,12 @@ def _hf_tokenizer():  # `transformers` is an extra: imported only for a pretrain
     return HFTokenizer
 
 
-_EXTRAS = {"text": _text_tokenizer, "hf": _hf_tokenizer}
+def _selfies_tokenizer():  # PyPI `selfies` (the chem extra): imported only for a SELFIES family
+    from .selfies import SelfiesTokenizer
+    return SelfiesTokenizer
+
+
+_EXTRAS = {"text": _text_tokenizer, "hf": _hf_tokenizer, "selfies": _selfies_tokenizer}
 
 
 def load_tokenizer(directory: str | Path):

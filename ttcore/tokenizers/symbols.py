@@ -13,7 +13,6 @@ PAD, MASK = "[PAD]", "[MASK]"
 _SPECIAL = re.compile(r"(\[MASK\]|\[PAD\])")
 
 
-
 def decode_runs(ids, mask_id: int, skip: set[int], text_of) -> str:
     """A sequence's text from its runs of ordinary tokens (``text_of(run)``), [MASK] where masked, the ``skip`` ids
     (separators, padding, special tokens) dropped: what the subword tokenizers' ``decode`` shares."""
@@ -30,6 +29,7 @@ def decode_runs(ids, mask_id: int, skip: set[int], text_of) -> str:
     if run:
         out.append(text_of(run))
     return "".join(out)
+
 
 class SymbolTokenizer:
     kind = ""
