@@ -47,7 +47,7 @@ def main():
     for name, overrides in VARIANTS.items():
         run = out / name.split()[0].lower() if "+" not in name else out / "smiles-augmented"
         settings = [f"data.source={args.data}", f"model.hidden_dim={args.hidden}", "model.n_blocks=4",
-                    "model.n_heads=4", "model.cond_dim=64", f"total_steps={args.steps}", "threads=2",
+                    "model.n_heads=4", "model.cond_dim=64", "batch_size=64", f"total_steps={args.steps}", "threads=2",
                     "val_every=1000000", *overrides]
         done = subprocess.run([sys.executable, str(ROOT / "training" / "pretrain.py"), "--config", "tiny", "--out",
                                str(run), "--max-steps", str(args.steps), "--resume", "--quiet", "--set", *settings],
