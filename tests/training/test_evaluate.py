@@ -125,7 +125,7 @@ def test_cards_get_one_quality_section(checkpoints, tmp_path):
         assert "| random | 1 | 1.0 |" in card and "--cards" in card
         assert "Distribution metrics" not in card  # the old separate section went: one table per card
     # with --distribution the metrics are columns of the one table; EB rows have none
-    assert "| novelty % | FCD | SNN | Frag | Scaf | IntDiv |" in card and "training molecules: FCD" in card
+    assert "| novelty % | quality % | FCD | SNN | Frag | Scaf | IntDiv |" in card and "training molecules: FCD" in card
     eb_row = next(line for line in card.splitlines() if line.startswith("| EB-Sampler"))
     assert eb_row.endswith("| - | - | - | - | - |")
 
