@@ -20,7 +20,6 @@ factorized draw gets wrong at few steps.
 
 import argparse
 import json
-import random
 import subprocess
 import sys
 import time
@@ -28,31 +27,10 @@ from pathlib import Path
 
 import torch
 
+from ttcore.data.peptides import grammatical, peptides
+
 ROOT = Path(__file__).resolve().parents[1]
-AMINO = "ACDEFGHIKLMNPQRSTVWY"
 STEPS = (4, 8, 16)
-
-
-def peptides(n: int, seed: int = 0) -> list[str]:
-    """docs/own-data.md's family: a hydrophobic start, an amphipathic repeat, a charged end (lengths 8-24)."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        core = "".join(rng.choice("LIVFAKR" if k % 3 else "GSEKD") for k in range(rng.randint(4, 18)))
-        out.append(rng.choice("GFMA") + rng.choice(AMINO) + core + rng.choice(["KK", "R", "KR", "DE"]))
-    return out
-
-
-def grammatical(s: str) -> bool:
-    """Whether ``peptides``' grammar produces ``s`` (some end and a core of 4-18 residues)."""
-    if len(s) < 7 or s[0] not in "GFMA" or s[1] not in AMINO:
-        return False
-    for end in ("KK", "R", "KR", "DE"):
-        core = s[2:len(s) - len(end)]
-        if s.endswith(end) and 4 <= len(core) <= 18 and all(
-                c in ("LIVFAKR" if k % 3 else "GSEKD") for k, c in enumerate(core)):
-            return True
-    return False
 
 
 def _best(fn, reps: int) -> float:

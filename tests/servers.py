@@ -1,7 +1,6 @@
 """Real servers for the tests: tiny trained checkpoints and uvicorn in a subprocess."""
 
 import os
-import random
 import shlex
 import shutil
 import socket
@@ -108,19 +107,6 @@ def start_ray_serve(app_args: dict, env: dict | None = None) -> tuple[subprocess
         proc.kill()
         raise
     return proc, url
-
-
-AMINO = "ACDEFGHIKLMNPQRSTVWY"
-
-
-def peptides(n: int, seed: int = 0) -> list[str]:
-    """Peptide-like strings: a hydrophobic start, an amphipathic repeat, a charged end (lengths 8-24)."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        core = "".join(rng.choice("LIVFAKR" if k % 3 else "GSEKD") for k in range(rng.randint(4, 18)))
-        out.append(rng.choice("GFMA") + rng.choice(AMINO) + core + rng.choice(["KK", "R", "KR", "DE"]))
-    return out
 
 
 def page_argv(command: str, values: dict[str, str]) -> list[str]:

@@ -174,3 +174,11 @@ def test_randomized_smiles_augmentation_adds_spellings_of_training_molecules_onl
     assert len(set(aug.train)) > len(set(plain.train))  # new spellings
     with pytest.raises(ValueError, match="data.augment"):
         DataSection(source=str(tmp_path / "m.smi"), tokenizer="char", metrics="none", augment=2)
+
+
+def test_the_peptide_family_generator_and_its_grammar_agree():
+    from ttcore.data.peptides import grammatical, peptides
+
+    seqs = peptides(2000)
+    assert all(map(grammatical, seqs)) and len(set(seqs)) > 1900
+    assert not any(map(grammatical, ["GAKLIV", "XAGLLGLLKK", "GAGLLGLLQQ", s[::-1] if (s := seqs[0]) else ""]))

@@ -11,7 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from servers import free_port, page_argv, peptides, playground_generates, wait_ready
+from servers import free_port, page_argv, playground_generates, wait_ready
+
+from ttcore.data.peptides import peptides
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "own-data.md"

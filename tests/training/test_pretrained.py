@@ -10,7 +10,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from servers import free_port, page_argv, peptides, playground_generates, wait_ready
+from servers import free_port, page_argv, playground_generates, wait_ready
+
+from ttcore.data.peptides import peptides
 
 pytest.importorskip("transformers")
 from ttcore.models.hf_random import write_random_masked_lm  # noqa: E402
