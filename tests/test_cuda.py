@@ -40,3 +40,27 @@ def test_batched_runs_equal_lone_runs_on_cuda_in_bf16(decomposition):
     for a, b, run in zip(alone, again, runs):
         assert a.is_cuda and torch.equal(a, b)  # seeded runs repeat on the device
         assert torch.equal(a, run.tokens) and (a < 8).all()
+
+
+def test_cuda_graph_replays_give_the_eager_padded_tokens():
+    """The service's captured forward (ForwardGraphs on CUDA) replays the same kernels as the eager call on the
+    same padded batch: the same tokens, and every step replayed from a graph."""
+    from ttcore.sampling import batch_step
+    from ttcore.sampling.graphs import ForwardGraphs
+
+    torch.manual_seed(0)
+    base = JointModel(ModelConfig(DiTConfig(vocab_size=9, out_vocab=8, length=10, hidden_dim=16, cond_dim=8,
+                                            n_blocks=1, n_heads=2)))
+    model = prepare_for_inference(JointModel.from_base(base, "tt", 3, noise=0.3).cuda(), "bf16")
+    specs = [(3, 4, dict(seed=1)), (2, 6, dict(seed=2, ordering="top_prob")), (1, 3, dict(seed=3, eb_gamma=0.5))]
+    out = {}
+    for capture in (False, True):
+        forward = ForwardGraphs(model, capture=capture)
+        runs = [make_run(model, n, k, **kw) for n, k, kw in specs]
+        with model.compute_context():
+            while live := [r for r in runs if not r.done]:
+                batch_step(model, live, forward)
+        out[capture] = [r.tokens for r in runs]
+        if capture:
+            assert forward.calls["eager"] == 0 and forward.calls["graph"] > 0 and forward.graphs
+    assert all(torch.equal(a, b) for a, b in zip(out[False], out[True]))

@@ -25,7 +25,7 @@ from ttcore.decompositions import (
     register_decomposition,
     unregister_decomposition,
 )
-from ttcore.distributions import sample_categorical, softmax64
+from ttcore.distributions import Site, sample_categorical, softmax64, uniforms
 from ttcore.losses import mdlm_loss
 from ttcore.metrics.kinds import MetricsKind, register_metrics_kind, unregister_metrics_kind
 from ttcore.models import DiTConfig, JointModel, ModelConfig
@@ -52,7 +52,8 @@ class UniformCP(SumsNothing):
         return torch.full((n, head.rank), 1.0 / head.rank, dtype=torch.float64, device=device)
 
     def draw(self, head, h, x, masked, chosen, temperature, generator, contraction):
-        component = sample_categorical(self._uniform(head, x.shape[0], x.device), generator)
+        u = uniforms(generator, x.shape[0], 1, x.device, Site.component)[:, 0]  # the batch's streams, or a Generator
+        component = sample_categorical(self._uniform(head, x.shape[0], x.device), u=u)
         return draw_from_components(head, h, x, chosen, component, temperature, generator)
 
     def component_weights(self, head, h, masked, temperature):
@@ -65,7 +66,6 @@ class UniformCP(SumsNothing):
 class RightToLeft(ConfiguredStep):
     """Each step unmasks the rightmost masked positions (as many as the schedule says), drawn jointly by the
     model's format; its whole rule is here: the schedule's counts (``ConfiguredStep``), its own choice."""
-    batchable = True  # its set is fixed before the draw: runs may share one joint draw
 
     @classmethod
     def accepts(cls, config):
@@ -74,12 +74,12 @@ class RightToLeft(ConfiguredStep):
     def plan(self, run):
         return None
 
-    def choose(self, run, h, tokens, masked, counts, rows):
+    def choose(self, rows, h, tokens, masked, counts):
         rank = torch.cumsum(masked.flip(1).long(), 1).flip(1)  # 1 at the rightmost masked position
         return masked & (rank <= counts[:, None])
 
-    def draw(self, run, h, tokens, masked, chosen, counts):
-        return predetermined_step(run.model, h, tokens, masked, chosen, self.config.temperature, run.generator)
+    def draw(self, rows, h, tokens, masked, chosen, counts):
+        return predetermined_step(rows.model, h, tokens, masked, chosen, rows.temperature, rows.streams)
 
 
 def _even_length(text):

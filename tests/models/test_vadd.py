@@ -8,6 +8,7 @@ import torch
 from brute import all_sequences, chi_square_pvalue
 from scipy import stats
 
+from ttcore.distributions import Streams
 from ttcore.losses import forward_mask, sample_times, vadd_loss
 from ttcore.models import DiTConfig, JointModel, ModelConfig
 from ttcore.models.vadd import gaussian_kl, prior_sample, reparameterize
@@ -123,7 +124,7 @@ def test_one_step_sampling_draws_from_the_joint_given_each_sequences_z(ordering)
 def test_z_comes_from_the_seed_once_and_runs_stay_batch_independent():
     model = tiny_vadd("tt")
     run = make_run(model, 3, 4, seed=7)
-    torch.testing.assert_close(run.latent, prior_sample(3, K, torch.Generator().manual_seed(7), "cpu"))
+    torch.testing.assert_close(run.latent, prior_sample(3, K, Streams.of_request(7, 3), "cpu"))  # its own streams
     first = run.latent.clone()
     while not run.done:
         run.step()

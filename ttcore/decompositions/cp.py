@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ttcore.distributions import CP, sample_categorical, softmax64
+from ttcore.distributions import CP, Site, sample_categorical, softmax64, tempered, uniforms
 
 from .base import SumsNothing
 from .common import output_dtype, per_sequence
@@ -42,8 +42,9 @@ class CPOutputs:
 
     def joint(self, tokens: torch.Tensor, temperature: float = 1.0) -> CP:
         """float32 (full factors of every masked position; each draw renormalizes in float64)."""
-        return CP.from_masked(torch.softmax(self.weight_logits / temperature, -1),
-                              torch.softmax(self.factor_logits / temperature, -1), tokens, self.mask)
+        rows = self.mask.nonzero()[:, 0]
+        return CP.from_masked(torch.softmax(tempered(self.weight_logits, temperature), -1),
+                              torch.softmax(tempered(self.factor_logits, temperature, rows), -1), tokens, self.mask)
 
     def log_prob(self, x0: torch.Tensor) -> torch.Tensor:
         return cp_masked_log_prob(self.weight_logits, self.factor_logits, x0[self.mask], self.mask)
@@ -84,7 +85,8 @@ class CPDecomposition(SumsNothing):
     def draw(self, head, h, x, masked, chosen, temperature, generator, contraction) -> torch.Tensor:
         """Eq. 18: a component per sequence, then each x^j from that component's factor (computed for
         that component only)."""
-        component = sample_categorical(softmax64(head.weight_logits(h), temperature), generator)
+        u = uniforms(generator, x.shape[0], 1, x.device, Site.component)[:, 0]
+        component = sample_categorical(softmax64(head.weight_logits(h), temperature), u=u)
         return draw_from_components(head, h, x, chosen, component, temperature, generator)
 
     def component_weights(self, head, h, masked, temperature) -> torch.Tensor:
@@ -95,6 +97,7 @@ class CPDecomposition(SumsNothing):
     def marginals_at(self, head, h, masked, chosen, temperature, contraction) -> torch.Tensor:
         """sum_a w_a p^(a,i)(x) (Eqs. 14-15, S = the known positions: their one-hot factors equal 1), the
         r factors of the chosen positions only."""
-        weights = softmax64(head.weight_logits(h), temperature)[chosen.nonzero()[:, 0]]  # [m, r]
-        factors = softmax64(head.component_logits(h[chosen]), temperature)  # [m, r, v]
+        rows = chosen.nonzero()[:, 0]
+        weights = softmax64(head.weight_logits(h), temperature)[rows]  # [m, r]
+        factors = softmax64(head.component_logits(h[chosen]), temperature, rows=rows)  # [m, r, v]
         return torch.einsum("ma,mav->mv", weights, factors)

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ttcore.distributions import Factorized, sample_categorical, softmax64
+from ttcore.distributions import Factorized, Site, sample_categorical, softmax64, uniforms
 
 from .base import SumsNothing
 from .common import output_dtype, per_sequence
@@ -24,7 +24,8 @@ class FactorizedOutputs:
     logits: torch.Tensor
 
     def joint(self, tokens: torch.Tensor, temperature: float = 1.0) -> Factorized:
-        return Factorized.from_masked(softmax64(self.logits, temperature), tokens, self.mask)
+        return Factorized.from_masked(softmax64(self.logits, temperature, rows=self.mask.nonzero()[:, 0]), tokens,
+                                      self.mask)
 
     def log_prob(self, x0: torch.Tensor) -> torch.Tensor:
         return factorized_masked_log_prob(self.logits, x0[self.mask], self.mask)
@@ -39,11 +40,13 @@ class FactorizedOutputs:
 def draw_from_components(head, h: torch.Tensor, x: torch.Tensor, chosen: torch.Tensor, component: torch.Tensor,
                          temperature: float, generator) -> torch.Tensor:
     """Independent draws at the chosen positions [b, l], each from head output ``component`` [b] of its
-    sequence (rank 1: 0), computed for the chosen positions only. -> [b, l], -1 elsewhere."""
+    sequence (rank 1: 0), computed for the chosen positions only; position i's uniform is lane i of
+    ``Site.draw``. -> [b, l], -1 elsewhere."""
     values = torch.full_like(x, -1)
+    u = uniforms(generator, *x.shape, x.device, Site.draw)[chosen]  # [m]
     rows_of = chosen.nonzero()[:, 0]  # [m] batch row of each chosen position
     logits = head.select_logits(h[chosen], component[rows_of], 1)[:, 0]  # [m, v]
-    values[chosen] = sample_categorical(softmax64(logits, temperature), generator, rows_of)
+    values[chosen] = sample_categorical(softmax64(logits, temperature, rows=rows_of), u=u)
     return values
 
 
@@ -74,4 +77,4 @@ class Rank1(SumsNothing):
 
     def marginals_at(self, head, h, masked, chosen, temperature, contraction) -> torch.Tensor:
         """Eq. 2's factors themselves."""
-        return softmax64(head.component_logits(h[chosen])[:, 0], temperature)
+        return softmax64(head.component_logits(h[chosen])[:, 0], temperature, rows=chosen.nonzero()[:, 0])

@@ -7,7 +7,9 @@ import torch
 
 from ttcore.distributions import (
     TensorTrain,
+    is_one,
     softmax64,
+    tempered,
     tt_chain_log_value,
     tt_contracted_from_logits,
     tt_cores_from_logits,
@@ -64,22 +66,26 @@ def contracted_core_loss(contracted_logits: torch.Tensor, core_logits: torch.Ten
 def sums_cores_exactly(contraction: str, temperature: float) -> bool:
     """Whether a predetermined TT step sums the cores themselves for the masked positions outside T: asked
     for (``contraction="exact"``), or at a temperature other than 1 (the head predicts the untempered sum)."""
-    return contraction == "exact" or temperature != 1.0
+    return contraction == "exact" or not is_one(temperature)
 
 
-def core_rows64(head, h: torch.Tensor, temperature: float) -> torch.Tensor:
+def core_rows64(head, h: torch.Tensor, temperature, rows: torch.Tensor | None = None) -> torch.Tensor:
     """The tempered, row-normalized cores (Eq. 10) of positions with features h [n, d], in float64 and laid
     out by row: [n, j, x, k], one contiguous softmax over (x, k) per row j (a reduction over the middle
-    axes of [n, x, j, k] costs about twice as much)."""
+    axes of [n, x, j, k] costs about twice as much). ``temperature``: a float or per sequence, with ``rows`` [n]
+    the sequence of each position (``tempered``)."""
     logits = head.core_logits(h)  # [n, v, r, r]
     n, v, r, _ = logits.shape
-    return torch.softmax(logits.transpose(1, 2).reshape(n, r, v * r).double() / temperature, -1).view(n, r, v, r)
+    flat = logits.transpose(1, 2).reshape(n, r, v * r).double()
+    return torch.softmax(tempered(flat, temperature, rows), -1).view(n, r, v, r)
 
 
-def exact_contracted_cores(head, h: torch.Tensor, temperature: float) -> torch.Tensor:
+def exact_contracted_cores(head, h: torch.Tensor, temperature, rows: torch.Tensor | None = None) -> torch.Tensor:
     """sum_x G_j(x) of the tempered, row-normalized cores (Eq. 10, Eq. 16 with j outside S), from the
     head's V x r x r outputs, in float64, chunked over positions. h [n, d] -> [n, r, r]."""
-    return torch.cat([core_rows64(head, chunk, temperature).sum(2) for chunk in h.split(EXACT_CHUNK)])
+    return torch.cat([core_rows64(head, h[s:s + EXACT_CHUNK], temperature,
+                                  None if rows is None else rows[s:s + EXACT_CHUNK]).sum(2)
+                      for s in range(0, len(h), EXACT_CHUNK)])
 
 
 def tt_chosen_marginals(head, h: torch.Tensor, masked: torch.Tensor, chosen: torch.Tensor, temperature: float,
@@ -99,13 +105,13 @@ def tt_chosen_marginals(head, h: torch.Tensor, masked: torch.Tensor, chosen: tor
     by_head = before & ~summed
     contracted = torch.eye(r, dtype=torch.float64, device=masked.device).repeat(b, l, 1, 1)  # known: I
     if summed.any():
-        contracted[summed] = exact_contracted_cores(head, h[summed], temperature)
+        contracted[summed] = exact_contracted_cores(head, h[summed], temperature, summed.nonzero()[:, 0])
     if by_head.any():
         contracted[by_head] = head.contracted_cores(h[by_head]).to(contracted.dtype)
     pi = tt_state_marginals(contracted)[chosen]  # [m, r]
-    hc, marg = h[chosen], None  # marg: filled chunk by chunk, one [m, v] copy alive
+    hc, rc, marg = h[chosen], chosen.nonzero()[:, 0], None  # marg: filled chunk by chunk, one [m, v] copy alive
     for s in range(0, len(pi), EXACT_CHUNK):
-        cores = core_rows64(head, hc[s:s + EXACT_CHUNK], temperature)  # [n, j, x, k]
+        cores = core_rows64(head, hc[s:s + EXACT_CHUNK], temperature, rc[s:s + EXACT_CHUNK])  # [n, j, x, k]
         marg = pi.new_empty(len(pi), cores.shape[2]) if marg is None else marg
         marg[s:s + EXACT_CHUNK] = torch.einsum("nj,njxk->nx", pi[s:s + EXACT_CHUNK], cores)
     return marg
@@ -121,7 +127,8 @@ class TTOutputs:
 
     def joint(self, tokens: torch.Tensor, temperature: float = 1.0) -> TensorTrain:
         """float32 (a text sample's r=4 cores are 67 MB; each draw renormalizes in float64)."""
-        return TensorTrain.from_masked(tt_cores_from_logits(self.core_logits / temperature), tokens, self.mask)
+        logits = tempered(self.core_logits, temperature, self.mask.nonzero()[:, 0])
+        return TensorTrain.from_masked(tt_cores_from_logits(logits), tokens, self.mask)
 
     def log_prob(self, x0: torch.Tensor) -> torch.Tensor:
         return tt_masked_log_prob(self.core_logits, x0[self.mask], self.mask)
@@ -199,13 +206,13 @@ class TTDecomposition:
         rest = masked & ~chosen & (pos < last[:, None])
         if rest.any():
             if sums_cores_exactly(contraction, temperature):  # the cores' own sum
-                contracted[rest] = exact_contracted_cores(head, h[rest], temperature)
+                contracted[rest] = exact_contracted_cores(head, h[rest], temperature, rest.nonzero()[:, 0])
             else:  # Gbar_j from the contracted-core head
                 contracted[rest] = head.contracted_cores(h[rest]).to(contracted.dtype)
 
         def core_rows(n, t, j):  # G_t(x, j, k) for the sampled state j of rows n: [n, v, r]
             logits = head.select_logits(h[n, t], j * r, r)  # [n, k, v]
-            return softmax64(logits.reshape(len(n), -1), temperature).view(len(n), r, -1).transpose(1, 2)
+            return softmax64(logits.reshape(len(n), -1), temperature, rows=n).view(len(n), r, -1).transpose(1, 2)
 
         return tt_sample_path(contracted, chosen, core_rows, generator)
 

@@ -4,9 +4,10 @@ Pure math on tensors (no nn.Module, nothing else of ttcore imported), batched ov
 """
 
 from .base import JointDistribution
-from .categorical import RowStreams, sample_categorical, softmax64
+from .categorical import is_one, sample_categorical, softmax64, tempered
 from .cp import CP, cp_log_prob, cp_marginals, cp_posterior
 from .factorized import Factorized
+from .streams import Site, Streams, normal_from_uniform, uniforms
 from .tensor_train import (
                            TensorTrain,
                            chosen_index,
@@ -23,7 +24,8 @@ from .tensor_train import (
                            tt_state_marginals,
 )
 
-__all__ = ["CP", "Factorized", "JointDistribution", "TensorTrain", "RowStreams", "sample_categorical", "softmax64",
-           "cp_log_prob", "cp_marginals", "cp_posterior", "chosen_index", "tt_chain_log_value", "tt_contract",
-           "tt_contracted_from_logits", "tt_cores_from_logits", "tt_gap_products", "tt_log_prob", "tt_marginals",
-           "tt_prefix_products", "tt_sample_path", "tt_select", "tt_state_marginals"]
+__all__ = ["CP", "Factorized", "JointDistribution", "TensorTrain", "Site", "Streams", "sample_categorical", "softmax64",
+           "tempered", "is_one", "cp_log_prob", "cp_marginals", "cp_posterior", "chosen_index", "tt_chain_log_value",
+           "tt_contract", "tt_contracted_from_logits", "tt_cores_from_logits", "tt_gap_products", "tt_log_prob",
+           "tt_marginals", "tt_prefix_products", "tt_sample_path", "tt_select", "tt_state_marginals",
+           "normal_from_uniform", "uniforms"]

@@ -10,6 +10,7 @@ import torch
 from ._checks import check_float, check_masked, check_ndim, check_positions, check_simplex, check_tokens
 from ._precision import own_precision
 from .categorical import sample_categorical
+from .streams import Site, uniforms
 
 
 def _rescale(mats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -190,8 +191,9 @@ def tt_sample_path(contracted: torch.Tensor, chosen: torch.Tensor, core_rows, ge
     the contracted-core head), multiplied over each gap. At each chosen position the state j is drawn
     from the gap's transition, then (x, k) from row j alone: ``core_rows(n, t, j)`` with batch rows n,
     positions t and states j [n] returns G_t(x, j, k) as [n, v, r]. So only r of the r * r core rows
-    are ever needed at a chosen position, and nothing is divided. ``generator``: a torch.Generator or
-    ``RowStreams``. ``chosen`` [b, l] bool -> [b, l] long, -1 off T.
+    are ever needed at a chosen position, and nothing is divided. ``generator``: a torch.Generator or the
+    batch's ``Streams`` (three uniforms per chosen position of a row, taken at once: ``Site.draw``, lanes
+    3a .. 3a + 2 for its a-th chosen position). ``chosen`` [b, l] bool -> [b, l] long, -1 off T.
     """
     b, l, r, _ = contracted.shape
     idx, valid = chosen_index(chosen)  # [b, t]
@@ -200,6 +202,7 @@ def tt_sample_path(contracted: torch.Tensor, chosen: torch.Tensor, core_rows, ge
     gaps = tt_gap_products(contracted, chosen) if idx.shape[1] > 1 else None  # [b, l, r, r]
     eye = torch.eye(r, dtype=contracted.dtype, device=contracted.device)
     state = contracted.new_full((b, r), 1.0 / r)  # distribution of the hidden state before G_1
+    u = uniforms(generator, b, 3 * idx.shape[1], chosen.device, Site.draw).view(b, -1, 3)  # [b, t, 3]
     for a in range(idx.shape[1]):
         live = rows[valid[:, a]]  # [n] rows with an a-th chosen position: only they draw
         t = idx[live, a]  # [n]
@@ -207,10 +210,11 @@ def tt_sample_path(contracted: torch.Tensor, chosen: torch.Tensor, core_rows, ge
             gap = tt_prefix_products(contracted if len(live) == b else contracted[live], t)  # [n, r, r]
         else:
             gap = torch.where((t > 0)[:, None, None], gaps[live, (t - 1).clamp_min(0)], eye)  # [n, r, r]
-        j = sample_categorical((state[live].unsqueeze(1) @ gap).squeeze(1), generator, live)  # state entering t
+        ua = u[live, a]  # [n, 3]
+        j = sample_categorical((state[live].unsqueeze(1) @ gap).squeeze(1), u=ua[:, 0])  # state entering t
         row = core_rows(live, t, j)  # [n, v, r]: G_t(x, j, k)
-        x = sample_categorical(row.sum(-1), generator, live)  # (x, k) by the chain rule: x, then k | x
-        k = sample_categorical(row[torch.arange(len(live), device=row.device), x], generator, live)
+        x = sample_categorical(row.sum(-1), u=ua[:, 1])  # (x, k) by the chain rule: x, then k | x
+        k = sample_categorical(row[torch.arange(len(live), device=row.device), x], u=ua[:, 2])
         out[live, t] = x
         state = state.index_put((live,), torch.nn.functional.one_hot(k, r).to(contracted.dtype))
     return out

@@ -8,6 +8,8 @@ once per sequence and held fixed through the denoising steps (VADD's consistency
 import torch
 from torch import nn
 
+from ttcore.distributions import Site, Streams, normal_from_uniform, uniforms
+
 LOG_VAR_RANGE = (-10.0, 5.0)  # clamps r_phi's log-variance: a numerically safe range for exp()
 
 
@@ -45,7 +47,10 @@ def gaussian_kl(mean: torch.Tensor, log_var: torch.Tensor) -> torch.Tensor:
     return 0.5 * (mean.pow(2) + log_var.exp() - 1.0 - log_var).sum(-1)
 
 
-def prior_sample(n: int, latent_dim: int, generator: torch.Generator, device) -> torch.Tensor:
-    """z ~ p(z) = N(0, I) for ``n`` sequences: [n, latent_dim] float32."""
+def prior_sample(n: int, latent_dim: int, generator, device) -> torch.Tensor:
+    """z ~ p(z) = N(0, I) for ``n`` sequences: [n, latent_dim] float32. ``generator``: a torch.Generator, or a
+    generation's ``Streams`` (Box-Muller on its ``Site.latent`` uniforms, so each sequence's z is its own)."""
+    if isinstance(generator, Streams):
+        return normal_from_uniform(uniforms(generator, n, 2 * latent_dim, device, Site.latent)).float()
     return torch.randn(n, latent_dim, device=device, generator=generator)
 

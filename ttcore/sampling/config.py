@@ -3,7 +3,7 @@
 class that draws each denoising step, and whether that step is adaptive or sums a format's full head
 outputs), so no caller decides by the ordering's or the sampler's name."""
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 from ttcore.decompositions import CONTRACTIONS
 
@@ -78,11 +78,20 @@ class SamplerConfig:
         cls = SAMPLERS[self.sampler] if self.sampler is not None else next(
             c for c in STEP_CLASSES if c.accepts(self))
         object.__setattr__(self, "_step", cls(self))
+        key = tuple(getattr(self, f.name) for f in fields(self) if f.name != "temperature")
+        object.__setattr__(self, "_batch_key", key + (self.temperature == 1.0,))
 
     @property
     def step(self) -> Step:
         """The step that draws each denoising step with these settings: its counts, choice and draw."""
         return self._step
+
+    @property
+    def batch_key(self) -> tuple:
+        """Runs with equal keys step as one group (``batch_step``): every setting but the temperature, which
+        travels per sequence (``Rows.temperature``); 1 and other temperatures do not mix (at another
+        temperature a TT step sums the cores exactly)."""
+        return self._batch_key
 
     def step_kind(self, model_cfg) -> tuple[bool, bool]:
         """``(adaptive, exact)`` of its steps on a model: adaptive steps hold every position's full head

@@ -1,26 +1,30 @@
 """The generation loop: K denoising steps, one backbone call each, a state yielded after every step.
 
-``GenerationRun`` holds one request's state and advances one step at a time; ``generate`` drives it.
-The split lets a server batch the backbone calls of many runs (``prepare`` tells whether a step needs
-the model; ``step(h)`` accepts features computed elsewhere).
+``GenerationRun`` holds one request's state; ``batch_step`` advances any number of runs by one step with ONE
+backbone call and, per group of runs with the same sampler settings, one choice and one joint draw for all
+their sequences. A run stepped alone (``GenerationRun.step``, ``generate``) is a batch of one: the same code.
+Every random number comes from counter-based streams keyed by the run's seed, the sequence's index in the
+run and the step (``ttcore.distributions.streams``), so a run's tokens are the same alone and in any batch.
 """
 
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
-from ttcore.distributions import RowStreams
+from ttcore.distributions import Streams
 from ttcore.models.vadd import prior_sample
 
 from .config import SamplerConfig
-from .joint_step import predetermined_step
-from .schedules import SCHEDULES
+from .steps.base import Rows
+
+SEED_LIMIT = 2**63  # seeds are nonnegative int64: the streams' key is the seed's two 32-bit halves
 
 
 @dataclass
 class StepState:
-    tokens: torch.Tensor  # [b, l], [MASK] id where still masked
+    tokens: torch.Tensor  # [b, l], [MASK] id where still masked (shared with the run: do not modify in place)
     committed: torch.Tensor  # [b, l] bool: positions unmasked by this step
     step: int  # steps taken so far (1-based after the first)
     model_calls: int  # backbone calls so far
@@ -28,9 +32,10 @@ class StepState:
 
 
 class GenerationRun:
-    """One generation request: its sampler (``SamplerConfig``), RNG and the partially unmasked sequences.
-    ``seed``: the run's own generator; ``prompt`` [l] or [b, l]: known tokens, [MASK] elsewhere;
-    ``max_rows_per_pass``: micro-batches of sequences bound a step's memory."""
+    """One generation request: its sampler (``SamplerConfig``), its random streams and the partially unmasked
+    sequences. ``seed``: the key of the run's counter-based streams (nonnegative, < 2^63; None: a random one);
+    ``prompt`` [l] or [b, l]: known tokens, [MASK] elsewhere; ``max_rows_per_pass``: micro-batches of
+    sequences bound a step's memory (the choice and the draw; not the backbone call)."""
 
     def __init__(self, model, num_samples: int, steps: int, config: SamplerConfig | None = None, *,
                  seed: int | None = None, prompt: torch.Tensor | None = None,
@@ -41,19 +46,21 @@ class GenerationRun:
             raise ValueError(f"num_samples must be >= 1, got {num_samples}")
         if max_rows_per_pass is not None and max_rows_per_pass < 1:
             raise ValueError(f"max_rows_per_pass must be >= 1, got {max_rows_per_pass}")
+        if seed is not None and not 0 <= seed < SEED_LIMIT:
+            raise ValueError(f"seed must lie in [0, 2^63), got {seed}")
         self.config = config = config or SamplerConfig()
         self.sampler = config.step  # the step's whole rule: counts, choice, draw (``ttcore.sampling.steps``)
         self.model = model
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
-        self.steps, self.schedule = steps, SCHEDULES[config.schedule]
+        self.steps = steps
         self.max_rows_per_pass = max_rows_per_pass
         self.mask_id = model.cfg.dit.vocab_size - 1
         length = model.cfg.dit.length
-        self.generator = torch.Generator(self.device)
-        self.generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,))))
-        # a VADD model: z ~ p(z) once per sequence, first from the run's own stream, fixed through the steps
+        self.seed = seed if seed is not None else int(torch.randint(0, SEED_LIMIT - 1, (1,)))
+        self.streams = Streams.of_request(self.seed, num_samples, device=self.device)
+        # a VADD model: z ~ p(z) once per sequence, from its own stream, fixed through the steps
         latent_dim = getattr(model.cfg.dit, "latent_dim", 0)
-        self.latent = prior_sample(num_samples, latent_dim, self.generator, self.device) if latent_dim else None
+        self.latent = prior_sample(num_samples, latent_dim, self.streams, self.device) if latent_dim else None
         if prompt is None:
             self.tokens = torch.full((num_samples, length), self.mask_id, dtype=torch.long, device=self.device)
         else:
@@ -64,144 +71,163 @@ class GenerationRun:
                 raise ValueError(f"prompt ids must lie in [0, {self.mask_id}]")
             self.tokens = prompt.expand(num_samples, length).clone() if prompt.dim() == 1 else prompt.clone()
         self.n_initial = (self.tokens == self.mask_id).sum(1)
+        self.masked_left = int(self.n_initial.sum())  # kept on the host: ``done`` never waits on the device
         self.plan = self.sampler.plan(self)  # what the step keeps for the run (a predetermined order's priorities)
         self.step_index, self.model_calls = 0, 0
-        self._counts, self._needed = None, None  # set by prepare() for the coming step
 
     @property
     def done(self) -> bool:
-        return self.step_index >= self.steps or not bool((self.tokens == self.mask_id).any())
+        return self.step_index >= self.steps or self.masked_left == 0
 
-    def prepare(self) -> bool:
-        """Fix this step's unmasking counts; False when the step unmasks nothing (no model call)."""
-        self._counts = self.sampler.counts(self, (self.tokens == self.mask_id).sum(1))
-        self._needed = self._counts is None or bool(self._counts.any())
-        return self._needed
-
-    @torch.inference_mode()
-    def step(self, h: torch.Tensor | None = None) -> StepState:
-        """Advance one denoising step. ``h`` [b, l, d]: features of ``self.tokens`` if computed by the
-        caller (batched with other runs); otherwise the model is called here when needed."""
-        if self._needed is None:
-            self.prepare()
-        masked = self.tokens == self.mask_id
-        values = torch.full_like(self.tokens, -1)
-        if self._needed:
-            if h is None:
-                h = features(self.model, self.tokens, self.latent)
-            step = self.max_rows_per_pass or len(self.tokens)
-            for s in range(0, len(self.tokens), step):  # micro-batches of sequences bound the step's memory
-                rows = slice(s, s + step)
-                counts = None if self._counts is None else self._counts[rows]
-                chosen = self.sampler.choose(self, h[rows], self.tokens[rows], masked[rows], counts, rows)
-                values[rows] = self.sampler.draw(self, h[rows], self.tokens[rows], masked[rows], chosen, counts)
-        return self._commit(values)
-
-    @property
-    def needs_model(self) -> bool:
-        """Whether the prepared step calls the model (False before ``prepare``)."""
-        return bool(self._needed)
-
-    @property
-    def joins_batch(self) -> bool:
-        """Whether this step can share its joint draw with other runs (``step_together``): a model call whose
-        draw is a predetermined joint draw (the set T fixed by the ordering, or chosen by the run alone first),
-        by a run that fits one pass."""
-        fits = self.max_rows_per_pass is None or len(self.tokens) <= self.max_rows_per_pass
-        return bool(self._needed) and self.sampler.batchable and fits
-
-    def step_set(self, h: torch.Tensor) -> torch.Tensor:
-        """This step's set T [b, l] bool when its draw is shared (``joins_batch``): the step's ``choose`` over all
-        the run's sequences (fixed by the ordering, or chosen from this run's features ``h``)."""
-        return self.sampler.choose(self, h, self.tokens, self.tokens == self.mask_id, self._counts, slice(None))
-
-    def _commit(self, values: torch.Tensor) -> StepState:
-        committed = values >= 0
-        self.model_calls += int(bool(self._needed))
-        self.tokens = torch.where(committed, values, self.tokens)
-        self.step_index += 1
-        self._counts, self._needed = None, None
-        return StepState(self.tokens.clone(), committed, self.step_index, self.model_calls, self.done)
-
-
-def _passes(runs: list[GenerationRun], members: list[int]) -> list[list[int]]:
-    """A group split into passes (in order) whose sequences never exceed the smallest ``max_rows_per_pass``
-    of the runs in the pass."""
-    out, current, rows, limit = [], [], 0, float("inf")
-    for i in members:
-        n, cap = runs[i].tokens.shape[0], runs[i].max_rows_per_pass or float("inf")
-        if current and rows + n > min(limit, cap):
-            out.append(current)
-            current, rows, limit = [], 0, float("inf")
-        current.append(i)
-        rows, limit = rows + n, min(limit, cap)
-    return out + [current]
-
-
-@torch.inference_mode()
-def step_together(runs: list[GenerationRun], features: list[torch.Tensor | None]) -> list[StepState]:
-    """One step of several runs, given each run's features (computed in one batch).
-
-    Runs whose step is a predetermined joint draw (``joins_batch``: predetermined orderings, and the fast
-    adaptive path once each run has chosen its set) with the same model, temperature and contraction share
-    one ``predetermined_step``: one head call, one softmax and one sampling pass for all their rows, each
-    run drawing from its own generator (``RowStreams``), so every run gets exactly the tokens it would get
-    alone. The rest (the chain rule, exact EB-Sampler, the marginal view, no-op steps) step one by one."""
-    for run in runs:
-        if run._needed is None:
-            run.prepare()
-    groups: dict[tuple[int, float, str], list[int]] = {}  # (model, temperature, contraction) -> runs
-    for i, run in enumerate(runs):
-        if run.joins_batch and features[i] is not None:
-            groups.setdefault((id(run.model), run.config.temperature, run.config.contraction), []).append(i)
-    states: list[StepState | None] = [None] * len(runs)
-    passes = [(t, c, part) for (_, t, c), members in groups.items() for part in _passes(runs, members)]
-    for temperature, contraction, members in passes:
-        if len(members) == 1:
-            continue
-        group = [runs[i] for i in members]
-        x = torch.cat([run.tokens for run in group])  # [sum b, l]
-        masked = x == group[0].mask_id
-        streams = RowStreams([run.generator for run in group], [run.tokens.shape[0] for run in group], x.device)
-        values = predetermined_step(group[0].model, torch.cat([features[i] for i in members]), x, masked,
-                                    torch.cat([run.step_set(features[i]) for i, run in zip(members, group)]),
-                                    temperature, streams, contraction)
-        for i, run, v in zip(members, group, values.split([run.tokens.shape[0] for run in group])):
-            states[i] = run._commit(v)
-    return [state if state is not None else run.step(h) for run, h, state in zip(runs, features, states)]
+    def step(self) -> StepState:
+        """Advance one denoising step (a batch of one: ``batch_step``)."""
+        return batch_step(self.model, [self]).states[0]
 
 
 @dataclass
 class BatchStep:
     """What ``batch_step`` did: each run's new state, and its one backbone call as measured."""
     states: list[StepState]  # one per run, in order
+    tokens: torch.Tensor  # [B, l]: every run's tokens after the step, the runs' rows in order (one tensor to copy)
+    committed: torch.Tensor  # [B, l] bool: the positions each row committed in this step
     in_forward: list[bool]  # per run: whether its sequences went through the backbone call
     forward_rows: int  # sequences in the backbone call (0: no run needed the model)
     forward_seconds: float  # wall time of the backbone call (on CUDA, to the end of its kernels)
     seconds: float  # wall time of the whole step (on CUDA, to the end of the forward's kernels only)
 
 
-def batch_step(model, runs: list[GenerationRun]) -> BatchStep:
-    """One denoising step of several runs of ``model`` with ONE backbone call over the sequences of every
-    run whose step needs the model (``prepare``), then ``step_together``. Run it under
-    ``model.compute_context()``. This is the loop body of the service's continuous batching; every run gets
-    exactly the tokens it would get alone. Returns the states with the forward's timing (``BatchStep``)."""
+def _take(t: torch.Tensor | None, index: torch.Tensor | None):
+    """Rows ``index`` of t (None: all of them, no op)."""
+    return t if t is None or index is None else t[index]
+
+
+def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+@torch.inference_mode()
+def batch_step(model, runs: list[GenerationRun], forward=None) -> BatchStep:
+    """One denoising step of several runs of ``model``: ONE backbone call over the sequences of every run
+    whose step unmasks anything, then, for each group of runs with equal sampler settings, one ``counts``,
+    one ``choose`` and one ``draw`` over all the group's sequences (in micro-batches of at most the smallest
+    ``max_rows_per_pass`` of the group). A sequence's tokens depend only on its own features and its own
+    streams, so every run gets the tokens it would get alone, up to float rounding: a kernel's blocking
+    depends on the batch's size (features 1e-5 apart at 2 vs 4 rows of a tiny model), which moves a draw only
+    when a uniform falls within that of a boundary. The exact chain rule (``Step.adaptive``: exact adaptive
+    orderings and EB, the reference) still steps each run apart: its picks compare float32 marginals and EB's
+    bound, which such rounding flips far more often. The work dispatched grows with the number of distinct
+    settings and exact-chain-rule runs, not of runs; per run it is two views of the batch's results. This is the
+    loop body of the service's continuous batching; run it under ``model.compute_context()``. ``forward``: the
+    backbone call (a ``graphs.ForwardGraphs``: padded to a bucket, CUDA graphs); None: ``model.features``."""
     t0 = time.perf_counter()
-    need = [run for run in runs if run.prepare()]
-    computed, forward_s, rows = {}, 0.0, 0
-    if need:
-        x = torch.cat([run.tokens for run in need])  # [sum b, l]
-        latent = torch.cat([run.latent for run in need]) if need[0].latent is not None else None
+    sizes = [run.tokens.shape[0] for run in runs]
+    starts = [0]
+    for n in sizes:
+        starts.append(starts[-1] + n)
+    tokens = _cat([run.tokens for run in runs])  # [B, l]
+    device, length = tokens.device, tokens.shape[1]
+    masked = tokens == runs[0].mask_id
+    n_current = masked.sum(1)
+    seed, row, step, steps = torch.tensor([(run.seed, r, run.step_index, run.steps) for run in runs
+                                           for r in range(run.tokens.shape[0])], device=device).unbind(1)
+    streams = Streams(seed, row, step)
+    n_initial = _cat([run.n_initial for run in runs])
+    groups: dict[tuple, list[int]] = {}  # equal settings (the temperature per sequence) -> their runs
+    for i, run in enumerate(runs):  # the exact chain rule (adaptive steps) draws each run apart: see the docstring
+        groups.setdefault((run.config.batch_key, i if run.sampler.adaptive else -1), []).append(i)
+
+    def rows_of(members: list[int]) -> torch.Tensor | None:  # batch rows of these runs (None: every row)
+        if len(members) == len(runs):
+            return None
+        return torch.tensor([r for i in members for r in range(starts[i], starts[i + 1])], device=device)
+
+    counts, parts = None, {}
+    for members in groups.values():
+        index, config = rows_of(members), runs[members[0]].config
+        plan = None if runs[members[0]].plan is None else _cat([runs[i].plan for i in members])
+        temperature = config.temperature
+        if temperature != 1.0 and any(runs[i].config.temperature != temperature for i in members):
+            temperature = torch.tensor([runs[i].config.temperature for i in members for _ in range(sizes[i])],
+                                       dtype=torch.float64, device=device)
+        rows = Rows(model, config, streams.rows(index) if index is not None else streams, _take(n_initial, index),
+                    _take(step, index), _take(steps, index), plan, length, temperature)
+        c = config.step.counts(rows, _take(n_current, index))
+        parts[len(parts)] = (config, members, index, rows)
+        if index is None:
+            counts = c
+        else:
+            counts = torch.empty_like(n_current) if counts is None else counts
+            counts[index] = c
+    row_needed = (counts != 0).tolist()  # one wait for the whole batch
+    need = [any(row_needed[starts[i]:starts[i + 1]]) for i in range(len(runs))]
+    fwd = [i for i in range(len(runs)) if need[i]]
+    forward_s, forward_rows = 0.0, 0
+    values = None
+    if fwd:
+        x_index = rows_of(fwd)
+        x = _take(tokens, x_index)
+        latent = _cat([runs[i].latent for i in fwd]) if runs[0].latent is not None else None
         if x.is_cuda:  # the forward's own time: what was queued before it finishes first
             torch.cuda.synchronize(x.device)
         t1 = time.perf_counter()
-        h = features(model, x, latent)  # [sum b, l, d]
+        h = (forward or partial(features, model))(x, latent)  # [rows of fwd, l, d]
+        h = h if h.dtype == torch.float64 else h.float()  # bf16 features to float32; a float64 model's stay
         if x.is_cuda:
             torch.cuda.synchronize(x.device)
-        forward_s, rows = time.perf_counter() - t1, x.shape[0]
-        computed = dict(zip(map(id, need), h.float().split([run.tokens.shape[0] for run in need])))
-    states = step_together(runs, [computed.get(id(run)) for run in runs])
-    return BatchStep(states, [id(run) in computed for run in runs], rows, forward_s, time.perf_counter() - t0)
+        forward_s, forward_rows = time.perf_counter() - t1, x.shape[0]
+        at_h = {}  # batch row start of each forward run -> its row start in h
+        offset = 0
+        for i in fwd:
+            at_h[i], offset = offset, offset + sizes[i]
+        for config, members, index, rows in parts.values():
+            go = [i for i in members if need[i]]
+            if not go:
+                continue
+            if len(go) == len(runs):  # everything, in one group: no gathers
+                b_index, h_index, grows = None, None, rows
+            else:
+                b_index = rows_of(go)
+                h_index = torch.tensor([at_h[i] + r for i in go for r in range(sizes[i])], device=device)
+                grows = rows if go == members else _rows_among(rows, members, go, sizes)
+            hg, tg, mg, cg = _take(h, h_index), _take(tokens, b_index), _take(masked, b_index), _take(counts, b_index)
+            cap = min((runs[i].max_rows_per_pass or len(tg)) for i in go)
+            out = []
+            for s0 in range(0, len(tg), cap):  # micro-batches bound the choice's and the draw's memory
+                part = slice(s0, s0 + cap) if cap < len(tg) else slice(None)
+                pr = grows if cap >= len(tg) else grows[part]
+                chosen = config.step.choose(pr, hg[part], tg[part], mg[part], cg[part])
+                out.append(config.step.draw(pr, hg[part], tg[part], mg[part], chosen, cg[part]))
+            v = _cat(out)
+            if b_index is None:
+                values = v
+            else:
+                values = torch.full_like(tokens, -1) if values is None else values
+                values[b_index] = v
+    if values is None:
+        values = torch.full_like(tokens, -1)
+    committed = values >= 0
+    new = torch.where(committed, values, tokens)
+    left = (new == runs[0].mask_id).sum(1).tolist()  # the second and last wait
+    states = []
+    for i, run in enumerate(runs):
+        a, b = starts[i], starts[i + 1]
+        run.tokens = new if len(runs) == 1 else new[a:b]
+        run.masked_left = sum(left[a:b])
+        run.step_index += 1
+        run.model_calls += int(need[i])
+        states.append(StepState(run.tokens, committed if len(runs) == 1 else committed[a:b], run.step_index,
+                                run.model_calls, run.done))
+    return BatchStep(states, new, committed, need, forward_rows, forward_s, time.perf_counter() - t0)
+
+
+def _rows_among(rows: Rows, members: list[int], go: list[int], sizes: list[int]) -> Rows:
+    """The ``Rows`` of the runs ``go`` (a subset of ``members``, in order) out of the group's ``rows``."""
+    at, keep = 0, []
+    for i in members:
+        if i in go:
+            keep.extend(range(at, at + sizes[i]))
+        at += sizes[i]
+    return rows[torch.tensor(keep, device=rows.n_initial.device)]
 
 
 def features(model, tokens: torch.Tensor, latent: torch.Tensor | None) -> torch.Tensor:

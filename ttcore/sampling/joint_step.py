@@ -9,7 +9,7 @@
 
 import torch
 
-from ttcore.distributions import sample_categorical
+from ttcore.distributions import Site, sample_categorical, uniforms
 
 from .eb import eb_accepts
 from .orderings import entropy
@@ -39,13 +39,15 @@ def marginal_step(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor,
     (predetermined orderings: the marginals at those positions only, of the joint that
     ``predetermined_step`` would draw from with the same ``contraction``; ``Decomposition.marginals_at``)
     or the ``count`` [b] best by ``score_fn`` of every masked position's marginal under the TT of Eq. 9
-    (adaptive, as ``chain_rule_step``). -> [b, l], -1 where nothing was drawn."""
+    (adaptive, as ``chain_rule_step``). Position i draws at lane i of ``Site.draw``. -> [b, l], -1 where
+    nothing was drawn."""
     b, l = x.shape
     values = torch.full_like(x, -1)
+    u = uniforms(generator, b, l, x.device, Site.draw)
     if chosen is not None:
         if chosen.any():
             marg = model.format.marginals_at(model.head, h, masked, chosen, temperature, contraction)
-            values[chosen] = sample_categorical(marg, generator)
+            values[chosen] = sample_categorical(marg, u=u[chosen])
         return values
     x_cond = torch.where(masked, torch.full_like(x, -1), x)
     marg = joint_distribution(model, h, x, masked, temperature).marginals(x_cond)  # [b, l, v]
@@ -55,7 +57,7 @@ def marginal_step(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor,
     rank = score.argsort(dim=-1, descending=True, stable=True).argsort(dim=-1, stable=True)
     chosen = (rank < k[:, None]) & masked
     if chosen.any():
-        values[chosen] = sample_categorical(marg[chosen], generator)
+        values[chosen] = sample_categorical(marg[chosen], u=u[chosen])
     return values
 
 
@@ -63,14 +65,19 @@ def chain_rule_step(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Tenso
                     score_fn, temperature: float, generator: torch.Generator | None,
                     eb_gamma: float | None = None) -> torch.Tensor:
     """Pick-and-sample ``count`` [b] tokens one at a time (Sec. 4.3, chain rule), each time the
-    free masked position with the highest ``score_fn(marginals)``. With ``eb_gamma`` the count is
-    EB-Sampler's: picks go on while the entropies of this step's picks (each conditional on the
-    earlier ones) satisfy the bound, at least one; ``count`` (None: all masked) caps it.
+    free masked position with the highest ``score_fn(marginals)``. With ``eb_gamma`` the count of a
+    sequence whose ``count`` is -1 is EB-Sampler's: picks go on while the entropies of this step's picks
+    (each conditional on the earlier ones) satisfy the bound, at least one, up to every masked position;
+    ``count`` (None: all masked) caps the others. The p-th pick draws at lane p of ``Site.chain``.
     -> [b, l], -1 where nothing was drawn."""
     b, l = x.shape
     dist = joint_distribution(model, h, x, masked, temperature)
     x_cond = torch.where(masked, torch.full_like(x, -1), x)
-    cap = masked.sum(1) if count is None else torch.minimum(count, masked.sum(1))
+    n_masked = masked.sum(1)
+    count = n_masked if count is None else count
+    by_eb = count < 0 if eb_gamma is not None else torch.zeros_like(masked[:, 0])  # [b]: EB's bound decides
+    cap = torch.where(count < 0, n_masked, torch.minimum(count, n_masked))
+    u = uniforms(generator, b, l, x.device, Site.chain)
     picked = torch.zeros(b, dtype=torch.long, device=x.device)
     entropies = torch.zeros(b, 0, dtype=torch.float64, device=x.device)
     active = picked < cap
@@ -84,10 +91,10 @@ def chain_rule_step(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Tenso
         p = marg[rows, pos]  # [b, v]
         if eb_gamma is not None:
             h_new = torch.cat([entropies, entropy(p).double()[:, None]], 1)
-            ok = eb_accepts(h_new, eb_gamma)[:, -1] | (picked == 0)
+            ok = eb_accepts(h_new, eb_gamma)[:, -1] | (picked == 0) | ~by_eb
             active = active & ok
             entropies = torch.where(active[:, None], h_new, torch.cat([entropies, entropies.new_zeros(b, 1)], 1))
-        draw = sample_categorical(p, generator)
+        draw = sample_categorical(p, u=u[rows, picked.clamp_max(l - 1)])
         x_cond[rows[active], pos[active]] = draw[active]
         picked = picked + active.long()
         active = active & (picked < cap)

@@ -7,6 +7,8 @@ margin, entropy. Each is a plain function; names are looked up only at the edges
 
 import torch
 
+from ttcore.distributions import Site, uniforms
+
 # --- adaptive: marginals [b, l, v] -> score [b, l]
 
 
@@ -38,7 +40,7 @@ ADAPTIVE = {"top_prob": top_prob_score, "margin": margin_score, "entropy": entro
 
 def random_priority(b: int, l: int, device, generator=None) -> torch.Tensor:
     """A uniformly random order (with the step counts, MDLM's random unmasking)."""
-    return torch.rand(b, l, device=device, generator=generator, dtype=torch.float64)
+    return uniforms(generator, b, l, device, Site.plan)
 
 
 def left_to_right_priority(b: int, l: int, device, generator=None) -> torch.Tensor:
@@ -66,7 +68,7 @@ def halton_priority(b: int, l: int, device, generator=None) -> torch.Tensor:
     rank = torch.empty(l, dtype=torch.float64, device=device)
     rank[torch.tensor(_van_der_corput_order(l), device=device)] = torch.arange(l, 0, -1, dtype=torch.float64,
                                                                                device=device)
-    shift = torch.randint(0, l, (b, 1), device=device, generator=generator)
+    shift = (uniforms(generator, b, 1, device, Site.plan) * l).long().clamp_max(l - 1)  # [b, 1]
     idx = (torch.arange(l, device=device) + shift) % l  # [b, l]
     return rank[idx]
 

@@ -10,38 +10,44 @@ import math
 
 import torch
 
+from ttcore.distributions import Site, uniforms
 
-def loglinear(t: float) -> float:
+
+def loglinear(t: torch.Tensor) -> torch.Tensor:
     """MDLM's log-linear noise, sigma(t) = -log(1 - t): the masked fraction is t (even counts)."""
     return t
 
 
-def linear(t: float, sigma_max: float = 5.0) -> float:
+def linear(t: torch.Tensor, sigma_max: float = 5.0) -> torch.Tensor:
     """Noise linear in time, sigma(t) = sigma_max t, renormalized so f(1) = 1: unmasks late."""
-    return (1 - math.exp(-sigma_max * t)) / (1 - math.exp(-sigma_max))
+    return (1 - torch.exp(-sigma_max * t)) / (1 - math.exp(-sigma_max))
 
 
-def cosine(t: float) -> float:
+def cosine(t: torch.Tensor) -> torch.Tensor:
     """MaskGIT's cosine schedule, masked fraction cos(pi/2 (1 - t)): few tokens early, many late."""
-    return math.cos(0.5 * math.pi * (1 - t))
+    return torch.cos(0.5 * math.pi * (1 - t))
 
 
 SCHEDULES = {"loglinear": loglinear, "linear": linear, "cosine": cosine}
 
 
-def unmask_counts(n_initial: torch.Tensor, n_current: torch.Tensor, steps: int, step: int, schedule=loglinear,
-                  bernoulli: bool = False, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Tokens to unmask at ``step`` (0-based) of ``steps``: deterministic counts from the initial
-    masked count ``n_initial`` [b], or Binomial(n_current, p_k) draws (MDLM); the last step unmasks
-    everything left. Never more than ``n_current``. -> [b] long."""
-    if step >= steps - 1:
-        return n_current.clone()
-    t_now, t_next = 1 - step / steps, 1 - (step + 1) / steps
+def unmask_counts(n_initial: torch.Tensor, n_current: torch.Tensor, steps, step, schedule=loglinear,
+                  bernoulli: bool = False, generator=None, width: int | None = None) -> torch.Tensor:
+    """Tokens to unmask at ``step`` (0-based) of ``steps`` (ints, or one per sequence [b]): deterministic
+    counts from the initial masked count ``n_initial`` [b], or Binomial(n_current, p_k) draws (MDLM: one coin
+    per masked position, ``width`` >= n_current of them per sequence from ``generator``, a torch.Generator
+    or the batch's ``Streams`` at ``Site.coins``); the last step unmasks everything left. Never more than
+    ``n_current``. -> [b] long."""
+    b, device = n_current.shape[0], n_current.device
+    step = torch.as_tensor(step, dtype=torch.float64, device=device).expand(b)
+    steps = torch.as_tensor(steps, dtype=torch.float64, device=device).expand(b)
+    f_now, f_next = schedule(1 - step / steps), schedule(1 - (step + 1) / steps)
     if bernoulli:
-        p = (schedule(t_now) - schedule(t_next)) / schedule(t_now)
-        counts = torch.binomial(n_current.double(), torch.full(n_current.shape, p, dtype=torch.float64),
-                                generator=generator).long()
+        p = (f_now - f_next) / f_now  # [b]
+        width = int(n_current.max()) if width is None else width
+        coins = uniforms(generator, b, width, device, Site.coins) < p[:, None]  # [b, width]
+        counts = (coins & (torch.arange(width, device=device) < n_current[:, None])).sum(1)
     else:
         n = n_initial.double()
-        counts = (torch.round(n * schedule(t_now)) - torch.round(n * schedule(t_next))).long()
-    return torch.minimum(counts, n_current)
+        counts = (torch.round(n * f_now) - torch.round(n * f_next)).long()
+    return torch.where(step >= steps - 1, n_current, torch.minimum(counts, n_current))

@@ -2,13 +2,16 @@
 (``counts``), which positions (``plan`` and ``choose``), how they are drawn (``draw``), and what kind of work
 that is (``work_kind``, what admission times and prices)."""
 
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
 import torch
 
+from ttcore.distributions import Streams
+
 from ..orderings import PREDETERMINED, top_k_mask
-from ..schedules import unmask_counts
+from ..schedules import SCHEDULES, unmask_counts
 
 
 class WorkKind(StrEnum):
@@ -20,20 +23,51 @@ class WorkKind(StrEnum):
     chain_rule = "chain_rule"  # adaptive picks over every position's full head outputs
 
 
+@dataclass
+class Rows:
+    """The sequences a step's ``counts``, ``choose`` and ``draw`` act on: one run's, or those of several runs
+    with the same settings stepped together (``batch_step``), or a micro-batch of them. What differs between
+    the runs is per sequence: ``n_initial``, ``step`` (steps taken, 0-based), ``steps`` ([b] long each),
+    the counter-based ``streams`` (at this step), a predetermined ordering's ``plan`` [b, l] and the
+    ``temperature`` (runs of any temperature other than 1 share a group: ``SamplerConfig.batch_key``); a step
+    reads the temperature from here, not from ``config``."""
+    model: object
+    config: object  # the runs' SamplerConfig (equal for all)
+    streams: Streams
+    n_initial: torch.Tensor
+    step: torch.Tensor
+    steps: torch.Tensor
+    plan: torch.Tensor | None
+    length: int  # l, positions per sequence
+    temperature: float | torch.Tensor = 1.0  # one for all, or each sequence's [b] (float64): what the draws use
+
+    def __len__(self) -> int:
+        return self.n_initial.shape[0]
+
+    def __getitem__(self, index) -> "Rows":
+        return Rows(self.model, self.config, self.streams.rows(index), self.n_initial[index], self.step[index],
+                    self.steps[index], None if self.plan is None else self.plan[index], self.length,
+                    self.temperature[index] if torch.is_tensor(self.temperature) else self.temperature)
+
+    @property
+    def last(self) -> torch.Tensor:
+        """[b] bool: this is the sequence's last allowed step."""
+        return self.step >= self.steps - 1
+
+
 class Step(Protocol):
-    """One algorithm for a denoising step's tokens. A run calls ``plan`` once, then per step ``counts``, and
-    when the step needs the model ``choose`` and ``draw`` on features h, for all its sequences or for a
-    micro-batch of them (``rows``).
+    """One algorithm for a denoising step's tokens. A run calls ``plan`` once; then each step ``counts``, and
+    when the step needs the model ``choose`` and ``draw`` on features h, each on ``Rows``: the sequences of
+    every run with the same settings at once (``batch_step``), or a micro-batch of them. A sequence's result
+    may not depend on the other rows (its uniforms are its own ``streams``), so any grouping gives the same
+    tokens.
 
     ``adaptive``: it picks positions by the chain rule over the model's full outputs (so it holds every
     position's full head outputs per sequence: admission's memory and compute rule); ``chooses``: it chooses
-    its set from a cheap marginal pass over every masked position, then draws like a predetermined step;
-    ``batchable``: its set is fixed by ``choose`` and ``draw`` is the format's joint draw of that set, so runs
-    may share one draw (``step_together``)."""
+    its set from a cheap marginal pass over every masked position, then draws like a predetermined step."""
 
     adaptive: bool
     chooses: bool
-    batchable: bool
 
     def __init__(self, config) -> None: ...
 
@@ -44,21 +78,21 @@ class Step(Protocol):
 
     def plan(self, run) -> torch.Tensor | None:
         """What the run keeps for its whole generation (a predetermined ordering's priorities [b, l], drawn from
-        the run's generator), or None."""
+        the run's ``streams``), or None."""
         ...
 
-    def counts(self, run, n_current: torch.Tensor) -> torch.Tensor | None:
-        """Tokens to unmask in each sequence this step ([b]), or None: the step decides as it draws."""
+    def counts(self, rows: Rows, n_current: torch.Tensor) -> torch.Tensor:
+        """Tokens to unmask in each sequence this step ([b] long), -1 where the step decides as it draws."""
         ...
 
-    def choose(self, run, h: torch.Tensor, tokens: torch.Tensor, masked: torch.Tensor, counts: torch.Tensor | None,
-               rows: slice) -> torch.Tensor | None:
-        """This step's set T [b, l] bool for the run's sequences ``rows`` (features h, tokens and masked of those
-        rows), or None when ``draw`` picks as it goes (the chain rule)."""
+    def choose(self, rows: Rows, h: torch.Tensor, tokens: torch.Tensor, masked: torch.Tensor,
+               counts: torch.Tensor) -> torch.Tensor | None:
+        """This step's set T [b, l] bool for ``rows`` (features h, tokens and masked of those rows), or None
+        when ``draw`` picks as it goes (the chain rule)."""
         ...
 
-    def draw(self, run, h: torch.Tensor, tokens: torch.Tensor, masked: torch.Tensor, chosen: torch.Tensor | None,
-             counts: torch.Tensor | None) -> torch.Tensor:
+    def draw(self, rows: Rows, h: torch.Tensor, tokens: torch.Tensor, masked: torch.Tensor, chosen: torch.Tensor | None,
+             counts: torch.Tensor) -> torch.Tensor:
         """This step's tokens: [b, l], -1 where nothing was drawn."""
         ...
 
@@ -71,23 +105,23 @@ class ConfiguredStep:
     """What every step class starts from: the run's ``SamplerConfig``, the schedule's counts, a predetermined
     ordering's priorities when the configured ordering is one, and the work kind by the class's flags."""
 
-    adaptive = chooses = batchable = False
+    adaptive = chooses = False
 
     def __init__(self, config):
         self.config = config
 
     def plan(self, run) -> torch.Tensor | None:
         ordering = PREDETERMINED.get(self.config.ordering)
-        return None if ordering is None else ordering(*run.tokens.shape, run.device, run.generator)
+        return None if ordering is None else ordering(*run.tokens.shape, run.device, run.streams)
 
-    def counts(self, run, n_current: torch.Tensor) -> torch.Tensor:
+    def counts(self, rows: Rows, n_current: torch.Tensor) -> torch.Tensor:
         """The schedule's tokens per step (``schedules.unmask_counts``; ``bernoulli``: per-position coins)."""
-        bernoulli = self.config.bernoulli
-        return unmask_counts(run.n_initial, n_current, run.steps, run.step_index, run.schedule, bernoulli,
-                             run.generator if bernoulli else None)
+        c = self.config
+        return unmask_counts(rows.n_initial, n_current, rows.steps, rows.step, SCHEDULES[c.schedule], c.bernoulli,
+                             rows.streams, rows.length)
 
-    def choose(self, run, h, tokens, masked, counts, rows):
-        return None if run.plan is None else top_k_mask(run.plan[rows], masked, counts)
+    def choose(self, rows, h, tokens, masked, counts):
+        return None if rows.plan is None else top_k_mask(rows.plan, masked, counts)
 
     def work_kind(self, fmt) -> WorkKind:
         c = self.config
@@ -98,7 +132,7 @@ class ConfiguredStep:
         return WorkKind.chooser_step if self.chooses else WorkKind.predetermined_step
 
 
-def eb_counts(run, n_current: torch.Tensor) -> torch.Tensor | None:
-    """EB-Sampler's count: decided by the bound as the step draws (None), except on the run's last allowed step,
-    which takes every masked position."""
-    return n_current if run.step_index == run.steps - 1 else None
+def eb_counts(rows: Rows, n_current: torch.Tensor) -> torch.Tensor:
+    """EB-Sampler's count: decided by the bound as the step draws (-1), except on a sequence's last allowed
+    step, which takes every masked position."""
+    return torch.where(rows.last, n_current, torch.full_like(n_current, -1))

@@ -14,7 +14,7 @@ class ChainRuleStep(ConfiguredStep):
     def accepts(cls, config) -> bool:
         return config.joint and config.eb_gamma is None and config.ordering in ADAPTIVE
 
-    def draw(self, run, h, tokens, masked, chosen, counts):
+    def draw(self, rows, h, tokens, masked, chosen, counts):
         c = self.config
-        return chain_rule_step(run.model, h, tokens, masked, counts, ADAPTIVE[c.ordering], c.temperature,
-                               run.generator)
+        return chain_rule_step(rows.model, h, tokens, masked, counts, ADAPTIVE[c.ordering], rows.temperature,
+                               rows.streams)

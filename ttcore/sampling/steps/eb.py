@@ -17,11 +17,10 @@ class EBStep(ConfiguredStep):
     def plan(self, run):
         return None  # no ordering: the proxy ranks
 
-    def counts(self, run, n_current):
-        return eb_counts(run, n_current)
+    def counts(self, rows, n_current):
+        return eb_counts(rows, n_current)
 
-    def draw(self, run, h, tokens, masked, chosen, counts):
-        c = self.config
-        last = counts is not None  # the run's last allowed step: its counts take every masked position
-        return chain_rule_step(run.model, h, tokens, masked, counts, eb_score(c.eb_proxy), c.temperature,
-                               run.generator, None if last else c.eb_gamma)
+    def draw(self, rows, h, tokens, masked, chosen, counts):
+        c = self.config  # counts -1: EB's bound decides; else a last step, which takes every masked position
+        return chain_rule_step(rows.model, h, tokens, masked, counts, eb_score(c.eb_proxy), rows.temperature,
+                               rows.streams, c.eb_gamma)

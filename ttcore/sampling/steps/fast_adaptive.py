@@ -42,6 +42,8 @@ by up to 1.67 at gamma 0.5). A joint draw does not make the error the rule bound
 
 import torch
 
+from ttcore.distributions import tempered
+
 from ..eb import eb_accepts, eb_score
 from ..joint_step import predetermined_step
 from ..orderings import ADAPTIVE, entropy
@@ -77,7 +79,7 @@ def chooser_marginals(model, h: torch.Tensor, masked: torch.Tensor, temperature:
     else:  # the c heaviest outputs of each position
         top_w, top_e = weights.topk(c, dim=-1)  # [m, c]
         logits = head.gather_logits(hm, top_e)  # [m, c, v]
-    q = torch.softmax(logits.float() / temperature, -1).view(m, c, -1)
+    q = torch.softmax(tempered(logits.float(), temperature, masked.nonzero()[:, 0]), -1).view(m, c, -1)
     if c == 1:
         return q[:, 0]
     top_w = (top_w / top_w.sum(-1, keepdim=True).clamp_min(1e-300)).float()
@@ -85,12 +87,11 @@ def chooser_marginals(model, h: torch.Tensor, masked: torch.Tensor, temperature:
 
 
 class FastAdaptiveStep(ConfiguredStep):
-    """Chooses its set per run (``choose``), then draws it as a predetermined step does, so runs of equal
-    temperature and contraction share that draw with each other and with predetermined runs
-    (``step_together``): the choice of one run never depends on another's. Its count is the schedule's, or
+    """Chooses the set of every sequence of its rows at once (``choose``: one chooser pass, each sequence's
+    set from its own scores), then draws them as a predetermined step does. Its count is the schedule's, or
     EB's (``eb_gamma``: the largest prefix within the bound, decided by the choice)."""
 
-    batchable, chooses = True, True  # holds c outputs per position, not the full joint
+    chooses = True  # holds c outputs per position, not the full joint
 
     @classmethod
     def accepts(cls, config) -> bool:
@@ -100,29 +101,29 @@ class FastAdaptiveStep(ConfiguredStep):
     def plan(self, run):
         return None  # chosen anew each step
 
-    def counts(self, run, n_current):
-        return super().counts(run, n_current) if self.config.eb_gamma is None else eb_counts(run, n_current)
+    def counts(self, rows, n_current):
+        return super().counts(rows, n_current) if self.config.eb_gamma is None else eb_counts(rows, n_current)
 
-    def draw(self, run, h, tokens, masked, chosen, counts):
+    def draw(self, rows, h, tokens, masked, chosen, counts):
         c = self.config
-        return predetermined_step(run.model, h, tokens, masked, chosen, c.temperature, run.generator, c.contraction)
+        return predetermined_step(rows.model, h, tokens, masked, chosen, rows.temperature, rows.streams, c.contraction)
 
-    def choose(self, run, h, tokens, masked, counts, rows) -> torch.Tensor:
+    def choose(self, rows, h, tokens, masked, counts) -> torch.Tensor:
         """This step's set T [b, l] bool: the best-scored masked positions by the chooser's marginals (the
-        ``counts`` best, or EB's prefix)."""
+        ``counts`` best, or EB's prefix where the count is -1)."""
         c = self.config
         b, l = tokens.shape
-        marg = chooser_marginals(run.model, h, masked, c.temperature, c.chooser_outputs, c.contraction)  # [m, v]
+        marg = chooser_marginals(rows.model, h, masked, rows.temperature, c.chooser_outputs, c.contraction)  # [m, v]
         score_fn = ADAPTIVE[c.ordering] if c.eb_gamma is None else eb_score(c.eb_proxy)
         score = torch.full((b, l), -float("inf"), dtype=torch.float64, device=tokens.device)
         score[masked] = score_fn(marg).double()
         order = score.argsort(dim=-1, descending=True, stable=True)  # [b, l]
         rank = order.argsort(dim=-1, stable=True)
-        if counts is None:  # EB (not its last step): the largest prefix within the budget, at least one
+        if c.eb_gamma is not None:  # EB (-1 counts: not a last step): the largest prefix within the budget, >= 1
             ent = torch.zeros((b, l), dtype=torch.float64, device=tokens.device)
             ent[masked] = entropy(marg).double()
             ent = torch.gather(ent, 1, order)  # [b, l] in rank order
             ok = eb_accepts(torch.where(torch.gather(masked, 1, order), ent, torch.zeros_like(ent)), c.eb_gamma)
-            counts = (ok.cumprod(-1).sum(-1)).clamp(min=1)
+            counts = torch.where(counts < 0, ok.cumprod(-1).sum(-1).clamp(min=1), counts)
         k = torch.minimum(counts, masked.sum(1))
         return (rank < k[:, None]) & masked

@@ -16,7 +16,7 @@ class MarginalViewStep(ConfiguredStep):
     def accepts(cls, config) -> bool:
         return not config.joint
 
-    def draw(self, run, h, tokens, masked, chosen, counts):
+    def draw(self, rows, h, tokens, masked, chosen, counts):
         c = self.config
-        return marginal_step(run.model, h, tokens, masked, chosen, counts, ADAPTIVE.get(c.ordering), c.temperature,
-                             run.generator, c.contraction)
+        return marginal_step(rows.model, h, tokens, masked, chosen, counts, ADAPTIVE.get(c.ordering), rows.temperature,
+                             rows.streams, c.contraction)

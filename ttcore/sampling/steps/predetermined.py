@@ -9,12 +9,11 @@ from .base import ConfiguredStep
 
 
 class PredeterminedJointStep(ConfiguredStep):
-    batchable = True
 
     @classmethod
     def accepts(cls, config) -> bool:
         return config.joint and config.eb_gamma is None and config.ordering in PREDETERMINED
 
-    def draw(self, run, h, tokens, masked, chosen, counts):
+    def draw(self, rows, h, tokens, masked, chosen, counts):
         c = self.config
-        return predetermined_step(run.model, h, tokens, masked, chosen, c.temperature, run.generator, c.contraction)
+        return predetermined_step(rows.model, h, tokens, masked, chosen, rows.temperature, rows.streams, c.contraction)

@@ -1,0 +1,115 @@
+"""Counter-based random streams: every uniform a generation draws is a pure function of (the request's seed,
+the sequence's index in its request, the step, the draw's site, its lane), so a sequence's tokens never depend
+on which other sequences share its batch, and a whole batch's uniforms come from ONE call whatever the number
+of requests in it.
+
+The function is Philox4x32-10 (Salmon et al. 2011, "Parallel random numbers: as easy as 1, 2, 3"; the
+generator cuRAND and PyTorch's CUDA RNG use), written in int64 tensor ops so that it runs, bit for bit the
+same, on any device and inside a captured graph. Its counter is (lane, site, step, row), its key the seed's
+two 32-bit halves. Two of its four output words make one float64 uniform in [0, 1) with 53 random bits.
+
+Library code that takes a ``torch.Generator`` also takes ``Streams`` (``uniforms``), so the samplers and the
+distributions draw from either.
+"""
+
+from enum import IntEnum
+
+import torch
+
+MASK32 = 0xFFFFFFFF
+PHILOX_M = (0xD2511F53, 0xCD9E8D57)  # the round multipliers
+PHILOX_W = (0x9E3779B9, 0xBB67AE85)  # the key schedule's increments (Weyl sequence)
+PHILOX_ROUNDS = 10
+
+
+class Site(IntEnum):
+    """What a uniform is for: each use draws from its own part of the counter space."""
+    plan = 1  # a predetermined ordering's priorities (once per run)
+    latent = 2  # VADD's z ~ p(z) (once per run)
+    coins = 3  # Bernoulli unmasking counts, one coin per position
+    draw = 4  # a step's joint draw
+    chain = 5  # the chain rule's picks
+    component = 6  # a CP step's component per sequence
+
+
+def philox4x32(counter: tuple[torch.Tensor, ...], key: tuple[torch.Tensor, torch.Tensor],
+               rounds: int = PHILOX_ROUNDS) -> tuple[torch.Tensor, ...]:
+    """Philox4x32-R on int64 tensors holding 32-bit words: 4 counter words and 2 key words (broadcastable) ->
+    4 output words. A 32 x 32-bit product fits in int64's bit pattern (it wraps like uint64), so its high
+    word is an arithmetic shift and a mask. The even and odd words travel as pairs, one op per pair."""
+    m = torch.tensor(PHILOX_M, dtype=torch.int64, device=counter[0].device)[:, None]
+    w = torch.tensor(PHILOX_W, dtype=torch.int64, device=counter[0].device)[:, None]
+    shape = torch.broadcast_shapes(*(c.shape for c in counter), *(k.shape for k in key))
+    even = torch.stack([c.expand(shape).reshape(-1) for c in counter[0::2]])  # [2, n]: words 0, 2
+    odd = torch.stack([c.expand(shape).reshape(-1) for c in counter[1::2]])  # [2, n]: words 1, 3
+    k = torch.stack([c.expand(shape).reshape(-1) for c in key])  # [2, n]
+    for r in range(rounds):
+        if r:
+            k = (k + w) & MASK32  # bumped before every round after the first
+        prod = even * m  # [M0 * c0, M1 * c2]
+        hi, lo = (prod >> 32) & MASK32, prod & MASK32
+        even, odd = hi.flip(0) ^ odd ^ k, lo.flip(0)  # (hi1 ^ c1 ^ k0, hi0 ^ c3 ^ k1), (lo1, lo0)
+    return tuple(t.view(shape) for t in (even[0], odd[0], even[1], odd[1]))
+
+
+def to_unit(hi: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
+    """Two 32-bit words -> a float64 uniform in [0, 1): the top 53 of their 64 bits, times 2^-53."""
+    bits = ((hi & 0x1FFFFF) << 32) | lo  # 21 + 32 = 53 bits
+    return bits.double() * (2.0 ** -53)
+
+
+class Streams:
+    """The counter-based streams of a batch of sequences: ``seed`` [b] (each sequence's request seed, a
+    nonnegative 64-bit int), ``row`` [b] (its index in its request) and ``step`` [b] (its request's step
+    counter). ``uniform(site, width)`` gives each sequence its ``width`` uniforms of that site at that step;
+    ``rows(index)`` the streams of some of the sequences."""
+
+    def __init__(self, seed: torch.Tensor, row: torch.Tensor, step: torch.Tensor):
+        self.seed, self.row, self.step = seed, row, step
+
+    @classmethod
+    def of_request(cls, seed: int, rows: int, step: int = 0, device=None) -> "Streams":
+        """The streams of one request's ``rows`` sequences."""
+        device = torch.device(device) if device is not None else torch.device("cpu")
+        return cls(torch.full((rows,), seed, dtype=torch.int64, device=device),
+                   torch.arange(rows, device=device), torch.full((rows,), step, dtype=torch.int64, device=device))
+
+    def __len__(self) -> int:
+        return self.seed.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.seed.device
+
+    def rows(self, index) -> "Streams":
+        return Streams(self.seed[index], self.row[index], self.step[index])
+
+    def at_step(self, step: torch.Tensor | int) -> "Streams":
+        step = step if torch.is_tensor(step) else torch.full_like(self.step, step)
+        return Streams(self.seed, self.row, step)
+
+    def uniform(self, site: int, width: int) -> torch.Tensor:
+        """[b, width] float64 uniforms in [0, 1): lane i of each sequence at ``site``."""
+        lanes = torch.arange(width, dtype=torch.int64, device=self.device)[None, :]
+        col = lambda t: (t & MASK32)[:, None]  # noqa: E731
+        counter = (lanes, torch.full_like(lanes, int(site)), col(self.step), col(self.row))
+        key = (col(self.seed), col(self.seed >> 32))
+        w0, w1, _, _ = philox4x32(counter, key)
+        return to_unit(w0, w1)
+
+
+def uniforms(generator, b: int, width: int, device, site: int) -> torch.Tensor:
+    """[b, width] float64 uniforms from ``generator``: ``Streams`` (lanes 0..width-1 of ``site``, one stream
+    per row) or a ``torch.Generator`` / None (torch's own stream, in row-major order)."""
+    if isinstance(generator, Streams):
+        if len(generator) != b:
+            raise ValueError(f"Streams of {len(generator)} rows for a draw of {b} rows")
+        return generator.uniform(site, width)
+    return torch.rand((b, width), dtype=torch.float64, device=device, generator=generator)
+
+
+def normal_from_uniform(u: torch.Tensor) -> torch.Tensor:
+    """Standard normals from uniforms [..., 2n] by Box-Muller (first half radii, second half angles) -> [..., n]."""
+    n = u.shape[-1] // 2
+    radius = (-2.0 * torch.log1p(-u[..., :n])).sqrt()  # 1 - u in (0, 1]: finite
+    return radius * torch.cos(2 * torch.pi * u[..., n:])
