@@ -1,13 +1,58 @@
 #!/usr/bin/env bash
-# GPU checks for a session that is lent a CUDA device (the project never needs one):
-#   bash benchmarks/device_check.sh
-# 1. the exactness tests on the device (tests/test_cuda.py; skipped on CPU-only machines),
-# 2. the service load benchmark on the device in bf16 (the 6x target of the service issue).
-set -euo pipefail
+# The serving lease (one call, under 5 minutes of device time; the project never needs a GPU):
+#   1. the CUDA exactness tests (tests/test_cuda.py: CUDA graph replays give the eager tokens, ...),
+#   2. ops and kernel launches per engine step at 1 / 8 / 32 / 64 requests (benchmarks/step_profile.py),
+#   3. the service under load, bf16, 1 / 8 / 32 / 64 clients, CUDA graphs on and off, with the forward-only
+#      bound of the same device in the same call (benchmarks/service_load.py),
+#   4. the text model's EB and random-order requests at 32 clients (tokens/s committed).
+# The device has no fastapi / pydantic / uvicorn: carry them as wheels in .whl/ (training/device_suite.sh's
+# header says how) and carry only checkpoints/qm9-tt-r16 and checkpoints/text-tt-r4.
+# Run:       bash benchmarks/device_check.sh                           (device: OUT is set by the tool)
+# Rehearse:  SMOKE=1 DEVICE=cpu OUT=/tmp/serving PYTHON=.venv/bin/python bash benchmarks/device_check.sh
+set -uo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-.venv/bin/python}
-"$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name())"
+OUT=${OUT:?set OUT to the folder that comes back}
+PY=${PYTHON:-python3}
+SMOKE=${SMOKE:-0}
+DEVICE=${DEVICE:-cuda}
+T0=$(date +%s)
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/serving.log") 2>&1
+say() { echo "== $* (t=$(( $(date +%s) - T0 )) s)"; }
+
+if ls .whl/*.whl >/dev/null 2>&1; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:$PWD
+fi
+export PYTHONUNBUFFERED=1
+PRECISION=bf16; CLIENTS=(1 8 32 64); PER_CLIENT=4; ROUNDS=2; TEXT_CLIENTS=32
+if [ "$SMOKE" = 1 ]; then PRECISION=fp32; CLIENTS=(1 2); PER_CLIENT=1; ROUNDS=1; TEXT_CLIENTS=2; fi
+"$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available() and torch.cuda.get_device_name())"
 status=0
-"$PY" -m pytest -q tests/test_cuda.py || status=$?  # the benchmark runs either way
-"$PY" benchmarks/service_load.py --device cuda --precision bf16
+
+if [ "$DEVICE" != cpu ]; then
+  say "CUDA tests"
+  "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py || status=$?
+fi
+
+say "step profile: ops per step"
+timeout 120 "$PY" benchmarks/step_profile.py --device "$DEVICE" --precision "$PRECISION" --clients "${CLIENTS[@]}" \
+  --rounds "$ROUNDS" --top 12 || status=$?
+
+say "service load, QM9 (CUDA graphs where the device has them)"
+timeout 150 "$PY" benchmarks/service_load.py --device "$DEVICE" --precision "$PRECISION" --clients "${CLIENTS[@]}" \
+  --requests-per-client "$PER_CLIENT" || status=$?
+if [ "$DEVICE" != cpu ]; then
+  say "service load, QM9, eager (no CUDA graphs)"
+  timeout 90 "$PY" benchmarks/service_load.py --device "$DEVICE" --precision "$PRECISION" --clients 32 64 \
+    --requests-per-client "$PER_CLIENT" --server-args=--no-cuda-graphs || status=$?
+fi
+
+for request in '{"sampler": "eb", "eb_gamma": 0.5, "steps": 16, "num_samples": 1}' \
+               '{"ordering": "random", "steps": 16, "num_samples": 1}'; do
+  say "service load, text: $request"
+  timeout 90 "$PY" benchmarks/service_load.py --model text --device "$DEVICE" --precision "$PRECISION" \
+    --clients "$TEXT_CLIENTS" --requests-per-client 1 --request "$request" || status=$?
+done
+say "done (status $status)"
 exit $status

@@ -5,14 +5,17 @@
     python benchmarks/service_load.py --clients 1 2 --requests-per-client 1    # smoke size (the tests run it)
     python benchmarks/service_load.py --model text --clients 8 --requests-per-client 1 \
         --request '{"sampler": "eb", "eb_gamma": 0.5, "steps": 16, "adaptive_path": "fast"}'   # EB on text
+    git worktree add /tmp/before <commit>                            # before / after, side by side:
+    python benchmarks/service_load.py --baseline-tree /tmp/before   # the same load on both, alternating
 
 Starts `python -m service` (uvicorn) in a subprocess on a free port. For C in {1, 8, 32} concurrent
 clients, each sends R requests in a row (2 sequences, 8 steps, random order, unless ``--request`` sets other
-fields); the baseline sends the
-same C * R requests one at a time. Prints molecules/s, p50/p99 latency, the speed-up, the share
-of server wall time spent in the backbone's forward pass, and the share the engine's worker was busy
-with steps at all (forward, heads, joint draws, the copy to the host), from the server's own metrics:
-the rest is HTTP, events and the event loop.
+fields); the baseline sends the same C * R requests one at a time. Prints sequences/s, the tokens committed
+per second, p50/p99 latency, the speed-up, the share of server wall time spent in the backbone's forward
+pass, and the share the engine's worker was busy with steps at all (forward, heads, joint draws, the copy
+to the host), from the server's own metrics: the rest is HTTP, events and the event loop. With
+``--baseline-tree``, a second server runs from that checkout (another commit) and every row is measured on
+both, one after the other, in the same run.
 """
 
 import argparse
@@ -60,7 +63,26 @@ async def _run(url, body, clients, per_client):
         after = (await http.get(url + "/metrics")).text
     forward, engine = (_metric(after, f"ttcore_{m}_seconds_total") - _metric(before, f"ttcore_{m}_seconds_total")
                        for m in ("forward", "engine_step"))
-    return wall, latencies, forward, engine
+    tokens = _metric(after, "ttcore_tokens_generated_total") - _metric(before, "ttcore_tokens_generated_total")
+    return wall, latencies, forward, engine, tokens
+
+
+def _start(tree: Path, args) -> tuple[str, subprocess.Popen]:
+    """``python -m service`` from the checkout ``tree`` on a free port, ready; -> (url, process)."""
+    port = _port()
+    url = f"http://127.0.0.1:{port}"
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    proc = subprocess.Popen([sys.executable, "-m", "service", "--checkpoints", args.checkpoints, "--port", str(port),
+                             "--log-level", "warning", "--precision", args.precision, "--device", args.device,
+                             *args.server_args.split()], cwd=tree, env=env, stderr=subprocess.PIPE)
+    for _ in range(600):
+        try:
+            if httpx.get(url + "/ready").status_code == 200:
+                return url, proc
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.terminate()
+    raise SystemExit(f"server did not start: {proc.stderr.read().decode()[-2000:]}")
 
 
 def main():
@@ -73,21 +95,13 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32], help="concurrency levels to measure")
     ap.add_argument("--request", default="{}", help="JSON fields that replace the request's defaults")
+    ap.add_argument("--baseline-tree", default=None, help="another checkout served side by side (before / after)")
+    ap.add_argument("--server-args", default="", help="extra flags for the server(s), e.g. --no-cuda-graphs")
     args = ap.parse_args()
-    port = _port()
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "service", "--checkpoints", args.checkpoints, "--port", str(port),
-                             "--log-level", "warning", "--precision", args.precision, "--device", args.device],
-                            cwd=ROOT, env=dict(os.environ), stderr=subprocess.PIPE)
+    trees = [("this tree", ROOT)] + ([("baseline", Path(args.baseline_tree).resolve())] if args.baseline_tree else [])
+    servers = [(label, *_start(tree, args)) for label, tree in trees]  # (label, url, process)
+    url = servers[0][1]
     try:
-        for _ in range(600):
-            try:
-                if httpx.get(url + "/ready").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        else:
-            raise SystemExit(f"server did not start: {proc.stderr.read().decode()[-2000:]}")
         body = {"model": args.model, "num_samples": 2, "steps": 8, "ordering": "random", **json.loads(args.request)}
         if args.decomposition:
             body["decomposition"] = args.decomposition
@@ -95,19 +109,25 @@ def main():
         settings = {k: v for k, v in body.items() if k not in ("model", "decomposition")}
         print(f"checkpoint {info['checkpoint']} ({info['decomposition']} r={info['rank']}), requests {settings}, "
               f"{args.requests_per_client} requests per client, {args.precision}")
-        print(f"{'clients':>7} | {'seq/s':>7} {'p50 s':>7} {'p99 s':>7} | {'1-at-a-time seq/s':>17} | "
+        print(f"{'clients':>7} | {'seq/s':>7} {'tokens/s':>8} {'p50 s':>7} {'p99 s':>7} | {'1-at-a-time seq/s':>17} | "
               f"{'speed-up':>8} | {'forward share':>13} | {'engine busy':>11}")
+        for _, other, _ in servers[1:]:
+            httpx.post(other + "/generate", json=body, timeout=600).raise_for_status()  # its warm-up
         for clients in args.clients:
-            n = clients * args.requests_per_client
-            wall, lat, fwd, busy = asyncio.run(_run(url, body, clients, args.requests_per_client))
-            wall1, _, _, _ = asyncio.run(_run(url, body, 1, n))
-            rate, rate1 = body["num_samples"] * n / wall, body["num_samples"] * n / wall1
-            p99 = statistics.quantiles(lat, n=100)[98] if len(lat) > 1 else lat[0]
-            print(f"{clients:>7} | {rate:>7.1f} {statistics.median(lat):>7.3f} {p99:>7.3f} | {rate1:>17.1f} | "
-                  f"{rate / rate1:>7.2f}x | {fwd / wall:>12.0%} | {busy / wall:>10.0%}", flush=True)
+            for label, server, _ in servers:
+                n = clients * args.requests_per_client
+                wall, lat, fwd, busy, tokens = asyncio.run(_run(server, body, clients, args.requests_per_client))
+                wall1, *_ = asyncio.run(_run(server, body, 1, n))
+                rate, rate1 = body["num_samples"] * n / wall, body["num_samples"] * n / wall1
+                p99 = statistics.quantiles(lat, n=100)[98] if len(lat) > 1 else lat[0]
+                tag = f"  ({label})" if len(servers) > 1 else ""
+                print(f"{clients:>7} | {rate:>7.1f} {tokens / wall:>8.0f} {statistics.median(lat):>7.3f} {p99:>7.3f} | "
+                      f"{rate1:>17.1f} | {rate / rate1:>7.2f}x | {fwd / wall:>12.0%} | {busy / wall:>10.0%}{tag}",
+                      flush=True)
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        for _, _, proc in servers:
+            proc.terminate()
+            proc.wait(timeout=30)
     _forward_bound(Path(args.checkpoints) / info["checkpoint"], args.precision, args.device, tuple(args.clients))
 
 

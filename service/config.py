@@ -48,6 +48,8 @@ class ServiceArgs(BaseModel):
     release_idle_memory: bool = Field(True, description="when a model's queue has been empty for a second, return "
                                                         "the memory its requests freed to the OS (glibc "
                                                         "malloc_trim; CUDA's cache)")
+    cuda_graphs: bool = Field(True, description="on CUDA: pad each step's backbone call to a batch-size bucket and "
+                                                "replay it from a CUDA graph captured per bucket (off: eager)")
     max_stream_mb: float = Field(16.0, gt=0, description="a streamed /generate answer is estimated before it is "
                                                          "admitted (every step event holds every sequence) and "
                                                          "refused with a 422 above this many MB")

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ttcore.sampling import GenerationRun, batch_step
+from ttcore.sampling.graphs import ForwardGraphs
 
 from .config import ServiceArgs
 from .metrics import Metrics
@@ -128,6 +129,8 @@ class _Batcher:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ttcore-{lm.name}")
         self.busy_since: float | None = None  # a step is running on the worker since then
         self.dirty = False  # steps ran since the queue was last empty (freed memory to give back)
+        on_cuda = next(lm.model.parameters()).device.type == "cuda"
+        self.forward = ForwardGraphs(lm.model) if on_cuda and engine.cuda_graphs else None  # None: eager
 
     def add(self, job: Job) -> None:
         self.jobs.append(job)
@@ -226,7 +229,7 @@ class _Batcher:
         t0 = time.perf_counter()
         model, m, name = self.lm.model, self.engine.metrics, self.lm.family
         with model.compute_context():
-            done = batch_step(model, [job.run for job in batch])
+            done = batch_step(model, [job.run for job in batch], self.forward)
         step_s = time.perf_counter() - t0
         states, forward_s = done.states, done.forward_seconds
         forward_jobs = {id(job) for job, took_part in zip(batch, done.in_forward) if took_part}
@@ -241,8 +244,7 @@ class _Batcher:
         # one copy to the host for the whole step (on CUDA, one sync instead of two per job); the event
         # loop then only ever touches CPU tensors
         sizes = [state.tokens.shape[0] for state in states]
-        host_tokens = torch.cat([state.tokens for state in states]).cpu().split(sizes)
-        host_committed = torch.cat([state.committed for state in states]).cpu().split(sizes)
+        host_tokens, host_committed = done.tokens.cpu().split(sizes), done.committed.cpu().split(sizes)
         outputs = []
         for job, state, tokens, committed_mask in zip(batch, states, host_tokens, host_committed):
             if job.started is None:
@@ -270,7 +272,7 @@ class Engine:
             torch.set_num_threads(args.threads)
         self.max_batch_samples, self.max_requests = args.max_batch_samples, args.max_requests
         self.stall_s, self.reader_timeout_s = args.stall_s, args.reader_timeout_s
-        self.release_idle_memory = args.release_idle_memory
+        self.release_idle_memory, self.cuda_graphs = args.release_idle_memory, args.cuda_graphs
         self.metrics = metrics or Metrics()
         self._batchers: dict[str, _Batcher] = {}
         self._jobs: dict[str, Job] = {}

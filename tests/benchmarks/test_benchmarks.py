@@ -52,8 +52,11 @@ def test_service_load_smoke():
     assert re.search(r"^\s+2 \|.*x \|\s+\d+% \|\s+\d+%$", out, re.M), out  # forward share, engine busy
     assert "speed-up bound if only the forward counted: 2 clients" in out and "batch 2:" in out, out
     eb = _bench(ROOT / "benchmarks" / "service_load.py", "--clients", "2", "--requests-per-client", "1", "--request",
-                '{"sampler": "eb", "adaptive_path": "fast", "num_samples": 1}', timeout=600)
-    assert "'sampler': 'eb'" in eb and re.search(r"^\s+2 \|.*x \|", eb, re.M), eb
+                '{"sampler": "eb", "adaptive_path": "fast", "num_samples": 1}', "--baseline-tree", str(ROOT),
+                timeout=600)  # before / after side by side (here the same tree twice)
+    assert "'sampler': 'eb'" in eb, eb
+    assert [m.group(1) for m in re.finditer(r"^\s+2 \|.*x \|.*\((this tree|baseline)\)$", eb, re.M)] == [
+        "this tree", "baseline"], eb
 
 
 def test_cold_start_smoke():
@@ -64,9 +67,11 @@ def test_cold_start_smoke():
 
 
 def test_step_profile_smoke():
-    out = _bench(ROOT / "benchmarks" / "step_profile.py", "--clients", "2", "--rounds", "1", "--top", "3")
+    out = _bench(ROOT / "benchmarks" / "step_profile.py", "--clients", "1", "2", "--rounds", "1", "--top", "3")
     phases = re.findall(r"^\s+(forward|heads and draws|copy to host):\s+[\d.]+ ms\s+\(\d+%\)$", out, re.M)
-    assert phases == ["forward", "heads and draws", "copy to host"], out
+    assert phases == ["forward", "heads and draws", "copy to host"] * 2, out
+    counts = re.findall(r"^clients (\d+): ops per step (\d+) \(([\d.]+)x the count at 1 clients\)$", out, re.M)
+    assert [c for c, _, _ in counts] == ["1", "2"] and float(counts[0][2]) == 1.0, out
     assert "Self CPU time total" in out, out
 
 
@@ -132,3 +137,17 @@ def test_representations_smoke(tmp_path):
     out = _bench(ROOT / "benchmarks" / "representations.py", "--smoke", "--out", str(tmp_path), timeout=600)
     rows = re.findall(r"^\| (SMILES|SELFIES|SAFE|SMILES \+ 4 randomized) \| \d+ \| 4 \|( [\d.]+ \|){4}$", out, re.M)
     assert [r[0] for r in rows] == ["SMILES", "SELFIES", "SAFE", "SMILES + 4 randomized"], out
+
+
+def test_the_serving_lease_script_runs_at_smoke_size(tmp_path):
+    """benchmarks/device_check.sh, rehearsed on this CPU: every benchmark of the GPU serving call runs and logs."""
+    import os
+
+    env = dict(os.environ, SMOKE="1", DEVICE="cpu", OUT=str(tmp_path / "out"), PYTHON=sys.executable)
+    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "device_check.sh")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    log = (tmp_path / "out" / "serving.log").read_text()
+    assert done.returncode == 0, log[-3000:] + done.stderr[-2000:]
+    assert re.search(r"^clients 2: ops per step \d+", log, re.M), log
+    assert len(re.findall(r"^\s+2 \|\s+[\d.]+\s+\d+ ", log, re.M)) == 3, log  # QM9, text EB, text random order
+    assert "done (status 0)" in log
