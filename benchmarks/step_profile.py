@@ -4,6 +4,7 @@ order, stepped together as the service's continuous batching steps them (``batch
     python benchmarks/step_profile.py --clients 1 8 32             # CPU, bundled qm9-tt-r16
     python benchmarks/step_profile.py --device cuda --precision bf16 --clients 1 8 32 64
     python benchmarks/step_profile.py --clients 1 2 --rounds 1     # smoke size (the tests run it)
+    python benchmarks/step_profile.py --baseline-tree /tmp/before  # and the ops of another checkout (git worktree)
 
 Prints, for each client count, per step (device synchronized at each boundary): the backbone forward, the
 rest of the step (heads and the joint draws), and the copy of every request's tokens to the host; then a line
@@ -13,6 +14,9 @@ count; then torch.profiler's operators by self time at the last count, so a GPU 
 """
 
 import argparse
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -35,19 +39,23 @@ def requests(model, clients: int, device: torch.device, seed: int) -> list[Gener
     return [GenerationRun(model, 2, 8, seed=seed + i, device=device) for i in range(clients)]  # random order
 
 
-def one_round(model, runs: list[GenerationRun], device: torch.device) -> dict[str, float]:
-    """Step ``runs`` together until done; -> seconds in each phase, summed over the steps."""
+def one_round(model, runs: list[GenerationRun], device: torch.device, forward=None) -> dict[str, float]:
+    """Step ``runs`` together until done (``forward``: the engine's ForwardGraphs on CUDA); -> seconds in each
+    phase, summed over the steps."""
     spent = {"forward": 0.0, "heads and draws": 0.0, "copy to host": 0.0, "steps": 0}
 
     with model.compute_context():
         while live := [run for run in runs if not run.done]:
             _sync(device)
             t0 = time.perf_counter()
-            done = batch_step(model, live)
+            done = batch_step(model, live, forward) if forward is not None else batch_step(model, live)
             spent["forward"] += done.forward_seconds
             _sync(device)
             t1 = time.perf_counter()
-            done.tokens.cpu(), done.committed.cpu()  # as the engine copies them: one tensor each
+            if hasattr(done, "tokens"):  # as the engine copies them: one tensor each
+                done.tokens.cpu(), done.committed.cpu()
+            else:  # a baseline checkout from before the batched step
+                torch.cat([s.tokens for s in done.states]).cpu(), torch.cat([s.committed for s in done.states]).cpu()
             t2 = time.perf_counter()
             spent["steps"] += 1
             spent["copy to host"] += t2 - t1
@@ -56,7 +64,7 @@ def one_round(model, runs: list[GenerationRun], device: torch.device) -> dict[st
     return spent
 
 
-def dispatched(model, clients: int, device: torch.device) -> tuple[dict[str, float], object]:
+def dispatched(model, clients: int, device: torch.device, forward=None) -> tuple[dict[str, float], object]:
     """Over one round: aten operators (and CUDA kernel launches) per engine step, and the profile. The requests
     are made before the profile starts: what a request costs once, when it arrives, is not a step's."""
     activities = [torch.profiler.ProfilerActivity.CPU]
@@ -64,7 +72,7 @@ def dispatched(model, clients: int, device: torch.device) -> tuple[dict[str, flo
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     runs = requests(model, clients, device, seed=7)
     with torch.profiler.profile(activities=activities) as prof:
-        steps = one_round(model, runs, device)["steps"]
+        steps = one_round(model, runs, device, forward)["steps"]
     events = prof.events()
     out = {"ops": sum(e.name.startswith("aten::") for e in events) / steps}
     if device.type == "cuda":
@@ -81,27 +89,47 @@ def main():
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds after one warm-up round")
     ap.add_argument("--top", type=int, default=15, help="operators listed from the profile")
+    ap.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=None,
+                    help="the forward as the engine runs it: padded and CUDA-graph replayed (default: on CUDA)")
+    ap.add_argument("--baseline-tree", default=None, help="another checkout whose ops per step are counted too")
     args = ap.parse_args()
     device = torch.device(args.device)
     model, _, _ = load_for_inference(Path(args.checkpoint), device, args.precision)
+    forward = None
+    if args.graphs if args.graphs is not None else device.type == "cuda":
+        from ttcore.sampling.graphs import ForwardGraphs
+
+        forward = ForwardGraphs(model)
     base, prof = None, None
     for clients in args.clients:
-        one_round(model, requests(model, clients, device, seed=0), device)  # warm-up
+        one_round(model, requests(model, clients, device, seed=0), device, forward)  # warm-up (and captures)
         total = {}
         for r in range(args.rounds):
-            for k, v in one_round(model, requests(model, clients, device, seed=100 * (r + 1)), device).items():
+            for k, v in one_round(model, requests(model, clients, device, seed=100 * (r + 1)), device,
+                                  forward).items():
                 total[k] = total.get(k, 0.0) + v
         steps = total.pop("steps")
         whole = sum(total.values())
         print(f"{Path(args.checkpoint).name}, {clients} requests x 2 molecules x 8 steps, {args.precision}, "
-              f"{device}; per batched step ({steps:.0f} steps):")
+              f"{device}{', CUDA graphs' if forward is not None and forward.capture else ''}; per batched "
+              f"step ({steps:.0f} steps):")
         for k, v in total.items():
             print(f"  {k:>16}: {v / steps * 1e3:7.2f} ms  ({v / whole:.0%})")
-        counted, prof = dispatched(model, clients, device)
+        counted, prof = dispatched(model, clients, device, forward)
         base = base or counted
         extra = f", kernel launches per step {counted['launches']:.0f}" if "launches" in counted else ""
         print(f"clients {clients}: ops per step {counted['ops']:.0f}{extra} "
-              f"({counted['ops'] / base['ops']:.2f}x the count at {args.clients[0]} clients)")
+              f"({counted['ops'] / base['ops']:.2f}x the count at {args.clients[0]} clients)", flush=True)
+    if args.baseline_tree:  # this script, on the other checkout's ttcore, eager, without its profile table
+        tree = Path(args.baseline_tree).resolve()
+        done = subprocess.run([sys.executable, __file__, "--checkpoint", args.checkpoint, "--device", args.device,
+                               "--precision", args.precision, "--clients", *map(str, args.clients), "--rounds",
+                               str(args.rounds), "--top", "0", "--no-graphs"], cwd=tree,
+                              env=dict(os.environ, PYTHONPATH=str(tree)), capture_output=True, text=True, check=True)
+        print(f"baseline {tree} (the same script on its ttcore):")
+        print(done.stdout.rstrip())
+    if not args.top:
+        return
     key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     print(prof.key_averages().table(sort_by=key, row_limit=args.top, max_name_column_width=48))
     if device.type == "cuda":

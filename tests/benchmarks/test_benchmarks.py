@@ -67,11 +67,14 @@ def test_cold_start_smoke():
 
 
 def test_step_profile_smoke():
-    out = _bench(ROOT / "benchmarks" / "step_profile.py", "--clients", "1", "2", "--rounds", "1", "--top", "3")
+    out = _bench(ROOT / "benchmarks" / "step_profile.py", "--clients", "1", "2", "--rounds", "1", "--top", "3",
+                 "--baseline-tree", ROOT)  # the baseline: here the same tree again
     phases = re.findall(r"^\s+(forward|heads and draws|copy to host):\s+[\d.]+ ms\s+\(\d+%\)$", out, re.M)
-    assert phases == ["forward", "heads and draws", "copy to host"] * 2, out
+    assert phases == ["forward", "heads and draws", "copy to host"] * 4, out
+    assert f"baseline {ROOT}" in out, out
     counts = re.findall(r"^clients (\d+): ops per step (\d+) \(([\d.]+)x the count at 1 clients\)$", out, re.M)
-    assert [c for c, _, _ in counts] == ["1", "2"] and float(counts[0][2]) == 1.0, out
+    assert [c for c, _, _ in counts] == ["1", "2"] * 2 and float(counts[0][2]) == 1.0, out
+    assert counts[:2] == counts[2:], out  # operator counts are deterministic: the same tree counts the same
     assert "Self CPU time total" in out, out
 
 

@@ -43,12 +43,12 @@ def philox4x32(counter: tuple[torch.Tensor, ...], key: tuple[torch.Tensor, torch
     even = torch.stack([c.expand(shape).reshape(-1) for c in counter[0::2]])  # [2, n]: words 0, 2
     odd = torch.stack([c.expand(shape).reshape(-1) for c in counter[1::2]])  # [2, n]: words 1, 3
     k = torch.stack([c.expand(shape).reshape(-1) for c in key])  # [2, n]
+    bumps = torch.arange(rounds, dtype=torch.int64, device=k.device)[:, None, None]
+    keys = (k + bumps * w) & MASK32  # [rounds, 2, n]: the key bumped before every round after the first
     for r in range(rounds):
-        if r:
-            k = (k + w) & MASK32  # bumped before every round after the first
         prod = even * m  # [M0 * c0, M1 * c2]
         hi, lo = (prod >> 32) & MASK32, prod & MASK32
-        even, odd = hi.flip(0) ^ odd ^ k, lo.flip(0)  # (hi1 ^ c1 ^ k0, hi0 ^ c3 ^ k1), (lo1, lo0)
+        even, odd = hi.flip(0) ^ odd ^ keys[r], lo.flip(0)  # (hi1 ^ c1 ^ k0, hi0 ^ c3 ^ k1), (lo1, lo0)
     return tuple(t.view(shape) for t in (even[0], odd[0], even[1], odd[1]))
 
 
