@@ -84,10 +84,11 @@ class CPDecomposition(SumsNothing):
 
     def draw(self, head, h, x, masked, chosen, temperature, generator, contraction) -> torch.Tensor:
         """Eq. 18: a component per sequence, then each x^j from that component's factor (computed for
-        that component only)."""
-        u = uniforms(generator, x.shape[0], 1, x.device, Site.component)[:, 0]
-        component = sample_categorical(softmax64(head.weight_logits(h), temperature), u=u)
-        return draw_from_components(head, h, x, chosen, component, temperature, generator)
+        that component only); one call for all the uniforms."""
+        b, l = x.shape
+        u = uniforms(generator, b, l + 1, x.device, Site.draw)  # lanes 0..l-1: the positions; lane l: the component
+        component = sample_categorical(softmax64(head.weight_logits(h), temperature), u=u[:, l])
+        return draw_from_components(head, h, x, chosen, component, temperature, generator, u)
 
     def component_weights(self, head, h, masked, temperature) -> torch.Tensor:
         """The mixture weights w_a of each masked position's sequence (Eqs. 14-15: the known positions'

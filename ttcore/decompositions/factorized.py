@@ -38,12 +38,12 @@ class FactorizedOutputs:
 
 
 def draw_from_components(head, h: torch.Tensor, x: torch.Tensor, chosen: torch.Tensor, component: torch.Tensor,
-                         temperature: float, generator) -> torch.Tensor:
+                         temperature, generator, u: torch.Tensor | None = None) -> torch.Tensor:
     """Independent draws at the chosen positions [b, l], each from head output ``component`` [b] of its
     sequence (rank 1: 0), computed for the chosen positions only; position i's uniform is lane i of
-    ``Site.draw``. -> [b, l], -1 elsewhere."""
+    ``Site.draw`` (or of ``u`` [b, >= l], taken by the caller). -> [b, l], -1 elsewhere."""
     values = torch.full_like(x, -1)
-    u = uniforms(generator, *x.shape, x.device, Site.draw)[chosen]  # [m]
+    u = (uniforms(generator, *x.shape, x.device, Site.draw) if u is None else u[:, :x.shape[1]])[chosen]  # [m]
     rows_of = chosen.nonzero()[:, 0]  # [m] batch row of each chosen position
     logits = head.select_logits(h[chosen], component[rows_of], 1)[:, 0]  # [m, v]
     values[chosen] = sample_categorical(softmax64(logits, temperature, rows=rows_of), u=u)
