@@ -11,20 +11,9 @@
 # Rehearse:  SMOKE=1 DEVICE=cpu OUT=/tmp/serving PYTHON=.venv/bin/python bash benchmarks/device_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:?set OUT to the folder that comes back}
-PY=${PYTHON:-python3}
-SMOKE=${SMOKE:-0}
 DEVICE=${DEVICE:-cuda}
-T0=$(date +%s)
-mkdir -p "$OUT"
-exec > >(tee -a "$OUT/serving.log") 2>&1
-say() { echo "== $* (t=$(( $(date +%s) - T0 )) s)"; }
-
-if ls .whl/*.whl >/dev/null 2>&1; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site:$PWD
-fi
-export PYTHONUNBUFFERED=1
+LOG=serving.log
+source training/_device_start.sh
 PRECISION=bf16; CLIENTS=(1 8 32 64); PER_CLIENT=4; ROUNDS=2; TEXT_CLIENTS=32
 if [ "$SMOKE" = 1 ]; then PRECISION=fp32; CLIENTS=(1 2); PER_CLIENT=1; ROUNDS=1; TEXT_CLIENTS=2; fi
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available() and torch.cuda.get_device_name())"

@@ -52,9 +52,10 @@ class UniformCP(SumsNothing):
         return torch.full((n, head.rank), 1.0 / head.rank, dtype=torch.float64, device=device)
 
     def draw(self, head, h, x, masked, chosen, temperature, generator, contraction):
-        u = uniforms(generator, x.shape[0], 1, x.device, Site.component)[:, 0]  # the batch's streams, or a Generator
-        component = sample_categorical(self._uniform(head, x.shape[0], x.device), u=u)
-        return draw_from_components(head, h, x, chosen, component, temperature, generator)
+        b, l = x.shape  # as CP: lanes 0..l-1 of the streams (or a Generator) for the positions, l for the component
+        u = uniforms(generator, b, l + 1, x.device, Site.draw)
+        component = sample_categorical(self._uniform(head, b, x.device), u=u[:, l])
+        return draw_from_components(head, h, x, chosen, component, temperature, generator, u)
 
     def component_weights(self, head, h, masked, temperature):
         return self._uniform(head, int(masked.sum()), h.device)

@@ -17,25 +17,12 @@
 # Rehearse:  SMOKE=1 OUT=/tmp/lease PYTHON=.venv/bin/python bash training/device_suite.sh   (CPU, minutes)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:?set OUT to the folder that comes back}
-PY=${PYTHON:-python3}
-SMOKE=${SMOKE:-0}
 LEASE_S=${LEASE_S:-540}   # the whole script's wall-clock budget, exports included
-T0=$(date +%s)
-mkdir -p "$OUT"
-exec > >(tee -a "$OUT/lease.log") 2>&1
-say() { echo "== $* (t=$(( $(date +%s) - T0 )) s)"; }
-
-if ls .whl/*.whl >/dev/null 2>&1; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=$PWD:/tmp/site
-else
-  export PYTHONPATH=$PWD
-fi
+LOG=lease.log
+source training/_device_start.sh
 export TTCORE_CACHE=${TTCORE_CACHE:-/tmp/ttcore-cache}
 mkdir -p "$TTCORE_CACHE"
 for f in .lease/cache/*.gz; do [ -e "$f" ] && gunzip -c "$f" > "$TTCORE_CACHE/$(basename "$f" .gz)"; done
-export PYTHONUNBUFFERED=1
 "$PY" -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda,
       'device', torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader

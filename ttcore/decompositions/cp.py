@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ttcore.distributions import CP, Site, sample_categorical, softmax64, tempered, uniforms
+from ttcore.distributions import CP, Site, entry_rows, sample_categorical, softmax64, tempered, uniforms
 
 from .base import SumsNothing
 from .common import output_dtype, per_sequence
@@ -42,7 +42,7 @@ class CPOutputs:
 
     def joint(self, tokens: torch.Tensor, temperature: float = 1.0) -> CP:
         """float32 (full factors of every masked position; each draw renormalizes in float64)."""
-        rows = self.mask.nonzero()[:, 0]
+        rows = entry_rows(temperature, self.mask)
         return CP.from_masked(torch.softmax(tempered(self.weight_logits, temperature), -1),
                               torch.softmax(tempered(self.factor_logits, temperature, rows), -1), tokens, self.mask)
 

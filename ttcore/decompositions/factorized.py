@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ttcore.distributions import Factorized, Site, sample_categorical, softmax64, uniforms
+from ttcore.distributions import Factorized, Site, entry_rows, sample_categorical, softmax64, uniforms
 
 from .base import SumsNothing
 from .common import output_dtype, per_sequence
@@ -24,8 +24,8 @@ class FactorizedOutputs:
     logits: torch.Tensor
 
     def joint(self, tokens: torch.Tensor, temperature: float = 1.0) -> Factorized:
-        return Factorized.from_masked(softmax64(self.logits, temperature, rows=self.mask.nonzero()[:, 0]), tokens,
-                                      self.mask)
+        return Factorized.from_masked(softmax64(self.logits, temperature, rows=entry_rows(temperature, self.mask)),
+                                      tokens, self.mask)
 
     def log_prob(self, x0: torch.Tensor) -> torch.Tensor:
         return factorized_masked_log_prob(self.logits, x0[self.mask], self.mask)
@@ -77,4 +77,4 @@ class Rank1(SumsNothing):
 
     def marginals_at(self, head, h, masked, chosen, temperature, contraction) -> torch.Tensor:
         """Eq. 2's factors themselves."""
-        return softmax64(head.component_logits(h[chosen])[:, 0], temperature, rows=chosen.nonzero()[:, 0])
+        return softmax64(head.component_logits(h[chosen])[:, 0], temperature, rows=entry_rows(temperature, chosen))

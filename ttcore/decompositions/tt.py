@@ -7,6 +7,7 @@ import torch
 
 from ttcore.distributions import (
     TensorTrain,
+    entry_rows,
     is_one,
     softmax64,
     tempered,
@@ -105,13 +106,14 @@ def tt_chosen_marginals(head, h: torch.Tensor, masked: torch.Tensor, chosen: tor
     by_head = before & ~summed
     contracted = torch.eye(r, dtype=torch.float64, device=masked.device).repeat(b, l, 1, 1)  # known: I
     if summed.any():
-        contracted[summed] = exact_contracted_cores(head, h[summed], temperature, summed.nonzero()[:, 0])
+        contracted[summed] = exact_contracted_cores(head, h[summed], temperature, entry_rows(temperature, summed))
     if by_head.any():
         contracted[by_head] = head.contracted_cores(h[by_head]).to(contracted.dtype)
     pi = tt_state_marginals(contracted)[chosen]  # [m, r]
-    hc, rc, marg = h[chosen], chosen.nonzero()[:, 0], None  # marg: filled chunk by chunk, one [m, v] copy alive
+    hc, rc, marg = h[chosen], entry_rows(temperature, chosen), None  # marg: filled chunk by chunk, one [m, v] alive
     for s in range(0, len(pi), EXACT_CHUNK):
-        cores = core_rows64(head, hc[s:s + EXACT_CHUNK], temperature, rc[s:s + EXACT_CHUNK])  # [n, j, x, k]
+        cores = core_rows64(head, hc[s:s + EXACT_CHUNK], temperature,
+                            None if rc is None else rc[s:s + EXACT_CHUNK])  # [n, j, x, k]
         marg = pi.new_empty(len(pi), cores.shape[2]) if marg is None else marg
         marg[s:s + EXACT_CHUNK] = torch.einsum("nj,njxk->nx", pi[s:s + EXACT_CHUNK], cores)
     return marg
@@ -127,7 +129,7 @@ class TTOutputs:
 
     def joint(self, tokens: torch.Tensor, temperature: float = 1.0) -> TensorTrain:
         """float32 (a text sample's r=4 cores are 67 MB; each draw renormalizes in float64)."""
-        logits = tempered(self.core_logits, temperature, self.mask.nonzero()[:, 0])
+        logits = tempered(self.core_logits, temperature, entry_rows(temperature, self.mask))
         return TensorTrain.from_masked(tt_cores_from_logits(logits), tokens, self.mask)
 
     def log_prob(self, x0: torch.Tensor) -> torch.Tensor:
@@ -206,7 +208,7 @@ class TTDecomposition:
         rest = masked & ~chosen & (pos < last[:, None])
         if rest.any():
             if sums_cores_exactly(contraction, temperature):  # the cores' own sum
-                contracted[rest] = exact_contracted_cores(head, h[rest], temperature, rest.nonzero()[:, 0])
+                contracted[rest] = exact_contracted_cores(head, h[rest], temperature, entry_rows(temperature, rest))
             else:  # Gbar_j from the contracted-core head
                 contracted[rest] = head.contracted_cores(h[rest]).to(contracted.dtype)
 

@@ -4,7 +4,7 @@ Pure math on tensors (no nn.Module, nothing else of ttcore imported), batched ov
 """
 
 from .base import JointDistribution
-from .categorical import is_one, sample_categorical, softmax64, tempered
+from .categorical import entry_rows, is_one, sample_categorical, softmax64, tempered
 from .cp import CP, cp_log_prob, cp_marginals, cp_posterior
 from .factorized import Factorized
 from .streams import Site, Streams, normal_from_uniform, uniforms
@@ -25,7 +25,7 @@ from .tensor_train import (
 )
 
 __all__ = ["CP", "Factorized", "JointDistribution", "TensorTrain", "Site", "Streams", "sample_categorical", "softmax64",
-           "tempered", "is_one", "cp_log_prob", "cp_marginals", "cp_posterior", "chosen_index", "tt_chain_log_value",
-           "tt_contract", "tt_contracted_from_logits", "tt_cores_from_logits", "tt_gap_products", "tt_log_prob",
-           "tt_marginals", "tt_prefix_products", "tt_sample_path", "tt_select", "tt_state_marginals",
+           "tempered", "is_one", "entry_rows", "cp_log_prob", "cp_marginals", "cp_posterior", "chosen_index",
+           "tt_chain_log_value", "tt_contract", "tt_contracted_from_logits", "tt_cores_from_logits", "tt_gap_products",
+           "tt_log_prob", "tt_marginals", "tt_prefix_products", "tt_sample_path", "tt_select", "tt_state_marginals",
            "normal_from_uniform", "uniforms"]

@@ -22,6 +22,12 @@ def tempered(logits: torch.Tensor, temperature, rows: torch.Tensor | None = None
     return logits / t.to(logits.dtype).view(-1, *([1] * (logits.dim() - 1)))
 
 
+def entry_rows(temperature, mask: torch.Tensor) -> torch.Tensor | None:
+    """The batch row of each True entry of ``mask`` [b, l] (row-major), for ``tempered``'s ``rows`` when the
+    logits are those entries; None (nothing computed) for one temperature for all."""
+    return mask.nonzero()[:, 0] if torch.is_tensor(temperature) else None
+
+
 def is_one(temperature) -> bool:
     """Whether every sequence's temperature is 1 (a float or a [b] tensor)."""
     return bool((temperature == 1).all()) if torch.is_tensor(temperature) else temperature == 1.0

@@ -29,7 +29,6 @@ class Site(IntEnum):
     coins = 3  # Bernoulli unmasking counts, one coin per position
     draw = 4  # a step's joint draw
     chain = 5  # the chain rule's picks
-    component = 6  # a mixture component per sequence, where a format draws it apart from its tokens
 
 
 def philox4x32(counter: tuple[torch.Tensor, ...], key: tuple[torch.Tensor, torch.Tensor],
@@ -84,10 +83,6 @@ class Streams:
 
     def rows(self, index) -> "Streams":
         return Streams(self.seed[index], self.row[index], self.step[index])
-
-    def at_step(self, step: torch.Tensor | int) -> "Streams":
-        step = step if torch.is_tensor(step) else torch.full_like(self.step, step)
-        return Streams(self.seed, self.row, step)
 
     def uniform(self, site: int, width: int) -> torch.Tensor:
         """[b, width] float64 uniforms in [0, 1): lane i of each sequence at ``site``."""

@@ -141,7 +141,7 @@ def batch_step(model, runs: list[GenerationRun], forward=None) -> BatchStep:
             return None
         return torch.tensor([r for i in members for r in range(starts[i], starts[i + 1])], device=device)
 
-    counts, parts = None, {}
+    counts, parts = None, []
     for members in groups.values():
         index, config = rows_of(members), runs[members[0]].config
         plan = None if runs[members[0]].plan is None else _cat([runs[i].plan for i in members])
@@ -152,7 +152,7 @@ def batch_step(model, runs: list[GenerationRun], forward=None) -> BatchStep:
         rows = Rows(model, config, streams.rows(index) if index is not None else streams, _take(n_initial, index),
                     _take(step, index), _take(steps, index), plan, length, temperature)
         c = config.step.counts(rows, _take(n_current, index))
-        parts[len(parts)] = (config, members, index, rows)
+        parts.append((config, members, index, rows))
         if index is None:
             counts = c
         else:
@@ -179,7 +179,7 @@ def batch_step(model, runs: list[GenerationRun], forward=None) -> BatchStep:
         offset = 0
         for i in fwd:
             at_h[i], offset = offset, offset + sizes[i]
-        for config, members, index, rows in parts.values():
+        for config, members, index, rows in parts:
             go = [i for i in members if need[i]]
             if not go:
                 continue

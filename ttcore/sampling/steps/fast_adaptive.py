@@ -42,7 +42,7 @@ by up to 1.67 at gamma 0.5). A joint draw does not make the error the rule bound
 
 import torch
 
-from ttcore.distributions import tempered
+from ttcore.distributions import entry_rows, tempered
 
 from ..eb import eb_accepts, eb_score
 from ..joint_step import predetermined_step
@@ -79,7 +79,7 @@ def chooser_marginals(model, h: torch.Tensor, masked: torch.Tensor, temperature:
     else:  # the c heaviest outputs of each position
         top_w, top_e = weights.topk(c, dim=-1)  # [m, c]
         logits = head.gather_logits(hm, top_e)  # [m, c, v]
-    q = torch.softmax(tempered(logits.float(), temperature, masked.nonzero()[:, 0]), -1).view(m, c, -1)
+    q = torch.softmax(tempered(logits.float(), temperature, entry_rows(temperature, masked)), -1).view(m, c, -1)
     if c == 1:
         return q[:, 0]
     top_w = (top_w / top_w.sum(-1, keepdim=True).clamp_min(1e-300)).float()
