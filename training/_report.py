@@ -43,12 +43,16 @@ def rows_within(model, memory_mb: int, **settings) -> int:
     return max(1, cost.rows_for(model.cfg, memory_mb << 20, **settings))
 
 
-def run_setting(model, tok, n: int, steps: int, batch: int, seed: int, memory_mb: int = 4096, **settings) -> dict:
+def run_setting(model, tok, n: int, steps: int, batch: int, seed: int, memory_mb: int = 4096,
+                deadline: float | None = None, **settings) -> dict | None:
     """``n`` samples in batches; ``settings`` go to ``generate``; each step's passes stay within ``memory_mb``.
-    -> texts, their token ids, the average steps a sample took, seconds."""
+    -> texts, their token ids, the average steps a sample took, seconds; None when ``deadline`` (a
+    ``time.time()``) passes before the last batch starts (what was drawn is dropped)."""
     ids, per_sample_steps, t0 = [], [], time.time()
     rows = rows_within(model, memory_mb, **settings)
     for k in range(0, n, batch):
+        if deadline is not None and time.time() > deadline:
+            return None
         b = min(batch, n - k)
         with model.compute_context():
             states = list(generate(model, b, steps, seed=seed + k, max_rows_per_pass=rows, **settings))

@@ -9,10 +9,21 @@ needs 10,000 valid). References: MOSES's test and scaffold-test sets (176k molec
 and cached under ``TTCORE_CACHE``); ``--reference-limit N`` uses the first N of each instead (quick runs,
 and the tests), which the table's caption then states. Novelty is against the training split as shipped.
 Writes ``moses.csv`` / ``moses.json`` (every row) and ``moses.md`` (the table), and prints the table.
+
+Sampling and measuring can run on different machines: ``--samples-dir DIR`` keeps each setting's molecules
+(``DIR/<checkpoint>/<setting>.smi.gz`` and its ``.json``: steps, seconds, seed, precision, device) and reuses
+the ones already there; ``--sample-only`` stops after sampling (no RDKit needed: a GPU lease samples, this
+machine measures), within ``--max-minutes`` (a setting not finished by then is left for the next run). The
+settings go K-major (each K for every checkpoint, the smaller K first), so a run cut short leaves whole
+comparisons.
 """
 
 import argparse
+import gzip
 import json
+import re
+import sys
+import time
 from pathlib import Path
 
 from _report import checkpoint_dirs, run_setting, this_command, write_rows
@@ -52,10 +63,42 @@ def table(rows: list[dict], caption: str) -> str:
     return "\n".join(lines) + f"\n\n{caption}\n"
 
 
+def _slug(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "-", label.replace("=", "")).strip("-")  # random-K4, EB-gamma0.5-fast
+
+
+def sample_setting(model, tok, args, label: str, k: int, kw: dict, stem: Path | None,
+                   deadline: float | None) -> dict | None:
+    """One setting's molecules and how they were drawn: read from ``stem`` (``--samples-dir``) when a run with
+    the same samples, seed and precision left them there, else drawn (and kept at ``stem``). None: the
+    deadline passed first."""
+    want = {"samples": args.samples, "seed": args.seed, "precision": args.precision, "sampler": label, "steps": k}
+    if stem is not None and stem.with_suffix(".json").exists():
+        meta = json.loads(stem.with_suffix(".json").read_text())
+        if any(meta.get(key) != value for key, value in want.items()):
+            raise SystemExit(f"{stem}.json was drawn with {meta}, not {want}: use another --samples-dir")
+        with gzip.open(stem.with_suffix(".smi.gz"), "rt") as f:
+            texts = f.read().split("\n")
+        if len(texts) != args.samples:
+            raise SystemExit(f"{stem}.smi.gz holds {len(texts)} molecules, its .json says {args.samples}")
+        return dict(meta, texts=texts)
+    res = run_setting(model, tok, args.samples, k, args.batch, args.seed, args.memory_mb, deadline, **kw)
+    if res is None:
+        return None
+    meta = dict(want, avg_steps=res["avg_steps"], seconds=res["seconds"], device=args.device, batch=args.batch)
+    if stem is not None:  # molecules first, then the .json that says they are complete
+        stem.parent.mkdir(parents=True, exist_ok=True)
+        with gzip.open(stem.with_suffix(".smi.gz.tmp"), "wt") as f:
+            f.write("\n".join(res["texts"]))
+        stem.with_suffix(".smi.gz.tmp").replace(stem.with_suffix(".smi.gz"))
+        stem.with_suffix(".json").write_text(json.dumps(meta))
+    return dict(meta, texts=res["texts"])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoints", nargs="+", required=True, help="checkpoint directories, or directories of them")
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", help="where the table goes (not with --sample-only)")
     ap.add_argument("--samples", type=int, default=30000)
     ap.add_argument("--steps", type=int, nargs="+", default=[4, 8, 16, 32, 64])
     ap.add_argument("--eb-gammas", type=float, nargs="*", default=[0.5, 1.0])
@@ -68,7 +111,30 @@ def main():
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="bf16")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--reference-limit", type=int, help="use the first N molecules of each test set (quick runs)")
+    ap.add_argument("--samples-dir", help="keep each setting's molecules here, and reuse those already here")
+    ap.add_argument("--sample-only", action="store_true", help="sample into --samples-dir and stop (no metrics)")
+    ap.add_argument("--max-minutes", type=float, help="start no sampling batch after this many minutes")
     args = ap.parse_args()
+    if args.sample_only != (args.out is None) or (args.sample_only and not args.samples_dir):
+        ap.error("give --out (the table), or --sample-only with --samples-dir")
+    deadline = time.time() + 60 * args.max_minutes if args.max_minutes is not None else None
+    samples_dir = Path(args.samples_dir) if args.samples_dir else None
+    paths = checkpoint_dirs(args.checkpoints)
+    models = {path: load_for_inference(path, args.device, args.precision)[:2] for path in paths}
+    drawn = {}
+    for label, k, kw in settings(args.steps, args.eb_gammas, args.eb_max_steps, args.adaptive_path):
+        for path, (model, tok) in models.items():  # K-major: a run cut short leaves whole comparisons
+            stem = samples_dir / path.name / _slug(label) if samples_dir else None
+            got = sample_setting(model, tok, args, label, k, kw, stem, deadline)
+            if got is None:
+                print(f"stopped at {args.max_minutes:g} minutes before {path.name} {label}: "
+                      f"{len(drawn)} of {len(paths) * len(settings(args.steps, args.eb_gammas, 0))} settings drawn")
+                return 3
+            drawn[path, label] = got
+            print(f"{path.name:>16} {label:>14}: {args.samples} samples, {got['avg_steps']:.1f} steps, "
+                  f"{got['seconds']:.1f} s", flush=True)
+    if args.sample_only:
+        return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     files = moses_files()
@@ -79,18 +145,19 @@ def main():
         smiles = read_sequences(files[name])[: args.reference_limit]
         refs[name] = Reference.cached(smiles, default_cache_dir() / "moses-references", device)
     rows = []
-    for path in checkpoint_dirs(args.checkpoints):
-        model, tok, _ = load_for_inference(path, args.device, args.precision)
-        for label, k, kw in settings(args.steps, args.eb_gammas, args.eb_max_steps, args.adaptive_path):
-            res = run_setting(model, tok, args.samples, k, args.batch, args.seed, args.memory_mb, **kw)
+    for path, (model, _) in models.items():
+        for label, k, _ in settings(args.steps, args.eb_gammas, args.eb_max_steps, args.adaptive_path):
+            got = drawn[path, label]
             row = {"checkpoint": path.name, "decomposition": model.cfg.decomposition, "rank": model.cfg.rank,
-                   "sampler": label, "steps": k, "avg_steps": res["avg_steps"], "seconds": res["seconds"],
-                   **moses_row(res["texts"], train, refs["test"], refs["test_scaffolds"])}
+                   "sampler": label, "steps": k, "avg_steps": got["avg_steps"], "seconds": got["seconds"],
+                   **moses_row(got["texts"], train, refs["test"], refs["test_scaffolds"])}
             rows.append(row)
             print(f"{path.name:>16} {label:>14}: " + ", ".join(
                 f"{h} {_cell(row.get(c), 3)}" for h, c in zip(HEADERS, COLUMNS)), flush=True)
     sizes = {name: len(ref.smiles) for name, ref in refs.items()}
-    caption = (f"Ours: {args.samples} samples per row (seed {args.seed}, {args.precision}), against "
+    where = {got.get("device", "cpu") for got in drawn.values()}
+    caption = (f"Ours: {args.samples} samples per row (seed {args.seed}, {args.precision}, drawn on "
+               f"{', '.join(sorted(where))}), against "
                f"{sizes['test']} test and {sizes['test_scaffolds']} scaffold-test molecules"
                + (f" (the first {args.reference_limit} of each, not MOSES's full sets)" if args.reference_limit else "")
                + f"; steps: the average denoising steps a sample took. Published: {PUBLISHED_SOURCE}.\n\n"
@@ -99,7 +166,8 @@ def main():
     (out / "moses.md").write_text(table(rows, caption))
     (out / "moses_meta.json").write_text(json.dumps({"references": sizes, "samples": args.samples}))
     print("\n" + table(rows, caption))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -49,6 +49,25 @@ def test_moses_table_recipe(tmp_path):
     assert "the first 300 of each, not MOSES's full sets" in table and table in printed
     assert len(list((tmp_path / "cache" / "moses-references").glob("*.npz"))) == 2  # cached for the next run
 
+    # sampled on one machine (a GPU lease: --sample-only, no RDKit needed), measured on another: the same rows
+    sampling = ["training/evaluate_moses.py", "--checkpoints", tmp_path / "ck", "--samples", 24, "--batch", 12,
+                "--steps", 2, 4, "--eb-gammas", 1.0, "--precision", "fp32", "--adaptive-path", "fast",
+                "--samples-dir", tmp_path / "s"]
+    cut = subprocess.run([sys.executable, *map(str, sampling), "--sample-only", "--max-minutes", "0"], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=900)
+    assert cut.returncode == 3 and "0 of 6 settings drawn" in cut.stdout, cut.stdout + cut.stderr[-2000:]
+    _run(*sampling, "--sample-only", env=env)
+    kept = sorted(p.relative_to(tmp_path / "s").as_posix() for p in (tmp_path / "s").rglob("*.json"))
+    assert kept == [f"{c}/{s}.json" for c in ("base", "tt") for s in ("EB-gamma1-fast", "random-K2", "random-K4")]
+    _run(*sampling, "--out", tmp_path / "r2", "--reference-limit", 300, env=env)
+    again = json.loads((tmp_path / "r2" / "moses.json").read_text())
+    assert [{k: v for k, v in r.items() if k != "seconds"} for r in again] == [
+        {k: v for k, v in r.items() if k != "seconds"} for r in rows]
+    (tmp_path / "s" / "tt" / "random-K2.json").write_text(json.dumps({"samples": 99}))
+    clash = subprocess.run([sys.executable, *map(str, sampling), "--sample-only"], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=900)
+    assert clash.returncode != 0 and "not {" in clash.stderr  # kept molecules of another run are never reused
+
 
 def test_the_gpu_lease_moses_script_runs_at_smoke_size(tmp_path):
     """training/device_moses.sh at its rehearsal size on CPU, with the MOSES files given as a directory (as the
