@@ -1,52 +1,91 @@
 #!/usr/bin/env bash
-# A GPU lease for MOSES: the base (training/configs/moses.yaml), then its TT r=8 and rank-1 fine-tunes side by
-# side at the same budget (moses_finetune: marginal-consistency term at weight 3), bf16 exports back under $OUT
-# as moses-none-r1 and moses-tt-r8; evaluate_moses.py measures them here afterwards.
-#   bash training/device_moses.sh                 (device: OUT set by the tool)
+# A GPU lease for MOSES at scale, in one call: the base (training/configs/moses_gpu.yaml, 12.6M parameters,
+# compiled, sized to BASE_MINUTES by --fit-minutes), its TT r = 8 fine-tune sized to FT_MINUTES, the rank-1
+# fine-tune at exactly the TT's steps (equal budget; moses_finetune: marginal-consistency term at weight 3),
+# bf16 exports, then MOSES's 30,000 samples per setting drawn on the device until the call's time is spent
+# (evaluate_moses.py --sample-only: K = 16, 8, 4, 32, 64, EB; the metrics need RDKit and run afterwards here).
+#   bash training/device_moses.sh                 (device: OUT set by the tool; timeout_s 590)
 #   SMOKE=1 OUT=/tmp/moses PYTHON=.venv/bin/python bash training/device_moses.sh   (rehearsal, CPU)
-# Prepared: .lease/moses/{train,test,test_scaffolds}.csv.gz (molsets' files; the device has no registry);
-# checkpoints/ moved out of the tree for the call (64 MiB travel). BASE_STEPS / FT_STEPS set the schedules,
-# BASE_MINUTES / FT_MINUTES cap the wall time (the schedules are the budget: size them to finish). The
-# configs compile the backbone (torch.compile: 0.97M tokens/s against 0.62M eager on an H200, measured).
-# SIZE picks the base's model preset (model.size: s, m, l, xl; the fine-tunes keep their base's); FIT=1 sizes the
-# base to BASE_MINUTES of training on the device (--fit-minutes: the steps that fit, measured and printed)
-# instead of BASE_STEPS. The last lines say what share of the lease's wall time went to training steps.
+# Prepared: .lease/moses/train.csv.gz (molsets' file; the device has no registry; the base tokenizes it once
+# into TTCORE_CACHE and the fine-tunes load that); checkpoints/ moved out of the tree for the call.
+# Comes back under $OUT: moses.log, pair.tar.part-* (the pair's exports: 49 MiB; the base's alone if the
+# fine-tunes did not finish) and samples.tgz (the molecules and how each setting was drawn).
+# Resumable: each stage is skipped when its export exists, and sampling skips the settings already drawn.
+# A second call on the still-warm machine (runs/ is kept) goes on where the first stopped; on a later lease,
+# carry what came back as .lease/moses-export/<name>/ (and the samples as .lease/moses-samples/) and the
+# stages they cover are skipped. Training itself does not continue across leases: a run's train state
+# (weights, AdamW moments: 150 MB) cannot come back, so an unfinished stage starts again.
+# Afterwards, here: python training/evaluate_moses.py --checkpoints <pair> --samples-dir <samples> --out ...
 set -uo pipefail
 cd "$(dirname "$0")/.."
-BASE_STEPS=${BASE_STEPS:-8000} FT_STEPS=${FT_STEPS:-3000}
-BASE_MINUTES=${BASE_MINUTES:-5} FT_MINUTES=${FT_MINUTES:-3} SIZE=${SIZE:-} FIT=${FIT:-0}
-LOG=moses.log RUNS=${RUNS:-/tmp/moses-runs}
 START=$(date +%s)
+LEASE_SECONDS=${LEASE_SECONDS:-570} BASE_MINUTES=${BASE_MINUTES:-3.5} FT_MINUTES=${FT_MINUTES:-1}
+SAMPLES=${SAMPLES:-30000} SIZE=${SIZE:-} DEVICE=${DEVICE:-cuda}
+LOG=moses.log RUNS=${RUNS:-runs/moses-lease}
 . training/_lease.sh
-BASE_SET=()
+EXPORT=$RUNS/export SAMPLED=$RUNS/samples
+mkdir -p "$EXPORT" "$SAMPLED"
+[ -d .lease/moses-export ] && cp -rn .lease/moses-export/. "$EXPORT/"
+[ -d .lease/moses-samples ] && cp -rn .lease/moses-samples/. "$SAMPLED/"
+BASE_SET=(ckpt_minutes=2) FT_SET=(batch_size=1024 ckpt_minutes=2 val_every=2000 val_batches=4)
 [ -n "$SIZE" ] && BASE_SET+=(model.size="$SIZE")
-BASE_BUDGET=(--max-steps "$BASE_STEPS") BASE_CAP=$BASE_MINUTES
-[ "$FIT" = 1 ] && BASE_BUDGET=(--fit-minutes "$BASE_MINUTES") BASE_CAP=$((BASE_MINUTES + 2))  # the cap: a safety stop
+BASE_BUDGET=(--fit-minutes "$BASE_MINUTES") FT_BUDGET=(--fit-minutes "$FT_MINUTES")
+EVAL=(--samples "$SAMPLES" --batch 5000 --memory-mb 40000 --steps 16 8 4 32 64 --eb-gammas 0.5 1.0)
 if [ "${SMOKE:-0}" = 1 ]; then
-  BASE_STEPS=2 FT_STEPS=2 BASE_SET=() BASE_BUDGET=(--max-steps 2)
+  DEVICE=cpu BASE_BUDGET=(--fit-minutes 0.01) FT_BUDGET=(--fit-minutes 0.01)  # at least 11 steps: the probe
   SMALL+=(model.hidden_dim=32 model.cond_dim=16 model.n_blocks=1 model.n_heads=2 batch_size=16
           data.val_fraction=0.001 compile=false)  # on the CPU rehearsal, compiling costs more than 2 steps
+  FT_SET=()
+  EVAL=(--samples 8 --batch 8 --steps 2 --eb-gammas 1.0 --precision fp32)
 fi
-"$PY" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"
-"$PY" training/pretrain.py --config moses --out "$RUNS/moses-base" "${BASE_BUDGET[@]}" \
-  --max-minutes "$BASE_CAP" --resume --quiet --set total_steps="$BASE_STEPS" ckpt_minutes=2 \
-  "${BASE_SET[@]}" "${SMALL[@]}"
-echo "base exit $?"
-finetune() {  # name decomposition rank
-  "$PY" training/finetune.py --config moses_finetune --base "$RUNS/moses-base" --decomposition "$2" --rank "$3" \
-    --head 1layer --out "$RUNS/$1" --max-steps "$FT_STEPS" --max-minutes "$FT_MINUTES" --resume --quiet \
-    --set total_steps="$FT_STEPS" ckpt_minutes=2 "${SMALL[@]}" > "$OUT/$1.log" 2>&1
-  echo "$1 exit $?"; tail -n 1 "$OUT/$1.log"
+left() { echo $(( LEASE_SECONDS - $(date +%s) + START )); }  # seconds
+plus() { awk "BEGIN { print $1 + $2 }"; }
+exported() { [ -f "$EXPORT/$1/config.json" ]; }
+export_run() {  # name: the run's bf16 export, written where the next stages (and the tar) find it
+  "$PY" training/export.py --src "$RUNS/$1" --out "$EXPORT/$1" --family moses && echo "$1 exported"
 }
-finetune moses-tt-r8 tt 8 &
-A=$!
-finetune moses-none-r1 none 1 &
-B=$!
-wait $A $B  # by PID: a bare `wait` also waits for the log's process substitution (tee), which never ends
-for name in moses-base moses-tt-r8 moses-none-r1; do
-  "$PY" training/export.py --src "$RUNS/$name" --out "$RUNS/export/$name" --family moses
-done
-tar -C "$RUNS/export" -cf - . | split -b 15M - "$OUT/moses.tar.part-"  # files come back <= 16 MiB
+"$PY" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"
+
+if ! exported moses-base && ! { exported moses-tt-r8 && exported moses-none-r1; }; then
+  "$PY" training/pretrain.py --config moses_gpu --out "$RUNS/moses-base" "${BASE_BUDGET[@]}" \
+    --max-minutes "$(plus "$BASE_MINUTES" 2)" --resume --quiet --set "${BASE_SET[@]}" "${SMALL[@]}"
+  echo "base exit $?"
+  export_run moses-base
+fi
+BASE=$RUNS/moses-base
+[ -f "$BASE/config.json" ] || BASE=$EXPORT/moses-base
+finetune() {  # name decomposition rank; the budget in BUDGET (flags) and EXTRA (config overrides)
+  "$PY" training/finetune.py --config moses_finetune --base "$BASE" --decomposition "$2" --rank "$3" \
+    --head 1layer --out "$RUNS/$1" "${BUDGET[@]}" --max-minutes "$(plus "$FT_MINUTES" 1.5)" --resume --quiet \
+    --set "${FT_SET[@]}" "${EXTRA[@]}" "${SMALL[@]}"
+  echo "$1 exit $?"
+  export_run "$1"
+}
+BUDGET=("${FT_BUDGET[@]}") EXTRA=()
+exported moses-tt-r8 || finetune moses-tt-r8 tt 8
+if ! exported moses-none-r1; then  # the TT's steps and schedule: the two fine-tunes at an equal budget
+  TT_STEPS=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['step'])" \
+             "$RUNS/moses-tt-r8/train_state/state.json" 2>/dev/null || echo 0)
+  if [ "$TT_STEPS" -gt 0 ]; then
+    BUDGET=(--max-steps "$TT_STEPS") EXTRA=(total_steps="$TT_STEPS")
+    finetune moses-none-r1 none 1
+  else
+    echo "moses-none-r1 skipped: the TT fine-tune's steps are not known (its train state is not here)"
+  fi
+fi
+rm -f "$OUT"/pair.tar.part-*
+if exported moses-tt-r8 && exported moses-none-r1; then
+  tar -C "$EXPORT" -cf - moses-tt-r8 moses-none-r1 | split -b 15M - "$OUT/pair.tar.part-"  # <= 16 MiB each
+  SAMPLE_MINUTES=$(awk "BEGIN { m = ($(left) - 20) / 60; print (m > 0 ? m : 0) }")
+  echo "sampling for at most $SAMPLE_MINUTES minutes"
+  "$PY" training/evaluate_moses.py --checkpoints "$EXPORT/moses-tt-r8" "$EXPORT/moses-none-r1" \
+    --samples-dir "$SAMPLED" --sample-only --max-minutes "$SAMPLE_MINUTES" --device "$DEVICE" --adaptive-path fast \
+    "${EVAL[@]}"
+  echo "sampling exit $?"
+  tar -C "$SAMPLED" -czf "$OUT/samples.tgz" .
+elif exported moses-base; then
+  tar -C "$EXPORT" -cf - moses-base | split -b 15M - "$OUT/pair.tar.part-"
+fi
 "$PY" - "$RUNS" "$START" <<'PY'
 import json, sys, time
 from pathlib import Path
@@ -54,12 +93,13 @@ runs, start = Path(sys.argv[1]), float(sys.argv[2])
 train = 0.0
 for name in ("moses-base", "moses-tt-r8", "moses-none-r1"):
     state = runs / name / "train_state" / "state.json"
-    t = json.loads(state.read_text()).get("throughput", {}) if state.exists() else {}
+    meta = json.loads(state.read_text()) if state.exists() else {}
+    t = meta.get("throughput", {})
     train += t.get("train_seconds", 0.0)
-    print(f"{name}: {t.get('tokens_per_second', 0):,.0f} tokens/s, MFU {100 * t.get('mfu', 0):.1f}%, "
-          f"{t.get('train_seconds', 0):.0f} s in training steps")
-wall = time.time() - start  # the fine-tunes run side by side: their steps overlap in wall time
-print(f"lease: {train:.0f} s of training steps (the fine-tunes' summed) in {wall:.0f} s of wall time "
-      f"({100 * train / wall:.0f}%; data load, compile, validation and export are the rest)")
+    print(f"{name}: step {meta.get('step', 0)}, {t.get('tokens_per_second', 0):,.0f} tokens/s, "
+          f"MFU {100 * t.get('mfu', 0):.1f}%, {t.get('train_seconds', 0):.0f} s in training steps")
+wall = time.time() - start
+print(f"lease: {train:.0f} s of training steps in {wall:.0f} s of wall time ({100 * train / wall:.0f}%; data "
+      f"load, compile, validation, export and sampling are the rest)")
 PY
 ls -la "$OUT"

@@ -81,7 +81,7 @@ def sample_setting(model, tok, args, label: str, k: int, kw: dict, stem: Path | 
             texts = f.read().split("\n")
         if len(texts) != args.samples:
             raise SystemExit(f"{stem}.smi.gz holds {len(texts)} molecules, its .json says {args.samples}")
-        return dict(meta, texts=texts)
+        return dict(meta, texts=texts, kept=True)
     res = run_setting(model, tok, args.samples, k, args.batch, args.seed, args.memory_mb, deadline, **kw)
     if res is None:
         return None
@@ -132,7 +132,7 @@ def main():
                 return 3
             drawn[path, label] = got
             print(f"{path.name:>16} {label:>14}: {args.samples} samples, {got['avg_steps']:.1f} steps, "
-                  f"{got['seconds']:.1f} s", flush=True)
+                  f"{got['seconds']:.1f} s" + (" (kept from an earlier run)" if got.get("kept") else ""), flush=True)
     if args.sample_only:
         return 0
     out = Path(args.out)

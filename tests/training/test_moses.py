@@ -5,8 +5,10 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -70,8 +72,10 @@ def test_moses_table_recipe(tmp_path):
 
 
 def test_the_gpu_lease_moses_script_runs_at_smoke_size(tmp_path):
-    """training/device_moses.sh at its rehearsal size on CPU, with the MOSES files given as a directory (as the
-    device, which has no registry, gets them): base, TT r=8 and rank-1 fine-tunes, exported as family moses."""
+    """training/device_moses.sh at its rehearsal size on CPU, with the MOSES file given as a directory (as the
+    device, which has no registry, gets it): the base and the TT r=8 fine-tune sized to their minutes, the
+    rank-1 fine-tune at the TT's steps, exports as family moses, samples drawn until the time is spent; a
+    second call skips what is done, and a later lease carrying the pair's exports only samples."""
     from ttcore.data import moses_files
 
     lease = tmp_path / "moses"
@@ -80,15 +84,43 @@ def test_the_gpu_lease_moses_script_runs_at_smoke_size(tmp_path):
         (lease / path.name).symlink_to(path)
     env = dict(os.environ, SMOKE="1", OUT=str(tmp_path / "out"), PYTHON=sys.executable, RUNS=str(tmp_path / "runs"),
                TTCORE_MOSES_DIR=str(lease), OMP_NUM_THREADS="1")
-    done = subprocess.run(["bash", str(ROOT / "training" / "device_moses.sh")], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert "base exit 0" in done.stdout
-    for name in ("moses-tt-r8", "moses-none-r1"):
-        assert f"{name} exit 0" in done.stdout
+
+    def call(**more):
+        done = subprocess.run(["bash", str(ROOT / "training" / "device_moses.sh")], cwd=ROOT, env=dict(env, **more),
+                              capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+        return done.stdout
+
+    printed = call()
+    for name in ("base", "moses-tt-r8", "moses-none-r1"):
+        assert f"{name} exit 0" in printed
+    steps = {}
     for name in ("moses-base", "moses-tt-r8", "moses-none-r1"):
         extra = json.loads((tmp_path / "runs" / "export" / name / "config.json").read_text())["model"]["extra"]
         assert extra["family"] == "moses" and extra["metrics"] == "molecules"
-    assert sorted((tmp_path / "out").glob("moses.tar.part-*"))
-    assert re.search(r"^lease: \d+ s of training steps .* in \d+ s of wall time \(\d+%", done.stdout, re.M), \
-        done.stdout[-2000:]
+        steps[name] = json.loads((tmp_path / "runs" / name / "train_state" / "state.json").read_text())["step"]
+    assert steps["moses-base"] >= 11 and steps["moses-tt-r8"] >= 11  # sized by --fit-minutes past its probe
+    assert steps["moses-none-r1"] == steps["moses-tt-r8"]  # the equal budget
+    assert re.search(r"^fit 0.01 minutes: .* steps$", printed, re.M)
+    assert "sampling exit 0" in printed and sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "moses.log", "pair.tar.part-aa", "samples.tgz"]
+    with tarfile.open(tmp_path / "out" / "samples.tgz") as tar:
+        kept = sorted(m.name for m in tar.getmembers() if m.name.endswith(".json"))
+    assert kept == [f"./{c}/{s}.json" for c in ("moses-none-r1", "moses-tt-r8")
+                    for s in ("EB-gamma1-fast", "random-K2")]
+    assert re.search(r"^lease: \d+ s of training steps in \d+ s of wall time \(\d+%", printed, re.M), printed[-2000:]
+
+    again = call()  # the machine still warm: nothing is trained or drawn again
+    assert "exit 0" not in again.replace("sampling exit 0", "") and again.count("(kept from an earlier run)") == 4
+
+    # a later lease: the pair's exports and the samples carried back, nothing trained; too little time to sample
+    carry = tmp_path / "later"
+    shutil.copytree(ROOT, carry, ignore=shutil.ignore_patterns(".venv", ".git", "checkpoints", "runs", "results"))
+    shutil.copytree(tmp_path / "runs" / "export", carry / ".lease" / "moses-export",
+                    ignore=shutil.ignore_patterns("moses-base"))
+    later = subprocess.run(["bash", str(carry / "training" / "device_moses.sh")], cwd=carry,
+                           env=dict(env, RUNS=str(tmp_path / "runs2"), OUT=str(tmp_path / "out2"), LEASE_SECONDS="0"),
+                           capture_output=True, text=True, timeout=900)
+    assert later.returncode == 0, later.stdout[-3000:] + later.stderr[-2000:]
+    assert "base exit" not in later.stdout and "r1 exit" not in later.stdout and "r8 exit" not in later.stdout
+    assert "sampling for at most 0 minutes" in later.stdout and "0 of 4 settings drawn" in later.stdout
