@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# A GPU lease for MOSES at scale, in one call: the base (training/configs/moses_gpu.yaml, 12.6M parameters,
-# compiled, sized to BASE_MINUTES by --fit-minutes), its TT r = 8 fine-tune sized to FT_MINUTES, the rank-1
-# fine-tune at exactly the TT's steps (equal budget; moses_finetune: marginal-consistency term at weight 3),
-# bf16 exports, then MOSES's 30,000 samples per setting drawn on the device until the call's time is spent
-# (evaluate_moses.py --sample-only: K = 16, 8, 4, 32, 64, EB; the metrics need RDKit and run afterwards here).
+# A GPU lease for MOSES at scale (one call, and a second for the samples left): the base
+# (training/configs/moses_gpu.yaml, 12.6M parameters, compiled, sized to BASE_MINUTES by --fit-minutes), its
+# TT r = 8 fine-tune sized to FT_MINUTES, the rank-1 fine-tune at exactly the TT's steps (equal budget;
+# moses_finetune: marginal-consistency term at weight 3), bf16 exports, then MOSES's 30,000 samples per setting
+# drawn on the device until the call's time is spent (evaluate_moses.py --sample-only: K = 16, 8, 4, 32, 64,
+# EB; the metrics need RDKit and run afterwards here).
 #   bash training/device_moses.sh                 (device: OUT set by the tool; timeout_s 590)
+#   LEASE_SECONDS=200 bash training/device_moses.sh   (a second call on the warm machine: the samples left; 230)
 #   SMOKE=1 OUT=/tmp/moses PYTHON=.venv/bin/python bash training/device_moses.sh   (rehearsal, CPU)
 # Prepared: .lease/moses/train.csv.gz (molsets' file; the device has no registry; the base tokenizes it once
 # into TTCORE_CACHE and the fine-tunes load that); checkpoints/ moved out of the tree for the call.
@@ -19,7 +21,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 START=$(date +%s)
-LEASE_SECONDS=${LEASE_SECONDS:-570} BASE_MINUTES=${BASE_MINUTES:-3.5} FT_MINUTES=${FT_MINUTES:-1}
+LEASE_SECONDS=${LEASE_SECONDS:-570} BASE_MINUTES=${BASE_MINUTES:-3} FT_MINUTES=${FT_MINUTES:-1}
 SAMPLES=${SAMPLES:-30000} SIZE=${SIZE:-} DEVICE=${DEVICE:-cuda}
 LOG=moses.log RUNS=${RUNS:-runs/moses-lease}
 . training/_lease.sh
