@@ -2,7 +2,10 @@
 selfies``), SAFE (``safe``) and SMILES with randomized-SMILES augmentation (``data.augment``), each a rank-1 MDM
 pretrained with the same recipe and steps, then sampled at K steps (random order) and measured: validity,
 uniqueness, novelty, GenMol's quality (valid, unique, QED >= 0.6, SA <= 4; all as % of samples but uniqueness
-and novelty, which are % of the valid), and the sequence length in tokens.
+and novelty, which are % of the valid), FCD to the held-out split, and the sequence length in tokens.
+FCD is computed on ``--fcd-valid`` valid samples for every cell (more batches are drawn, other seeds, until that
+many are valid, at most 20x ``--samples``): FCD falls with the number of molecules it is computed on, so rows
+whose validity differs compare only at an equal count (the cell says how many it used).
 
     python benchmarks/representations.py --out runs/representations               # QM9, about 20 minutes on 2 cores
     python benchmarks/representations.py --smoke --out DIR                         # the tests: seconds
@@ -31,12 +34,15 @@ def main():
     ap.add_argument("--out", default="runs/representations")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--only", nargs="*", help="only these representations (names as in the table)")
+    ap.add_argument("--fcd-valid", type=int, default=1000, help="the valid samples FCD is computed on")
     args = ap.parse_args()
     if args.smoke:
-        args.data, args.steps, args.hidden, args.samples, args.k = (
-            str(ROOT / "tests" / "data" / "qm9_sample.txt"), 2, 32, 16, [4])
+        args.data, args.steps, args.hidden, args.samples, args.k, args.fcd_valid = (
+            str(ROOT / "tests" / "data" / "qm9_sample.txt"), 2, 32, 16, [4], 4)
     from ttcore.data import load_dataset
+    from ttcore.data.qm9 import default_cache_dir
     from ttcore.metrics import molecule_metrics
+    from ttcore.metrics.distribution import Reference
     from ttcore.models import load_for_inference
     from ttcore.recipes import load_config
     from ttcore.sampling import generate
@@ -44,8 +50,13 @@ def main():
     out = Path(args.out)
     print(f"{args.data}: rank-1 MDMs, width {args.hidden}, {args.steps} steps each, {args.samples} samples per "
           "cell, random order, seed 0")
-    print("| representation | tokens (l) | K | valid % | unique % | novel % | quality % |")
-    print("|---|---|---|---|---|---|---|")
+    base = ["data.source=" + args.data]
+    held_out = next(iter(load_dataset(load_config(ROOT / "training" / "configs" / "tiny.yaml", base).data)
+                         .references.values()))  # SMILES, whatever a run's representation
+    reference = Reference.cached(held_out, default_cache_dir() / "references")
+    print(f"FCD against the {len(reference.smiles)} held-out molecules, on {args.fcd_valid} valid samples per cell")
+    print("| representation | tokens (l) | K | valid % | unique % | novel % | quality % | FCD (valid used) |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, overrides in VARIANTS.items():
         if args.only and name not in args.only:
             continue
@@ -61,11 +72,19 @@ def main():
         model, tok, _ = load_for_inference(run, "cpu", "bf16")
         training = set(load_dataset(load_config(ROOT / "training" / "configs" / "tiny.yaml", settings).data).train)
         for k in args.k:
-            with model.compute_context():
-                *_, last = generate(model, args.samples, k, seed=0)
-            m = molecule_metrics([tok.decode(r) for r in last.tokens.tolist()], training)
+            draws = []
+            for seed in range(20):  # the first batch is the table's; the rest only until FCD has its molecules
+                with model.compute_context():
+                    *_, last = generate(model, args.samples, k, seed=seed)
+                draws.append([tok.decode(r) for r in last.tokens.tolist()])
+                valid = [c for batch in draws for c in Reference.canonical_valid(batch)][: args.fcd_valid]
+                if len(valid) >= args.fcd_valid:
+                    break
+            m = molecule_metrics(draws[0], training)
+            fcd = reference.compare(valid)["fcd"]
             print(f"| {name} | {tok.length} | {k} | {100 * m['validity']:.1f} | {100 * m['uniqueness']:.1f} | "
-                  f"{100 * m['novelty']:.1f} | {100 * m['quality']:.1f} |", flush=True)
+                  f"{100 * m['novelty']:.1f} | {100 * m['quality']:.1f} | "
+                  f"{'-' if fcd is None else f'{fcd:.2f}'} ({len(valid)}) |", flush=True)
 
 
 if __name__ == "__main__":

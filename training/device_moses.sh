@@ -27,6 +27,7 @@ LOG=moses.log RUNS=${RUNS:-runs/moses-lease}
 . training/_lease.sh
 EXPORT=$RUNS/export SAMPLED=$RUNS/samples
 mkdir -p "$EXPORT" "$SAMPLED"
+RAN=()
 [ -d .lease/moses-export ] && cp -rn .lease/moses-export/. "$EXPORT/"
 [ -d .lease/moses-samples ] && cp -rn .lease/moses-samples/. "$SAMPLED/"
 BASE_SET=(ckpt_minutes=2) FT_SET=(batch_size=1024 ckpt_minutes=2 val_every=2000 val_batches=4)
@@ -52,6 +53,7 @@ if ! exported moses-base && ! { exported moses-tt-r8 && exported moses-none-r1; 
   "$PY" training/pretrain.py --config moses_gpu --out "$RUNS/moses-base" "${BASE_BUDGET[@]}" \
     --max-minutes "$(plus "$BASE_MINUTES" 2)" --resume --quiet --set "${BASE_SET[@]}" "${SMALL[@]}"
   echo "base exit $?"
+  RAN+=(moses-base)
   export_run moses-base
 fi
 BASE=$RUNS/moses-base
@@ -61,6 +63,7 @@ finetune() {  # name decomposition rank; the budget in BUDGET (flags) and EXTRA 
     --head 1layer --out "$RUNS/$1" "${BUDGET[@]}" --max-minutes "$(plus "$FT_MINUTES" 1.5)" --resume --quiet \
     --set "${FT_SET[@]}" "${EXTRA[@]}" "${SMALL[@]}"
   echo "$1 exit $?"
+  RAN+=("$1")
   export_run "$1"
 }
 BUDGET=("${FT_BUDGET[@]}") EXTRA=()
@@ -75,6 +78,7 @@ if ! exported moses-none-r1; then  # the TT's steps and schedule: the two fine-t
     echo "moses-none-r1 skipped: the TT fine-tune's steps are not known (its train state is not here)"
   fi
 fi
+TRAINED=$(date +%s)  # the training phase ends here (data, compile, validation and export included)
 rm -f "$OUT"/pair.tar.part-*
 if exported moses-tt-r8 && exported moses-none-r1; then
   tar -C "$EXPORT" -cf - moses-tt-r8 moses-none-r1 | split -b 15M - "$OUT/pair.tar.part-"  # <= 16 MiB each
@@ -88,20 +92,22 @@ if exported moses-tt-r8 && exported moses-none-r1; then
 elif exported moses-base; then
   tar -C "$EXPORT" -cf - moses-base | split -b 15M - "$OUT/pair.tar.part-"
 fi
-"$PY" - "$RUNS" "$START" <<'PY'
+"$PY" - "$RUNS" "$START" "$TRAINED" "${RAN[@]}" <<'PY'
 import json, sys, time
 from pathlib import Path
-runs, start = Path(sys.argv[1]), float(sys.argv[2])
+runs, start, trained, ran = Path(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), sys.argv[4:]
 train = 0.0
-for name in ("moses-base", "moses-tt-r8", "moses-none-r1"):
+for name in ran:  # the runs this call trained (a stage skipped or carried in trained elsewhere)
     state = runs / name / "train_state" / "state.json"
     meta = json.loads(state.read_text()) if state.exists() else {}
     t = meta.get("throughput", {})
     train += t.get("train_seconds", 0.0)
     print(f"{name}: step {meta.get('step', 0)}, {t.get('tokens_per_second', 0):,.0f} tokens/s, "
           f"MFU {100 * t.get('mfu', 0):.1f}%, {t.get('train_seconds', 0):.0f} s in training steps")
-wall = time.time() - start
-print(f"lease: {train:.0f} s of training steps in {wall:.0f} s of wall time ({100 * train / wall:.0f}%; data "
-      f"load, compile, validation, export and sampling are the rest)")
+phase, wall = max(trained - start, 1), time.time() - start
+print(f"training phase: {train:.0f} s of training steps in {phase:.0f} s ({100 * train / phase:.0f}%; data load, "
+      f"compile, validation and export are the rest)")
+print(f"lease: {train:.0f} s of training steps in {wall:.0f} s of wall time ({100 * train / wall:.0f}%; "
+      f"sampling {wall - phase:.0f} s)")
 PY
 ls -la "$OUT"

@@ -115,6 +115,17 @@ def test_train_throughput_smoke():
     assert re.search(r"^\s+smoke\s+[\d.]+M\s+8\s+off \|\s+[\d,]+\s+[\d.]+%$", out, re.M), out
 
 
+def test_recipe_speed_smoke():
+    import importlib.util
+
+    if importlib.util.find_spec("moses") is None:
+        pytest.skip("needs molsets (pip install --no-deps molsets==0.3.1)")
+    out = _bench(ROOT / "benchmarks" / "recipe_speed.py", "--baseline-tree", ROOT, "--smoke", "--threads", 1)
+    rows = re.findall(r"^\s*smoke\s+0 \|\s+(this tree|baseline)\s+[\d.]+\s+[\d,]+$", out, re.M)
+    assert sorted(rows) == ["baseline", "this tree"], out
+    assert re.search(r"^smoke: this tree's seconds per step / the baseline's = [\d.]+x", out, re.M), out
+
+
 def test_the_throughput_lease_script_runs_at_smoke_size(tmp_path):
     import os
 
@@ -138,8 +149,13 @@ def test_representations_smoke(tmp_path):
     pytest.importorskip("selfies")
     pytest.importorskip("safe")
     out = _bench(ROOT / "benchmarks" / "representations.py", "--smoke", "--out", str(tmp_path), timeout=600)
-    rows = re.findall(r"^\| (SMILES|SELFIES|SAFE|SMILES \+ 4 randomized) \| \d+ \| 4 \|( [\d.]+ \|){4}$", out, re.M)
+    rows = re.findall(r"^\| (SMILES|SELFIES|SAFE|SMILES \+ 4 randomized) \| \d+ \| 4 \|( [\d.]+ \|){4} "
+                      r"(-|[\d.]+) \((\d+)\) \|$", out, re.M)
     assert [r[0] for r in rows] == ["SMILES", "SELFIES", "SAFE", "SMILES + 4 randomized"], out
+    for _, _, fcd, used in rows:  # FCD on at most --fcd-valid (4 at smoke size) valid molecules, none below 2
+        assert int(used) <= 4 and (fcd == "-") == (int(used) < 2), out
+    selfies = next(r for r in rows if r[0] == "SELFIES")
+    assert selfies[3] == "4" and float(selfies[2]) > 0, out  # every SELFIES string decodes: always enough
 
 
 def test_the_serving_lease_script_runs_at_smoke_size(tmp_path):

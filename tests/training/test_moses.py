@@ -109,6 +109,7 @@ def test_the_gpu_lease_moses_script_runs_at_smoke_size(tmp_path):
     assert kept == [f"./{c}/{s}.json" for c in ("moses-none-r1", "moses-tt-r8")
                     for s in ("EB-gamma1-fast", "random-K2")]
     assert re.search(r"^lease: \d+ s of training steps in \d+ s of wall time \(\d+%", printed, re.M), printed[-2000:]
+    assert re.search(r"^training phase: \d+ s of training steps in \d+ s \(\d+%", printed, re.M), printed[-2000:]
 
     again = call()  # the machine still warm: nothing is trained or drawn again
     assert "exit 0" not in again.replace("sampling exit 0", "") and again.count("(kept from an earlier run)") == 4
