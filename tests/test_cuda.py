@@ -64,3 +64,16 @@ def test_cuda_graph_replays_give_the_eager_padded_tokens():
         if capture:
             assert forward.calls["eager"] == 0 and forward.calls["graph"] > 0 and forward.graphs
     assert all(torch.equal(a, b) for a, b in zip(out[False], out[True]))
+
+
+def test_batch_order_on_the_device_is_the_cpu_order():
+    """The training split on a GPU is indexed by a permutation kept there (one copy per epoch): the same
+    batches, in the same order, as on the CPU, across an epoch boundary and from a resumed position."""
+    from ttcore.recipes import BatchOrder
+
+    cpu, gpu = BatchOrder(10, 4, 3), BatchOrder(10, 4, 3, device="cuda")
+    for _ in range(6):
+        a, b = cpu.next(), gpu.next()
+        assert b.device.type == "cuda" and torch.equal(a, b.cpu())
+    resumed = BatchOrder(10, 4, 3, cpu.epoch, cpu.index, device="cuda")
+    assert torch.equal(resumed.next().cpu(), cpu.next())

@@ -123,7 +123,7 @@ class _Run:
             train_tokens = train_tokens.to(device)
         self.train_tokens = train_tokens
         self.gen = torch.Generator(device).manual_seed(cfg.seed + RESEED_STRIDE * workers.rank)  # per process
-        self.order = BatchOrder(len(train_tokens), cfg.batch_size, cfg.seed)
+        self.order = BatchOrder(len(train_tokens), cfg.batch_size, cfg.seed, device=train_tokens.device)
         self.meta = {"step": 0, "wall_seconds": 0.0, "commands": [], "val": {}, "device": str(device)}
         # EMA: the checkpoint's model weights are the average (what validation, export and serving see); the
         # optimizer's own weights travel in the train state as raw.<name>
@@ -153,7 +153,8 @@ class _Run:
             meta.setdefault("reseeded", []).append({"step": meta["step"], "processes": workers.world})
         torch.set_rng_state(tensors["rng.torch"])
         meta["device"] = str(self.device)
-        self.order = BatchOrder(len(self.train_tokens), cfg.batch_size, cfg.seed, meta["epoch"], meta["index"])
+        self.order = BatchOrder(len(self.train_tokens), cfg.batch_size, cfg.seed, meta["epoch"], meta["index"],
+                                device=self.train_tokens.device)
         self.start_wall = meta["wall_seconds"]
         if self.ema is not None:
             self.ema.updates = meta.get("ema_updates", 0)

@@ -16,15 +16,19 @@ def lr_at(step: int, lr: float, warmup_steps: int, total_steps: int, min_lr_rati
 
 
 class BatchOrder:
-    """Epoch-wise seeded permutations; the position (epoch, index) is all a resume needs."""
+    """Epoch-wise seeded permutations; the position (epoch, index) is all a resume needs. Drawn on the CPU (the
+    same order on every device); on ``device`` once per epoch, so a step's indices are a slice already there
+    (no host-to-device copy per step when the split lives on a GPU)."""
 
-    def __init__(self, n: int, batch_size: int, seed: int, epoch: int = 0, index: int = 0):
+    def __init__(self, n: int, batch_size: int, seed: int, epoch: int = 0, index: int = 0,
+                 device: torch.device | str = "cpu"):
         self.n, self.batch_size, self.seed, self.epoch, self.index = n, batch_size, seed, epoch, index
+        self.device = torch.device(device)
         self._perm = self._permutation()
 
     def _permutation(self):
         seed = self.seed * SPLIT_SEED_STRIDE + self.epoch
-        return torch.randperm(self.n, generator=torch.Generator().manual_seed(seed))
+        return torch.randperm(self.n, generator=torch.Generator().manual_seed(seed)).to(self.device)
 
     def next(self) -> torch.Tensor:
         if self.index + self.batch_size > self.n:
