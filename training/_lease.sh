@@ -6,7 +6,7 @@ OUT=${OUT:?set OUT}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/$LOG") 2>&1
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TTCORE_CACHE=${TTCORE_CACHE:-/tmp/ttcore-cache}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TTCORE_CACHE=${TTCORE_CACHE:-/tmp/ttcore-cache}
 mkdir -p "$TTCORE_CACHE"
 for f in .lease/cache/qm9-*.gz; do [ -e "$f" ] && gunzip -c "$f" > "$TTCORE_CACHE/$(basename "$f" .gz)"; done
 # tokenized splits (ttcore/data/cache.py: MOSES's is 38 MB and loads in seconds instead of tokenizing again)

@@ -30,9 +30,9 @@ from _report import checkpoint_dirs, run_setting, this_command, write_rows
 
 from ttcore.data import moses_files, read_sequences
 from ttcore.data.qm9 import default_cache_dir
-from ttcore.metrics.distribution import Reference
-from ttcore.metrics.moses import COLUMNS, HEADERS, PUBLISHED, PUBLISHED_SOURCE, moses_row
 from ttcore.models import load_for_inference
+
+# the metrics (RDKit, ChemNet) are imported where they are measured: --sample-only runs where RDKit is not
 
 
 def settings(steps: list[int], gammas: list[float], eb_max_steps: int,
@@ -52,6 +52,7 @@ def _cell(value, digits: int = 4) -> str:
 
 def table(rows: list[dict], caption: str) -> str:
     """Markdown: the published rows, then ours."""
+    from ttcore.metrics.moses import COLUMNS, HEADERS, PUBLISHED
     head = ["model", "sampler", "steps"] + HEADERS
     lines = [f"| {' | '.join(head)} |", "|" + "---|" * len(head)]
     for name, values in PUBLISHED.items():
@@ -135,6 +136,9 @@ def main():
                   f"{got['seconds']:.1f} s" + (" (kept from an earlier run)" if got.get("kept") else ""), flush=True)
     if args.sample_only:
         return 0
+    from ttcore.metrics.distribution import Reference
+    from ttcore.metrics.moses import COLUMNS, HEADERS, PUBLISHED_SOURCE, moses_row
+
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     files = moses_files()

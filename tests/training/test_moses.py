@@ -82,8 +82,11 @@ def test_the_gpu_lease_moses_script_runs_at_smoke_size(tmp_path):
     lease.mkdir()
     for name, path in moses_files().items():
         (lease / path.name).symlink_to(path)
+    absent = tmp_path / "absent" / "rdkit"  # as on the device: no RDKit (an import of it fails)
+    absent.mkdir(parents=True)
+    (absent / "__init__.py").write_text("raise ImportError('RDKit is not installed on the device')\n")
     env = dict(os.environ, SMOKE="1", OUT=str(tmp_path / "out"), PYTHON=sys.executable, RUNS=str(tmp_path / "runs"),
-               TTCORE_MOSES_DIR=str(lease), OMP_NUM_THREADS="1")
+               TTCORE_MOSES_DIR=str(lease), OMP_NUM_THREADS="1", PYTHONPATH=str(absent.parent))
 
     def call(**more):
         done = subprocess.run(["bash", str(ROOT / "training" / "device_moses.sh")], cwd=ROOT, env=dict(env, **more),
