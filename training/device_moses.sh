@@ -8,8 +8,10 @@
 #   bash training/device_moses.sh                 (device: OUT set by the tool; timeout_s 590)
 #   LEASE_SECONDS=200 bash training/device_moses.sh   (a second call on the warm machine: the samples left; 230)
 #   SMOKE=1 OUT=/tmp/moses PYTHON=.venv/bin/python bash training/device_moses.sh   (rehearsal, CPU)
-# Prepared: .lease/moses/train.csv.gz (molsets' file; the device has no registry; the base tokenizes it once
-# into TTCORE_CACHE and the fine-tunes load that); checkpoints/ moved out of the tree for the call.
+# Prepared: .lease/moses/{train,test,test_scaffolds}.csv.gz (molsets' files; the device has no registry) and
+# .lease/cache/split-* (the tokenized split built here, 38 MB; without it the base tokenizes MOSES into
+# TTCORE_CACHE first and the fine-tunes load that); checkpoints/ moved out of the tree for the call
+# (docs/results-moses.md has the commands).
 # Comes back under $OUT: moses.log, pair.tar.part-* (the pair's exports: 49 MiB; the base's alone if the
 # fine-tunes did not finish) and samples.tgz (the molecules and how each setting was drawn).
 # Resumable: each stage is skipped when its export exists, and sampling skips the settings already drawn.
