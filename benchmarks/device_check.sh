@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The serving lease (one call, under 5 minutes of device time; the project never needs a GPU):
 #   1. the CUDA exactness tests (tests/test_cuda.py: CUDA graph replays give the eager tokens, ...),
-#   2. ops and kernel launches per engine step at 1 / 8 / 32 / 64 requests (benchmarks/step_profile.py),
-#   3. the service under load, bf16, 1 / 8 / 32 / 64 clients, CUDA graphs on and off, with the forward-only
-#      bound of the same device in the same call (benchmarks/service_load.py),
+#   2. ops and kernel launches per engine step at 1 / 8 / 32 / 64 requests (benchmarks/step_profile.py), and
+#      at 1 / 32 with the random streams eager (without torch.compile),
+#   3. the service under load, bf16, 1 / 8 / 32 / 64 clients, CUDA graphs and compiled streams on and off,
+#      with the forward-only bound of the same device in the same call (benchmarks/service_load.py),
 #   4. the text model's EB and random-order requests at 32 clients (tokens/s committed).
 # The device has no fastapi / pydantic / uvicorn: carry them as wheels in .whl/ (training/device_suite.sh's
 # header says how) and carry only checkpoints/qm9-tt-r16 and checkpoints/text-tt-r4.
@@ -27,14 +28,19 @@ fi
 say "step profile: ops per step"
 timeout 120 "$PY" benchmarks/step_profile.py --device "$DEVICE" --precision "$PRECISION" --clients "${CLIENTS[@]}" \
   --rounds "$ROUNDS" --top 12 || status=$?
+if [ "$DEVICE" != cpu ]; then
+  say "step profile: ops per step, the streams eager (no torch.compile)"
+  timeout 60 "$PY" benchmarks/step_profile.py --device "$DEVICE" --precision "$PRECISION" --clients 1 32 \
+    --rounds 1 --top 0 --no-compile-streams || status=$?
+fi
 
 say "service load, QM9 (CUDA graphs where the device has them)"
 timeout 150 "$PY" benchmarks/service_load.py --device "$DEVICE" --precision "$PRECISION" --clients "${CLIENTS[@]}" \
   --requests-per-client "$PER_CLIENT" || status=$?
 if [ "$DEVICE" != cpu ]; then
-  say "service load, QM9, eager (no CUDA graphs)"
+  say "service load, QM9, eager (no CUDA graphs, no compiled streams)"
   timeout 90 "$PY" benchmarks/service_load.py --device "$DEVICE" --precision "$PRECISION" --clients 32 64 \
-    --requests-per-client "$PER_CLIENT" --server-args=--no-cuda-graphs || status=$?
+    --requests-per-client "$PER_CLIENT" "--server-args=--no-cuda-graphs --no-compile-streams" || status=$?
 fi
 
 for request in '{"sampler": "eb", "eb_gamma": 0.5, "steps": 16, "num_samples": 1}' \

@@ -91,6 +91,8 @@ def main():
     ap.add_argument("--top", type=int, default=15, help="operators listed from the profile")
     ap.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=None,
                     help="the forward as the engine runs it: padded and CUDA-graph replayed (default: on CUDA)")
+    ap.add_argument("--compile-streams", action=argparse.BooleanOptionalAction, default=None,
+                    help="the random streams drawn through torch.compile, as the engine does (default: on CUDA)")
     ap.add_argument("--baseline-tree", default=None, help="another checkout whose ops per step are counted too")
     args = ap.parse_args()
     device = torch.device(args.device)
@@ -100,6 +102,12 @@ def main():
         from ttcore.sampling.graphs import ForwardGraphs
 
         forward = ForwardGraphs(model)
+    compiled = args.compile_streams if args.compile_streams is not None else device.type == "cuda"
+    if compiled:
+        from ttcore.distributions.streams import compile_streams, warm_streams
+
+        compile_streams(device.type)
+        warm_streams(device)
     base, prof = None, None
     for clients in args.clients:
         one_round(model, requests(model, clients, device, seed=0), device, forward)  # warm-up (and captures)
@@ -111,7 +119,8 @@ def main():
         steps = total.pop("steps")
         whole = sum(total.values())
         print(f"{Path(args.checkpoint).name}, {clients} requests x 2 molecules x 8 steps, {args.precision}, "
-              f"{device}{', CUDA graphs' if forward is not None and forward.capture else ''}; per batched "
+              f"{device}{', CUDA graphs' if forward is not None and forward.capture else ''}"
+              f"{', compiled streams' if compiled else ''}; per batched "
               f"step ({steps:.0f} steps):")
         for k, v in total.items():
             print(f"  {k:>16}: {v / steps * 1e3:7.2f} ms  ({v / whole:.0%})")

@@ -23,6 +23,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from ttcore.distributions.streams import warm_streams
 from ttcore.sampling import GenerationRun, SamplerConfig, cost
 from ttcore.sampling.steps import WorkKind
 
@@ -174,6 +175,7 @@ def _affine(model, steps: int, repeats: int, **settings) -> tuple[float, float]:
 def calibrate_kinds(model, kinds) -> dict[WorkKind, tuple[float, float]]:
     """(overhead, per row) of each kind in ``kinds`` (chain_rule: (0, its per-sequence estimate)), timed after
     a warm-up step; a chain-rule estimate needs the predetermined step's timing and takes it too."""
+    warm_streams(next(model.parameters()).device)  # compiled streams (on CUDA) compile here, not in a timing
     _best(model, 1, 4, 1)  # warm-up: allocator, kernels
     out = {}
     if WorkKind.predetermined_step in kinds or WorkKind.chain_rule in kinds:

@@ -50,6 +50,9 @@ class ServiceArgs(BaseModel):
                                                         "malloc_trim; CUDA's cache)")
     cuda_graphs: bool = Field(True, description="on CUDA: pad each step's backbone call to a batch-size bucket and "
                                                 "replay it from a CUDA graph captured per bucket (off: eager)")
+    compile_streams: bool = Field(True, description="on CUDA: the counter-based random streams drawn through "
+                                                    "torch.compile (one fused kernel a draw instead of ~100 small "
+                                                    "ones; the same bits), compiled when a model is first timed")
     max_stream_mb: float = Field(16.0, gt=0, description="a streamed /generate answer is estimated before it is "
                                                          "admitted (every step event holds every sequence) and "
                                                          "refused with a 422 above this many MB")

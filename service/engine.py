@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ttcore.distributions import compile_streams
 from ttcore.sampling import GenerationRun, batch_step
 from ttcore.sampling.graphs import ForwardGraphs
 
@@ -273,6 +274,7 @@ class Engine:
         self.max_batch_samples, self.max_requests = args.max_batch_samples, args.max_requests
         self.stall_s, self.reader_timeout_s = args.stall_s, args.reader_timeout_s
         self.release_idle_memory, self.cuda_graphs = args.release_idle_memory, args.cuda_graphs
+        compile_streams("cuda", enabled=args.compile_streams)  # only CUDA tensors draw through it
         self.metrics = metrics or Metrics()
         self._batchers: dict[str, _Batcher] = {}
         self._jobs: dict[str, Job] = {}

@@ -77,3 +77,18 @@ def test_batch_order_on_the_device_is_the_cpu_order():
         assert b.device.type == "cuda" and torch.equal(a, b.cpu())
     resumed = BatchOrder(10, 4, 3, cpu.epoch, cpu.index, device="cuda")
     assert torch.equal(resumed.next().cpu(), cpu.next())
+
+
+def test_compiled_streams_on_cuda_give_the_eager_bits():
+    """The service draws its streams through torch.compile on CUDA (compile_streams): the same bits as the
+    eager int64 ops, for one sequence and many, one lane and many."""
+    from ttcore.distributions import Site, Streams, compile_streams
+
+    cases = [Streams.of_request(s, rows, step=3, device="cuda") for s, rows in ((1, 1), (2**62, 7))]
+    eager = [c.uniform(Site.draw, w) for c in cases for w in (1, 54)]
+    try:
+        compile_streams("cuda")
+        compiled = [c.uniform(Site.draw, w) for c in cases for w in (1, 54)]
+    finally:
+        compile_streams("cuda", enabled=False)
+    assert all(torch.equal(a, b) for a, b in zip(eager, compiled))

@@ -84,3 +84,28 @@ def test_uniforms_take_a_generator_or_streams_and_check_the_rows():
         uniforms(Streams.of_request(0, 2), 3, 4, "cpu", Site.draw)
     assert math.isclose(float(Streams.of_request(0, 1).uniform(Site.draw, 1)), float(
         Streams.of_request(0, 1).uniform(Site.draw, 1)))
+
+
+def test_compiled_streams_give_the_eager_bits_and_fall_back_to_eager_when_compiling_fails():
+    """compile_streams (one fused kernel per draw; on CUDA in the service) changes no bit: checked here with the
+    CPU compiler over batch sizes the dynamic shapes must cover. A backend that fails leaves the eager ops."""
+    from ttcore.distributions import compile_streams
+
+    cases = [Streams.of_request(3, 1, step=2), Streams.of_request(2**63 - 1, 5, step=0),
+             Streams(torch.tensor([5, 77, 9]), torch.tensor([0, 2, 1]), torch.tensor([4, 0, 9]))]
+    eager = [(s.uniform(Site.draw, w), w) for s in cases for w in (1, 54)]
+    try:
+        compile_streams("cpu")
+        compiled = [s.uniform(Site.draw, w) for s in cases for w in (1, 54)]
+        assert all(torch.equal(a, b) for (a, _), b in zip(eager, compiled))
+
+        def broken(gm, example_inputs):
+            raise RuntimeError("no compiler here")
+
+        compile_streams("cpu", backend=broken)
+        with pytest.warns(RuntimeWarning, match="eager ops from now on"):
+            again = cases[2].uniform(Site.draw, 54)
+        assert torch.equal(again, eager[5][0])
+        assert torch.equal(cases[2].uniform(Site.draw, 54), again)  # eager now, and no second warning needed
+    finally:
+        compile_streams("cpu", enabled=False)

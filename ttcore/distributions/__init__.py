@@ -7,7 +7,7 @@ from .base import JointDistribution
 from .categorical import entry_rows, is_one, sample_categorical, softmax64, tempered
 from .cp import CP, cp_log_prob, cp_marginals, cp_posterior
 from .factorized import Factorized
-from .streams import Site, Streams, normal_from_uniform, uniforms
+from .streams import Site, Streams, compile_streams, normal_from_uniform, uniforms
 from .tensor_train import (
                            TensorTrain,
                            chosen_index,
@@ -24,7 +24,8 @@ from .tensor_train import (
                            tt_state_marginals,
 )
 
-__all__ = ["CP", "Factorized", "JointDistribution", "TensorTrain", "Site", "Streams", "sample_categorical", "softmax64",
+__all__ = ["CP", "Factorized", "JointDistribution", "TensorTrain", "Site", "Streams", "compile_streams",
+           "sample_categorical", "softmax64",
            "tempered", "is_one", "entry_rows", "cp_log_prob", "cp_marginals", "cp_posterior", "chosen_index",
            "tt_chain_log_value", "tt_contract", "tt_contracted_from_logits", "tt_cores_from_logits", "tt_gap_products",
            "tt_log_prob", "tt_marginals", "tt_prefix_products", "tt_sample_path", "tt_select", "tt_state_marginals",

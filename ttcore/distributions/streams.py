@@ -9,9 +9,13 @@ same, on any device and inside a captured graph. Its counter is (lane, site, ste
 two 32-bit halves. Two of its four output words make one float64 uniform in [0, 1) with 53 random bits.
 
 Library code that takes a ``torch.Generator`` also takes ``Streams`` (``uniforms``), so the samplers and the
-distributions draw from either.
+distributions draw from either. ``compile_streams("cuda")`` draws through ``torch.compile`` on that device type:
+the ~100 small int64 ops of a call become one fused kernel (on a GPU, ~100 kernel launches fewer per draw), the
+same bits.
 """
 
+import warnings
+from collections.abc import Callable
 from enum import IntEnum
 
 import torch
@@ -86,12 +90,50 @@ class Streams:
 
     def uniform(self, site: int, width: int) -> torch.Tensor:
         """[b, width] float64 uniforms in [0, 1): lane i of each sequence at ``site``."""
-        lanes = torch.arange(width, dtype=torch.int64, device=self.device)[None, :]
-        col = lambda t: (t & MASK32)[:, None]  # noqa: E731
-        counter = (lanes, torch.full_like(lanes, int(site)), col(self.step), col(self.row))
-        key = (col(self.seed), col(self.seed >> 32))
-        w0, w1, _, _ = philox4x32(counter, key)
-        return to_unit(w0, w1)
+        compiled = _COMPILED.get(self.device.type)
+        if compiled is not None:
+            try:
+                return compiled(self.seed, self.row, self.step, int(site), width)
+            except Exception as e:  # noqa: BLE001 (no compiler, an op it cannot lower): the eager ops serve
+                _COMPILED.pop(self.device.type, None)
+                warnings.warn(f"compiled streams on {self.device.type} failed ({type(e).__name__}: {e}); drawing "
+                              "with eager ops from now on (the same bits)", RuntimeWarning, stacklevel=2)
+        return stream_uniforms(self.seed, self.row, self.step, int(site), width)
+
+
+def stream_uniforms(seed: torch.Tensor, row: torch.Tensor, step: torch.Tensor, site: int,
+                    width: int) -> torch.Tensor:
+    """``Streams.uniform`` as a pure function of its tensors: [b, width] float64 uniforms, lane i of each
+    sequence (seed, row, step) at ``site``."""
+    lanes = torch.arange(width, dtype=torch.int64, device=seed.device)[None, :]
+    col = lambda t: (t & MASK32)[:, None]  # noqa: E731
+    counter = (lanes, torch.full_like(lanes, site), col(step), col(row))
+    w0, w1, _, _ = philox4x32(counter, (col(seed), col(seed >> 32)))
+    return to_unit(w0, w1)
+
+
+_COMPILED: dict[str, Callable] = {}  # device type -> stream_uniforms through torch.compile (compile_streams)
+
+
+def compile_streams(device_type: str = "cuda", enabled: bool = True, backend: str | Callable = "inductor") -> None:
+    """Draw the streams of tensors on ``device_type`` through ``torch.compile`` (``enabled=False``: eager again).
+    Compiled lazily, on the first draws (seconds; sizes vary, so dynamic shapes); the bits are the eager ops'
+    (tested). If compiling fails, the eager ops serve from then on and a warning says so once."""
+    if enabled:
+        _COMPILED[device_type] = torch.compile(stream_uniforms, dynamic=True, fullgraph=True, backend=backend)
+    else:
+        _COMPILED.pop(device_type, None)
+
+
+def warm_streams(device) -> None:
+    """Compile now what ``compile_streams`` would compile on first use on ``device`` (one graph per size-1
+    specialization: one sequence or many, one lane or many), so that no timed or served step pays it; nothing
+    when the device type draws eagerly."""
+    device = torch.device(device)
+    if device.type in _COMPILED:
+        for rows in (1, 3):
+            for width in (1, 5):
+                Streams.of_request(0, rows, device=device).uniform(Site.draw, width)
 
 
 def uniforms(generator, b: int, width: int, device, site: int) -> torch.Tensor:
