@@ -24,7 +24,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 START=$(date +%s)
 LEASE_SECONDS=${LEASE_SECONDS:-570} BASE_MINUTES=${BASE_MINUTES:-3} FT_MINUTES=${FT_MINUTES:-1}
-SAMPLES=${SAMPLES:-30000} SIZE=${SIZE:-} DEVICE=${DEVICE:-cuda}
+SAMPLES=${SAMPLES:-30000} DEVICE=${DEVICE:-cuda}
+SIZE=${SIZE:-}  # a model.size preset instead of moses_gpu's width: s fits; m and up cannot come back (64 MiB)
 LOG=moses.log RUNS=${RUNS:-runs/moses-lease}
 . training/_lease.sh
 EXPORT=$RUNS/export SAMPLED=$RUNS/samples
@@ -39,7 +40,7 @@ EVAL=(--samples "$SAMPLES" --batch 5000 --memory-mb 40000 --steps 16 8 4 32 64 -
 if [ "${SMOKE:-0}" = 1 ]; then
   DEVICE=cpu BASE_BUDGET=(--fit-minutes 0.01) FT_BUDGET=(--fit-minutes 0.01)  # at least 11 steps: the probe
   SMALL+=(model.hidden_dim=32 model.cond_dim=16 model.n_blocks=1 model.n_heads=2 batch_size=16
-          data.val_fraction=0.001 compile=false)  # on the CPU rehearsal, compiling costs more than 2 steps
+          data.val_fraction=0.001 compile=false)  # on the CPU rehearsal, compiling costs more than its steps
   FT_SET=()
   EVAL=(--samples 8 --batch 8 --steps 2 --eb-gammas 1.0 --precision fp32)
 fi
