@@ -57,6 +57,7 @@ def table(rows: list[dict], caption: str) -> str:
     lines = [f"| {' | '.join(head)} |", "|" + "---|" * len(head)]
     for name, values in PUBLISHED.items():
         cells = [f"{m:g} ({s:g})" if s else f"{m:g}" for m, s in values]
+        cells += ["-"] * (len(COLUMNS) - len(cells))  # GenMol's quality: not published for these models
         lines.append(f"| {name} (published) | | | {' | '.join(cells)} |")
     for r in rows:
         cells = [_cell(r.get(c)) for c in COLUMNS]

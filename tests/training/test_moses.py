@@ -1,6 +1,7 @@
 """The MOSES table recipe at its smallest size: tiny checkpoints trained on 3,000 MOSES training molecules,
 sampled at two step counts and with EB, measured in MOSES's columns beside the published rows."""
 
+import gzip
 import importlib.util
 import json
 import os
@@ -43,7 +44,7 @@ def test_moses_table_recipe(tmp_path):
         (c, s) for c in ("base", "tt") for s in ("random K=2", "random K=4", "EB gamma=1 fast")]
     for r in rows:
         assert r["samples"] == 24 and 0 <= r["valid"] <= 1 and r["unique@1k"] is None  # fewer than 1,000 valid
-        assert r["n_valid"] == round(24 * r["valid"])
+        assert r["n_valid"] == round(24 * r["valid"]) and 0 <= r["quality"] <= r["valid"]
         if r["n_valid"] >= 2:
             assert r["fcd/test"] > 0 and 0 <= r["snn/testsf"] <= 1 and 0 <= r["int_div2"] <= r["int_div"] + 1e-9
     table = (tmp_path / "r" / "moses.md").read_text()
@@ -65,6 +66,12 @@ def test_moses_table_recipe(tmp_path):
     again = json.loads((tmp_path / "r2" / "moses.json").read_text())
     assert [{k: v for k, v in r.items() if k != "seconds"} for r in again] == [
         {k: v for k, v in r.items() if k != "seconds"} for r in rows]
+    from ttcore.metrics import molecule_metrics  # the MOSES table's quality is the molecule metrics' quality
+
+    with gzip.open(tmp_path / "s" / "tt" / "random-K2.smi.gz", "rt") as f:
+        texts = f.read().split("\n")
+    row = next(r for r in again if (r["checkpoint"], r["sampler"]) == ("tt", "random K=2"))
+    assert len(texts) == 24 and row["quality"] == molecule_metrics(texts)["quality"]
     (tmp_path / "s" / "tt" / "random-K2.json").write_text(json.dumps({"samples": 99}))
     clash = subprocess.run([sys.executable, *map(str, sampling), "--sample-only"], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=900)

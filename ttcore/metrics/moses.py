@@ -2,8 +2,9 @@
 Molecular Generation Models", Front. Pharmacol. 11:565644): one row per sampler setting, in MOSES's columns,
 each by MOSES's definition (``ttcore.metrics.distribution``; checked against molsets' own code in
 ``tests/metrics/test_moses_definitions.py``): Valid, Unique@1k, Unique@10k, FCD / SNN / Frag / Scaf against
-the test set and the scaffold-test set, IntDiv_1, IntDiv_2 and Novelty (against the training split). MOSES's
-Filters column (MCF / PAINS filters) is not computed.
+the test set and the scaffold-test set, IntDiv_1, IntDiv_2 and Novelty (against the training split), and
+beside them GenMol's Quality (valid, unique, QED >= 0.6, SA <= 4: ``ttcore.metrics.molecules.quality``), which
+MOSES does not publish. MOSES's Filters column (MCF / PAINS filters) is not computed.
 
 ``PUBLISHED`` holds the baseline rows as MOSES publishes them (mean and standard deviation over three runs
 of 30,000 samples): the README of github.com/molecularsets/moses at commit dd7ed6a (2023), the same figures
@@ -11,11 +12,13 @@ as the paper's Table 2.
 """
 
 from .distribution import Reference, internal_diversity, moses_counts
+from .molecules import quality
 
 COLUMNS = ["valid", "unique@1k", "unique@10k", "fcd/test", "fcd/testsf", "snn/test", "snn/testsf", "frag/test",
-           "frag/testsf", "scaf/test", "scaf/testsf", "int_div", "int_div2", "novelty"]
+           "frag/testsf", "scaf/test", "scaf/testsf", "int_div", "int_div2", "novelty", "quality"]
 HEADERS = ["Valid", "Unique@1k", "Unique@10k", "FCD/Test", "FCD/TestSF", "SNN/Test", "SNN/TestSF", "Frag/Test",
-           "Frag/TestSF", "Scaf/Test", "Scaf/TestSF", "IntDiv", "IntDiv2", "Novelty"]
+           "Frag/TestSF", "Scaf/Test", "Scaf/TestSF", "IntDiv", "IntDiv2", "Novelty", "Quality"]
+# Quality is GenMol's (ttcore.metrics.molecules.quality), not one of MOSES's columns: the published rows lack it
 PUBLISHED_SOURCE = ("MOSES (Polykovskiy et al. 2020), github.com/molecularsets/moses README at commit dd7ed6a: "
                     "mean (std) over 3 runs of 30,000 samples")
 # name -> values in COLUMNS order (mean, std); the Train row is MOSES's own figures for training molecules
@@ -41,8 +44,8 @@ PUBLISHED = {
 
 
 def moses_row(generated: list[str], train: set[str], test: Reference, test_sf: Reference) -> dict:
-    """MOSES's columns for one set of samples (``generated``: every sample, invalid ones included), plus
-    ``samples`` and ``n_valid``. Unique@k is absent when fewer than k samples are valid; the distribution
+    """MOSES's columns for one set of samples (``generated``: every sample, invalid ones included), GenMol's
+    quality, ``samples`` and ``n_valid``. Unique@k is absent when fewer than k samples are valid; the distribution
     columns are None with fewer than two. The samples are described once for both references."""
     row = {"samples": len(generated), **moses_counts(generated, train, ks=(1000, 10000))}
     row["unique@1k"], row["unique@10k"] = row.pop("unique@1000", None), row.pop("unique@10000", None)
@@ -53,4 +56,5 @@ def moses_row(generated: list[str], train: set[str], test: Reference, test_sf: R
         for metric in ("fcd", "snn", "frag", "scaf"):
             row[f"{metric}/{name}"] = m[metric]
     row["int_div2"] = internal_diversity(gen.fps, p=2) if len(gen.smiles) >= 2 else None
+    row["quality"] = quality(gen.smiles, len(generated))
     return row
