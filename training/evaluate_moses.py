@@ -75,14 +75,16 @@ def sample_setting(model, tok, args, label: str, k: int, kw: dict, stem: Path | 
     the same samples, seed and precision left them there, else drawn (and kept at ``stem``). None: the
     deadline passed first."""
     want = {"samples": args.samples, "seed": args.seed, "precision": args.precision, "sampler": label, "steps": k}
-    if stem is not None and stem.with_suffix(".json").exists():
-        meta = json.loads(stem.with_suffix(".json").read_text())
+    if stem is not None:  # names by concatenation: a label's dots (gamma 0.5) are not suffixes
+        smi, kept, tmp = (stem.with_name(stem.name + ext) for ext in (".smi.gz", ".json", ".smi.gz.tmp"))
+    if stem is not None and kept.exists():
+        meta = json.loads(kept.read_text())
         if any(meta.get(key) != value for key, value in want.items()):
-            raise SystemExit(f"{stem}.json was drawn with {meta}, not {want}: use another --samples-dir")
-        with gzip.open(stem.with_suffix(".smi.gz"), "rt") as f:
+            raise SystemExit(f"{kept} was drawn with {meta}, not {want}: use another --samples-dir")
+        with gzip.open(smi, "rt") as f:
             texts = f.read().split("\n")
         if len(texts) != args.samples:
-            raise SystemExit(f"{stem}.smi.gz holds {len(texts)} molecules, its .json says {args.samples}")
+            raise SystemExit(f"{smi} holds {len(texts)} molecules, its .json says {args.samples}")
         return dict(meta, texts=texts, kept=True)
     res = run_setting(model, tok, args.samples, k, args.batch, args.seed, args.memory_mb, deadline, **kw)
     if res is None:
@@ -90,10 +92,10 @@ def sample_setting(model, tok, args, label: str, k: int, kw: dict, stem: Path | 
     meta = dict(want, avg_steps=res["avg_steps"], seconds=res["seconds"], device=args.device, batch=args.batch)
     if stem is not None:  # molecules first, then the .json that says they are complete
         stem.parent.mkdir(parents=True, exist_ok=True)
-        with gzip.open(stem.with_suffix(".smi.gz.tmp"), "wt") as f:
+        with gzip.open(tmp, "wt") as f:
             f.write("\n".join(res["texts"]))
-        stem.with_suffix(".smi.gz.tmp").replace(stem.with_suffix(".smi.gz"))
-        stem.with_suffix(".json").write_text(json.dumps(meta))
+        tmp.replace(smi)
+        kept.write_text(json.dumps(meta))
     return dict(meta, texts=res["texts"])
 
 

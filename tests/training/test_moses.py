@@ -54,17 +54,19 @@ def test_moses_table_recipe(tmp_path):
 
     # sampled on one machine (a GPU lease: --sample-only, no RDKit needed), measured on another: the same rows
     sampling = ["training/evaluate_moses.py", "--checkpoints", tmp_path / "ck", "--samples", 24, "--batch", 12,
-                "--steps", 2, 4, "--eb-gammas", 1.0, "--precision", "fp32", "--adaptive-path", "fast",
+                "--steps", 2, 4, "--eb-gammas", 0.5, 1.0, "--precision", "fp32", "--adaptive-path", "fast",
                 "--samples-dir", tmp_path / "s"]
     cut = subprocess.run([sys.executable, *map(str, sampling), "--sample-only", "--max-minutes", "0"], cwd=ROOT,
                          env=env, capture_output=True, text=True, timeout=900)
-    assert cut.returncode == 3 and "0 of 6 settings drawn" in cut.stdout, cut.stdout + cut.stderr[-2000:]
+    assert cut.returncode == 3 and "0 of 8 settings drawn" in cut.stdout, cut.stdout + cut.stderr[-2000:]
     _run(*sampling, "--sample-only", env=env)
     kept = sorted(p.relative_to(tmp_path / "s").as_posix() for p in (tmp_path / "s").rglob("*.json"))
-    assert kept == [f"{c}/{s}.json" for c in ("base", "tt") for s in ("EB-gamma1-fast", "random-K2", "random-K4")]
+    assert kept == [f"{c}/{s}.json" for c in ("base", "tt")
+                    for s in ("EB-gamma0.5-fast", "EB-gamma1-fast", "random-K2", "random-K4")]
     _run(*sampling, "--out", tmp_path / "r2", "--reference-limit", 300, env=env)
     again = json.loads((tmp_path / "r2" / "moses.json").read_text())
-    assert [{k: v for k, v in r.items() if k != "seconds"} for r in again] == [
+    same = [r for r in again if r["sampler"] != "EB gamma=0.5 fast"]  # the settings of the table above
+    assert [{k: v for k, v in r.items() if k != "seconds"} for r in same] == [
         {k: v for k, v in r.items() if k != "seconds"} for r in rows]
     from ttcore.metrics import molecule_metrics  # the MOSES table's quality is the molecule metrics' quality
 
