@@ -109,3 +109,15 @@ def test_compiled_streams_give_the_eager_bits_and_fall_back_to_eager_when_compil
         assert torch.equal(cases[2].uniform(Site.draw, 54), again)  # eager now, and no second warning needed
     finally:
         compile_streams("cpu", enabled=False)
+
+
+def test_enabling_compiled_streams_imports_nothing_until_such_a_device_draws():
+    """The service enables them for CUDA at start; on a machine that never draws on CUDA, torch.compile's
+    import (about a second) must not be paid."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom ttcore.distributions import Site, Streams, compile_streams\ncompile_streams('cuda')\n"
+            "Streams.of_request(1, 2).uniform(Site.draw, 3)\nprint('torch._dynamo' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stdout + done.stderr[-2000:]

@@ -90,12 +90,12 @@ class Streams:
 
     def uniform(self, site: int, width: int) -> torch.Tensor:
         """[b, width] float64 uniforms in [0, 1): lane i of each sequence at ``site``."""
-        compiled = _COMPILED.get(self.device.type)
+        compiled = _compiled(self.device.type)
         if compiled is not None:
             try:
                 return compiled(self.seed, self.row, self.step, int(site), width)
             except Exception as e:  # noqa: BLE001 (no compiler, an op it cannot lower): the eager ops serve
-                _COMPILED.pop(self.device.type, None)
+                compile_streams(self.device.type, enabled=False)
                 warnings.warn(f"compiled streams on {self.device.type} failed ({type(e).__name__}: {e}); drawing "
                               "with eager ops from now on (the same bits)", RuntimeWarning, stacklevel=2)
         return stream_uniforms(self.seed, self.row, self.step, int(site), width)
@@ -112,17 +112,30 @@ def stream_uniforms(seed: torch.Tensor, row: torch.Tensor, step: torch.Tensor, s
     return to_unit(w0, w1)
 
 
-_COMPILED: dict[str, Callable] = {}  # device type -> stream_uniforms through torch.compile (compile_streams)
+_BACKENDS: dict[str, str | Callable] = {}  # device type -> torch.compile backend (compile_streams)
+_COMPILED: dict[str, Callable] = {}  # device type -> stream_uniforms compiled, made on its first draw
 
 
 def compile_streams(device_type: str = "cuda", enabled: bool = True, backend: str | Callable = "inductor") -> None:
     """Draw the streams of tensors on ``device_type`` through ``torch.compile`` (``enabled=False``: eager again).
-    Compiled lazily, on the first draws (seconds; sizes vary, so dynamic shapes); the bits are the eager ops'
-    (tested). If compiling fails, the eager ops serve from then on and a warning says so once."""
+    Nothing is imported or compiled until such a tensor draws (torch.compile's import alone takes a second, which
+    a server that never sees that device should not pay); then compiled once (seconds; sizes vary, so dynamic
+    shapes). The bits are the eager ops' (tested). If compiling fails, the eager ops serve from then on and a
+    warning says so once."""
+    _COMPILED.pop(device_type, None)
     if enabled:
-        _COMPILED[device_type] = torch.compile(stream_uniforms, dynamic=True, fullgraph=True, backend=backend)
+        _BACKENDS[device_type] = backend
     else:
-        _COMPILED.pop(device_type, None)
+        _BACKENDS.pop(device_type, None)
+
+
+def _compiled(device_type: str) -> Callable | None:
+    if device_type not in _BACKENDS:
+        return None
+    if device_type not in _COMPILED:
+        _COMPILED[device_type] = torch.compile(stream_uniforms, dynamic=True, fullgraph=True,
+                                               backend=_BACKENDS[device_type])
+    return _COMPILED[device_type]
 
 
 def warm_streams(device) -> None:
@@ -130,7 +143,7 @@ def warm_streams(device) -> None:
     specialization: one sequence or many, one lane or many), so that no timed or served step pays it; nothing
     when the device type draws eagerly."""
     device = torch.device(device)
-    if device.type in _COMPILED:
+    if device.type in _BACKENDS:
         for rows in (1, 3):
             for width in (1, 5):
                 Streams.of_request(0, rows, device=device).uniform(Site.draw, width)
