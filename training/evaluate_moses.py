@@ -125,14 +125,14 @@ def main():
     samples_dir = Path(args.samples_dir) if args.samples_dir else None
     paths = checkpoint_dirs(args.checkpoints)
     models = {path: load_for_inference(path, args.device, args.precision)[:2] for path in paths}
-    drawn = {}
-    for label, k, kw in settings(args.steps, args.eb_gammas, args.eb_max_steps, args.adaptive_path):
+    plan, drawn = settings(args.steps, args.eb_gammas, args.eb_max_steps, args.adaptive_path), {}
+    for label, k, kw in plan:
         for path, (model, tok) in models.items():  # K-major: a run cut short leaves whole comparisons
             stem = samples_dir / path.name / _slug(label) if samples_dir else None
             got = sample_setting(model, tok, args, label, k, kw, stem, deadline)
             if got is None:
                 print(f"stopped at {args.max_minutes:g} minutes before {path.name} {label}: "
-                      f"{len(drawn)} of {len(paths) * len(settings(args.steps, args.eb_gammas, 0))} settings drawn")
+                      f"{len(drawn)} of {len(paths) * len(plan)} settings drawn")
                 return 3
             drawn[path, label] = got
             print(f"{path.name:>16} {label:>14}: {args.samples} samples, {got['avg_steps']:.1f} steps, "
@@ -153,7 +153,7 @@ def main():
         refs[name] = Reference.cached(smiles, default_cache_dir() / "moses-references", device)
     rows = []
     for path, (model, _) in models.items():
-        for label, k, _ in settings(args.steps, args.eb_gammas, args.eb_max_steps, args.adaptive_path):
+        for label, k, _ in plan:
             got = drawn[path, label]
             row = {"checkpoint": path.name, "decomposition": model.cfg.decomposition, "rank": model.cfg.rank,
                    "sampler": label, "steps": k, "avg_steps": got["avg_steps"], "seconds": got["seconds"],
