@@ -2,13 +2,20 @@
 prints its model FLOPs utilization (MFU) beside its tokens per second.
 
 FLOPs per token of a training step (``train_flops_per_token``): the usual 6N plus attention (Kaplan et al.
-2020; PaLM, Chowdhery et al. 2022, App. B): 6 FLOPs per weight of every matmul a token passes through
-(2 forward, 4 backward) and 12 l d per block for the attention scores and their use (QK^T and AV, forward
-and backward) at sequence length l and width d. N counts the weights of the nn.Linear layers applied to
-every token (the blocks' attention and MLP, the output layer) and, at the expected masked fraction of the
-log-linear schedule (t ~ U[0, 1]: 1/2), those of a joint head, which runs on the masked positions only;
-the embedding (a lookup) and the per-sequence conditioning (adaLN, the time and latent embedders) are left
-out. Model FLOPs, not hardware FLOPs: recomputation (activation checkpointing) is not counted.
+2020; PaLM, Chowdhery et al. 2022, App. B), counted as the modules run them: a matmul costs 2 FLOPs per weight
+forward, 2 for the gradient of its input and 2 for that of its weight (none for a frozen weight: the 2-layer
+head's W), and attention 12 l d per block (QK^T and AV, forward and backward) at sequence length l and width
+d. Two stages differ in how often they run:
+- every position: the blocks' attention and MLP (``backbone_flops_per_token``);
+- every masked position, once per output it makes (``head_flops_per_masked_token``): the base head W (rank 1),
+  W' (a 1-layer joint head), W~ then the frozen W on each of its E outputs (a 2-layer head), and the TT's
+  contracted-core head. Only masked positions reach the head (``JointModel.head_outputs``), so this stage
+  is weighed by the masked fraction, 1/2 in expectation under the log-linear schedule (t ~ U[0, 1]).
+The per-sequence modules (adaLN, the time and latent embedders, CP's mixture weights) run once a sequence:
+their FLOPs count 1/l per position. The embedding (a lookup) and the losses' elementwise work are left out.
+Model FLOPs, not hardware FLOPs: recomputation (activation checkpointing) is not counted.
+``tests/test_flops.py`` checks the count against the FLOPs torch's ``FlopCounterMode`` measures in a real
+training step, for every head kind and size preset.
 
 The peak (``device_peak``): a table of dense bf16 tensor-core peaks for known GPUs (vendors' data sheets);
 elsewhere, CPUs included, a measured matmul peak in the run's precision (best of a few square matmuls), and
@@ -25,23 +32,45 @@ from torch import nn
 # torch.cuda.get_device_name
 GPU_BF16_PEAK = (("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("A100", 312e12), ("L40S", 362e12),
                  ("L4", 121e12), ("A10G", 70e12), ("A10", 125e12), ("RTX 4090", 165e12))
-PER_SEQUENCE = ("adaLN_modulation", "sigma_map", "latent", "recognition")  # modules run once per sequence
+PER_SEQUENCE = ("adaLN_modulation", "sigma_map", "latent", "recognition", "head.weights")  # once per sequence
 
 
-def _linear_weights(module: nn.Module, skip: tuple[str, ...] = PER_SEQUENCE) -> int:
-    return sum(m.weight.numel() for name, m in module.named_modules()
-               if isinstance(m, nn.Linear) and not any(part in name for part in skip))
+def _matmul_flops(layer: nn.Linear) -> int:
+    """Forward and backward FLOPs of one row through ``layer``: 2 a weight forward, 2 for the input's gradient,
+    2 for the weight's when it trains."""
+    return (4 + 2 * layer.weight.requires_grad) * layer.weight.numel()
+
+
+def _head_matmuls(model) -> list[nn.Linear]:
+    """The joint head's own matmuls that run per masked position (CP's mixture weights run per sequence)."""
+    return [m for name, m in model.head.named_modules(prefix="head")
+            if isinstance(m, nn.Linear) and not any(p in name for p in PER_SEQUENCE)]
+
+
+def backbone_flops_per_token(model) -> float:
+    """Training FLOPs per position of every stage outside the head: the matmuls of the backbone
+    (``_matmul_flops``), attention's 12 l d per block, and the per-sequence modules' share (theirs / l)."""
+    head_stage = {id(m) for m in _head_matmuls(model)} | {id(model.output_layer.linear)}
+    d = model.cfg.dit
+    matmuls = sum(_matmul_flops(m) / (d.length if any(p in name for p in PER_SEQUENCE) else 1)
+                  for name, m in model.named_modules() if isinstance(m, nn.Linear) and id(m) not in head_stage)
+    return matmuls + 12 * d.n_blocks * d.length * d.hidden_dim
+
+
+def head_flops_per_masked_token(model) -> float:
+    """Training FLOPs per masked position of the head stage: each of the head's matmuls once per position, and
+    the base W once per output it is applied to (rank 1: once; a 2-layer joint head: E times; a 1-layer joint
+    head replaces it)."""
+    head, w = model.head, model.output_layer.linear
+    own = sum(_matmul_flops(m) for m in _head_matmuls(model))
+    base_uses = 0 if w is None else (head.e if model.format.joint_head else 1)
+    return own + base_uses * (_matmul_flops(w) if w is not None else 0)
 
 
 def train_flops_per_token(model, masked_fraction: float = 0.5) -> float:
-    """Model FLOPs of one training token of ``model`` (a ``JointModel``): 6 N + 12 l d per block (module
-    docstring), the joint head's weights at ``masked_fraction``."""
-    d = model.cfg.dit
-    head = getattr(model, "head", None)
-    per_token = _linear_weights(model) - (_linear_weights(head) if head is not None else 0)
-    per_masked = _linear_weights(head) if head is not None else 0
-    attention = 12 * d.n_blocks * d.length * d.hidden_dim
-    return 6 * (per_token + masked_fraction * per_masked) + attention
+    """Model FLOPs of one training token of ``model`` (a ``JointModel``): the all-position stage plus the head
+    stage at ``masked_fraction`` (module docstring)."""
+    return backbone_flops_per_token(model) + masked_fraction * head_flops_per_masked_token(model)
 
 
 def gpu_peak(name: str) -> float | None:
