@@ -43,6 +43,8 @@ class Metrics:
                                     ["key"], registry=r)
         self.key_limited = Counter("ttcore_key_limited", "Requests refused (429) by a per-key limit",
                                    ["key", "reason"], registry=r)
+        self.score_pieces = Counter("ttcore_score_pieces", "Pieces of /score work run on a model's worker between "
+                                    "generation steps (a micro-batch, or one ELBO draw of one)", ["model"], registry=r)
         self.timeouts = Counter("ttcore_timeouts", "Requests ended by their deadline", ["model"], registry=r)
         self.too_large = Counter("ttcore_too_large", "Requests refused by admission (422): more compute or "
                                  "memory than the server's limits", ["model", "field"], registry=r)

@@ -92,9 +92,13 @@ async def _run(serving: Serving, request: ScoreRequest, lm, job, encoded, rows: 
         for t in ([None] if times is None else times):
             if late():
                 raise ScoreTimeout(f"the request's deadline of {job.timeout_s:g} s passed")
-            if job.cancelled or (gone is not None and await gone()):
-                raise ScoreCancelled("the client went away" if not job.cancelled else "the request was cancelled")
+            if job.cancelled:
+                raise ScoreCancelled("the request was cancelled")
+            if gone is not None and await gone():
+                job.cancelled = True  # counted as cancelled when its slot is released (ttcore_cancelled_total)
+                raise ScoreCancelled("the client went away")
             values.append(await serving.engine.run_on_worker(lm, functools.partial(piece, s, t)))
+            serving.metrics.score_pieces.labels(lm.family).inc()
         n = len(x0[s:s + rows])
         if times is None:
             log_prob, token = values[0]

