@@ -133,6 +133,9 @@ class _Run:
         self.run_tokens, self.run_train_s = 0, 0.0  # this run's training steps only (no validation or saving)
         self.start_time, self.start_wall = time.time(), 0.0
         self.t0 = time.time()  # the start of the current logging interval
+        # the first step whose loss was not finite (-1: none), kept on the device: checked (one sync) where the
+        # loop logs or checkpoints, so no weights trained on a NaN are ever written
+        self.bad_step = torch.full((), -1, dtype=torch.long, device=device)
 
     def resume(self) -> None:
         """Continue from the checkpoint's train state, if it has one."""
@@ -169,6 +172,7 @@ class _Run:
 
     def validate(self) -> dict:
         """``evaluate_loss`` on the validation split (the EMA weights when kept); its time is not training's."""
+        self.check_finite()
         started, cfg = time.time(), self.cfg
         try:
             with self._weights_for_reading():
@@ -178,8 +182,20 @@ class _Run:
         finally:
             self.t0 += time.time() - started  # the interval's throughput counts training steps only
 
+    def check_finite(self) -> None:
+        """Stop the run with a clear error once a step's loss was not finite: its gradient made every weight
+        after it meaningless, so nothing after it is validated, logged as progress or written."""
+        bad = int(self.bad_step)
+        if bad >= 0:
+            last = self.out / "train_state" / "state.json"
+            kept = f"the last checkpoint ({last}) is kept as it was" if last.exists() else "no checkpoint was written"
+            raise SystemExit(f"{self.title}: the loss was not finite (NaN or inf) at step {bad + 1}; training stopped "
+                             f"and {kept}. Lower lr, check the data and the model's inputs (a pretrained masked LM "
+                             "fed inputs it was not built for), or run in fp32 (--set precision=fp32).")
+
     def checkpoint(self) -> None:
         """Called by every process (they exchange their mask streams' states); process 0 writes."""
+        self.check_finite()
         started = time.time()
         try:
             self._checkpoint()
@@ -222,6 +238,8 @@ class _Run:
         x0 = self.train_tokens[workers.share(self.order.next())].to(self.device)
         self.opt.zero_grad(set_to_none=True)
         losses = self._backward(x0)
+        self.bad_step = torch.where((self.bad_step < 0) & ~torch.isfinite(losses["loss"].detach()), step,
+                                    self.bad_step)
         workers.average_gradients(self.params)  # the global batch's mean gradient on every process
         if step < cfg.freeze_backbone_steps:  # no gradient: AdamW leaves these weights and their moments alone
             for p in self.backbone:
@@ -266,6 +284,7 @@ class _Run:
                 out = mdlm_loss(model, x0[idx], mask_id, cfg.eps, t=t[idx], mask=mask[idx],
                                 marginal_weight=cfg.marginal_weight, processes=whole)
             out["loss"].backward()
+            totals["loss"] = totals.get("loss", 0) + out["loss"].detach()  # the pieces' shares of the objective
             n_piece = mask[idx].sum()
             for key in ("nll", "lc", "marginal_nll"):  # per masked token: the pieces weighed by their counts
                 totals[key] = totals.get(key, 0) + out[key] * n_piece / n_local.clamp_min(1)
@@ -332,6 +351,7 @@ class _Run:
 
     def _log(self, bar, losses: dict, grad_norm: torch.Tensor, tokens_seen: int) -> None:
         """The interval's loss, speed and MFU on the progress bar; the interval ends here."""
+        self.check_finite()
         loss_text = f"{losses['nll'].item():.4f}"  # .item(): the interval's steps are done (CUDA too)
         interval = time.time() - self.t0
         rate = tokens_seen / interval

@@ -46,6 +46,38 @@ def test_the_rank_one_view_is_the_masked_lms_own_logits(directories, kind):
     assert tok.decode(tok.encode("MKTAYIAK")) == "MKTAYIAK"  # the model's own tokenizer, in ttcore's layout
 
 
+def test_esm_with_its_published_token_dropout_is_finite_on_fully_masked_input(directories):
+    """ESM-2's published configs set ``token_dropout: true``: ESM's own forward then divides by (1 - masked share),
+    NaN on a fully masked input (as every generation starts, and about 1/(l+1) of training rows). The adapter
+    owns those semantics: the masked LM's logits where ESM is finite (above), finite features, a finite first
+    step's distribution and loss where it is not."""
+    from transformers import AutoModelForMaskedLM
+
+    from ttcore.losses import mdlm_loss
+    from ttcore.models.hf import ESM_MASK_RATIO_TRAIN, esm_token_dropout
+
+    assert json.loads((directories["esm"] / "config.json").read_text())["token_dropout"] is True
+    model, tok = load_masked_lm(directories["esm"], length=L)
+    hf = AutoModelForMaskedLM.from_pretrained(directories["esm"], local_files_only=True).eval()
+    x = torch.full((2, L), tok.mask_id)
+    with torch.no_grad():
+        theirs = hf(input_ids=torch.tensor([tok.to_hf(row) for row in x.tolist()]),
+                    attention_mask=torch.ones_like(x)).logits
+        assert torch.isnan(theirs).all()  # what the adapter must not inherit
+        out = model(x, x == tok.mask_id)
+        assert torch.isfinite(out.logits).all()
+        # a fully masked input's embeddings are zero whatever the scale: the logits are ESM's own on zero embeddings
+        zero = hf(inputs_embeds=torch.zeros(2, L, hf.config.hidden_size), attention_mask=torch.ones_like(x)).logits
+        torch.testing.assert_close(out.logits, zero.flatten(0, 1)[:, tok.hf_ids[:-1]], rtol=1e-5, atol=1e-5)
+    x0 = torch.tensor([tok.encode("MKTAYIAK")] * 2)
+    loss = mdlm_loss(model, x0, tok.mask_id, t=torch.ones(2), mask=torch.ones_like(x0, dtype=torch.bool))
+    assert torch.isfinite(loss["loss"])
+    # the scale, where ESM's own is finite: (1 - 0.12) / (1 - share)
+    ids, emb = torch.tensor([[5, 0, 0, 7]]), torch.ones(1, 4, 3)
+    scaled = esm_token_dropout(ids, emb, mask_id=0)
+    assert scaled[0, 1].abs().sum() == 0 and scaled[0, 0, 0] == pytest.approx((1 - ESM_MASK_RATIO_TRAIN) / 0.5)
+
+
 @pytest.mark.parametrize("kind", ["modernbert", "esm"])
 @pytest.mark.parametrize("decomposition,rank", [("tt", 2), ("cp", 3)])
 def test_joint_heads_on_an_adapted_backbone_match_enumeration(directories, kind, decomposition, rank):

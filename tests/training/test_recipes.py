@@ -406,3 +406,22 @@ def test_gradient_accumulation_and_activation_checkpointing_train_the_same_weigh
         assert gap < 1e-4 * moved, (name, gap, moved)
     with pytest.raises(ValueError, match="grad_accum must be >= 1 and divide batch_size"):
         load_config(TINY, ["batch_size=12", "grad_accum=5"])
+
+
+def test_a_non_finite_loss_stops_the_run_with_a_clear_error_and_writes_nothing_after_it(tmp_path):
+    """A run whose loss goes NaN (here lr = 1e30: the first update sends the logits to inf) stops at the next
+    check with one clear line, exit status 1, and the checkpoint written before it is left as it was."""
+    out = tmp_path / "nan"
+    common = [sys.executable, str(ROOT / "training" / "pretrain.py"), "--config", "tiny", "--data", str(SAMPLE),
+              "--out", str(out), "--quiet"]
+    good = subprocess.run(common + ["--max-steps", "2", "--set", "threads=1"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+    assert good.returncode == 0, good.stderr[-2000:]
+    before = (out / "model.safetensors").read_bytes()
+    bad = subprocess.run(common + ["--max-steps", "8", "--resume", "--set", "threads=1", "lr=1e30", "warmup_steps=0",
+                                   "log_every=4"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 1, bad.stderr[-2000:]
+    assert re.search(r"the loss was not finite \(NaN or inf\) at step [3-8]; training stopped and the last "
+                     r"checkpoint .* is kept as it was", bad.stderr), bad.stderr[-2000:]
+    assert "Traceback" not in bad.stderr
+    assert (out / "model.safetensors").read_bytes() == before

@@ -55,6 +55,35 @@ def build_masked_lm(model_type: str, config: dict):
     return AutoModelForMaskedLM.from_config(cfg, trust_remote_code=False)
 
 
+ESM_MASK_RATIO_TRAIN = 0.15 * 0.8  # ESM's token dropout: the share of [MASK] inputs in all its training runs
+
+
+def esm_token_dropout(ids: torch.Tensor, embeddings: torch.Tensor, mask_id: int) -> torch.Tensor:
+    """ESM's masked-input semantics (``token_dropout: true``, as every published ESM-2 config sets): [MASK]
+    embeddings are zeroed and the rest scaled by (1 - 0.12) / (1 - the sequence's masked share), the way
+    dropout scales at evaluation. ESM computes the scale as written, which is 0/0 = NaN when every position is
+    masked, as every generation starts; the masked share here is at most (l - 1) / l, which changes nothing
+    else (a fully masked sequence's embeddings are all zero, and zero times a finite scale is zero).
+    ids [b, l], embeddings [b, l, d] -> [b, l, d]."""
+    masked = ids == mask_id
+    share = masked.float().mean(-1).clamp_max(1 - 1 / ids.shape[-1])
+    scale = (1 - ESM_MASK_RATIO_TRAIN) / (1 - share)
+    return (embeddings.masked_fill(masked[..., None], 0.0) * scale[:, None, None]).to(embeddings.dtype)
+
+
+def _own_token_dropout(mlm: nn.Module) -> None:
+    """An ESM with ``token_dropout``: its embeddings' own scaling (NaN on a fully masked input) is switched off
+    and ``esm_token_dropout`` applied to the word embeddings' output instead, so the adapter owns the
+    masked-input semantics of the model it adapts."""
+    embeddings = getattr(getattr(mlm, "esm", None), "embeddings", None)
+    if embeddings is None or not getattr(embeddings, "token_dropout", False):
+        return
+    embeddings.token_dropout = False
+    mask_id = mlm.config.mask_token_id
+    embeddings.word_embeddings.register_forward_hook(
+        lambda module, args, out: esm_token_dropout(args[0], out, mask_id))
+
+
 class HFBackbone(nn.Module):
     """``spec``: ``model_type``, the masked LM's ``config`` (a dict) and ``hf_ids`` (ttcore id -> the model's id).
     x_t [b, l] (ttcore ids) -> the features [b, l, d] the masked LM's decoder reads."""
@@ -62,6 +91,7 @@ class HFBackbone(nn.Module):
     def __init__(self, spec: dict):
         super().__init__()
         self.mlm = build_masked_lm(spec["model_type"], spec["config"])
+        _own_token_dropout(self.mlm)
         parent, name = _owner(self.mlm, self.mlm.get_output_embeddings())
         setattr(parent, name, _StopAtDecoder())  # W lives in ttcore's output layer (the checkpoint keeps one copy)
         self.register_buffer("hf_ids", torch.tensor(spec["hf_ids"], dtype=torch.long), persistent=False)

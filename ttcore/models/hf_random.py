@@ -22,9 +22,10 @@ def _word_level_tokenizer(tokens: list[str], specials: dict[str, str]):
 
 
 def write_random_masked_lm(kind: str, directory: Path, hidden: int = 32, layers: int = 2, heads: int = 2,
-                           seed: int = 0, spread: float = 0.2) -> Path:
+                           seed: int = 0, spread: float = 0.2, token_dropout: bool = True) -> Path:
     """A random ``kind`` (bert, roberta, esm, modernbert) masked LM with its tokenizer, saved to ``directory``;
-    ``spread``: noise added to the initial weights (a fresh init's logits are nearly flat)."""
+    ``spread``: noise added to the initial weights (a fresh init's logits are nearly flat). An ESM is configured
+    as the published ESM-2 checkpoints are (rotary positions, ``token_dropout``, no embedding layer norm)."""
     import torch
     from transformers import AutoModelForMaskedLM, BertConfig, EsmConfig, EsmTokenizer, ModernBertConfig, RobertaConfig
 
@@ -37,7 +38,8 @@ def write_random_masked_lm(kind: str, directory: Path, hidden: int = 32, layers:
         (directory / "vocab.txt").write_text("\n".join(vocab))
         tok = EsmTokenizer(str(directory / "vocab.txt"))
         config = EsmConfig(vocab_size=len(vocab), pad_token_id=1, mask_token_id=len(vocab) - 1,
-                           position_embedding_type="rotary", token_dropout=False, **arch)
+                           position_embedding_type="rotary", token_dropout=token_dropout,
+                           emb_layer_norm_before=False, **arch)
     else:
         names = {"bert": ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"),
                  "roberta": ("<pad>", "<unk>", "<s>", "</s>", "<mask>"),
