@@ -12,6 +12,18 @@ def test_validity_uniqueness_novelty():
     assert m["novelty"] == pytest.approx(1 / 3)
 
 
+def test_a_molecule_whose_canonical_smiles_rdkit_cannot_read_back_is_not_valid():
+    """A MOSES sample of the GPU-trained rank 1: RDKit parses it, but writes its canonical SMILES as one it cannot
+    parse (the distribution metrics, which read canonical SMILES, failed on it)."""
+    from rdkit import Chem
+
+    sample = "CSc1ncc(CO)n1CCc1=oc2c(C)cccc(C)n12"
+    assert Chem.MolFromSmiles(sample) is not None and Chem.MolFromSmiles(Chem.MolToSmiles(
+        Chem.MolFromSmiles(sample))) is None
+    assert canonical(sample) is None
+    assert molecule_metrics([sample, "CCO"])["validity"] == pytest.approx(1 / 2)
+
+
 def test_genmol_quality_counts_valid_unique_druglike_synthesizable_samples():
     """Quality = |{valid, unique, QED >= 0.6, SA <= 4}| / all samples (GenMol): ibuprofen twice (two spellings)
     counts once; benzene is valid but not drug-like (QED 0.44); an invalid string counts in the denominator."""

@@ -19,9 +19,15 @@ def _molecule(smiles: str):
 
 
 def canonical(smiles: str) -> str | None:
-    """Canonical SMILES of a non-empty string that parses and sanitizes, else None."""
+    """Canonical SMILES of a non-empty string that parses and sanitizes and whose canonical SMILES parses again,
+    else None. The round trip: RDKit writes a few rare molecules (a hypervalent aromatic oxygen, ``c1=oc...``,
+    about 1 in 30,000 MOSES samples of a young model) as SMILES it cannot read back, and every metric after
+    validity (fingerprints, fragments, ChemNet) reads the canonical SMILES."""
     mol = _molecule(smiles)
-    return Chem.MolToSmiles(mol) if mol is not None else None
+    if mol is None:
+        return None
+    text = Chem.MolToSmiles(mol)
+    return text if Chem.MolFromSmiles(text) is not None else None
 
 
 def randomized_smiles(smiles: str, n: int, seed: int = 0) -> list[str]:
