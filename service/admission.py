@@ -318,16 +318,39 @@ def check_passes(sequences: int, draws: int, rows: int, pass_seconds, timeout_s:
 
 # A streamed answer's size, per position of every sequence in every step event: the partial sequence's text (a
 # masked position is "[MASK]", 6 bytes, more than a SMILES symbol or an average BPE token takes) and, with
-# step_tokens, the position's piece as a JSON string ('"[MASK]",': 9 bytes). The committed positions and the
-# final answer add less than one such event.
-STREAM_BYTES_PER_POSITION, STEP_TOKEN_BYTES_PER_POSITION = 6, 9
+# step_tokens, the position's piece as a JSON string ('"[MASK]",': 9 bytes); per sequence in every event, the
+# envelope around it (/v1's chunk per choice: id, model, object, index, the step and committed positions, about
+# 300 bytes). A stream sends an event only for a step that committed a position (idle steps send nothing), so
+# at most min(steps, length) step events, plus the final answer (counted as one more event). An estimate: the
+# transports also count the bytes they send and end a stream at the limit (``StreamBudget``).
+STREAM_BYTES_PER_POSITION, STEP_TOKEN_BYTES_PER_POSITION, STREAM_BYTES_PER_SEQUENCE = 6, 9, 320
 
 
 def stream_bytes(num_samples: int, steps: int, length: int, step_tokens: bool, rounds: int = 1) -> int:
-    """An upper estimate of a streamed /generate answer in bytes: ``rounds`` x min(steps, length) step events,
-    each with every sequence at every position."""
+    """An estimate of a streamed answer in bytes: ``rounds`` x (min(steps, length) step events and the final
+    answer), each with every sequence at every position and its envelope."""
     per_position = STREAM_BYTES_PER_POSITION + (STEP_TOKEN_BYTES_PER_POSITION if step_tokens else 0)
-    return rounds * min(steps, length) * num_samples * length * per_position
+    return rounds * (min(steps, length) + 1) * num_samples * (length * per_position + STREAM_BYTES_PER_SEQUENCE)
+
+
+class StreamBudget:
+    """What a stream may still send (``--max-stream-mb``): the transports count every event's bytes, and the one
+    that would pass the limit is not sent (the stream ends with an error naming the limit instead), so the
+    limit holds whatever the estimate said."""
+
+    def __init__(self, limit_bytes: int):
+        self.limit, self.sent = limit_bytes, 0
+
+    def allows(self, data: bytes, reserve: int = 0) -> bool:
+        """Count ``data`` as sent when it fits with ``reserve`` bytes left for the closing event."""
+        if self.sent + len(data) + reserve > self.limit:
+            return False
+        self.sent += len(data)
+        return True
+
+    def message(self) -> str:
+        return (f"the stream reached the server's limit of {self.limit / 2**20:g} MB (--max-stream-mb) after "
+                f"{self.sent:,} bytes; ask with fewer samples or steps, without step_tokens, or without stream")
 
 
 def check_stream(num_samples: int, steps: int, length: int, step_tokens: bool, rounds: int, limit_bytes: int) -> int:
@@ -336,8 +359,8 @@ def check_stream(num_samples: int, steps: int, length: int, step_tokens: bool, r
     size = stream_bytes(num_samples, steps, length, step_tokens, rounds)
     if size <= limit_bytes:
         return size
-    said = f"a stream of about {size / 2**20:.3g} MB ({rounds * min(steps, length)} step events of {num_samples} " \
-           f"sequences of {length} positions)"
+    said = f"a stream of about {size / 2**20:.3g} MB ({rounds * min(steps, length)} step events and " \
+           f"{'answers' if rounds > 1 else 'the answer'}, of {num_samples} sequences of {length} positions)"
     limit = f"the server's stream limit of {limit_bytes / 2**20:g} MB (--max-stream-mb)"
     if step_tokens and stream_bytes(num_samples, steps, length, False, rounds) <= limit_bytes:
         raise TooLarge("step_tokens", f"{said} is above {limit}; without step_tokens it fits")

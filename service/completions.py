@@ -87,7 +87,7 @@ async def completions(serving: Serving, job: Ticket, prompt: CompletionPrompt, n
         if isinstance(out, EngineError):
             yield Failure(job.id, out.kind, out.message)
             return
-        if not (stream or out.finished):
+        if not out.finished and not (stream and any(map(len, out.committed))):  # idle steps send nothing
             continue
         rows, t0 = out.tokens.tolist(), time.perf_counter()
         deltas, canvases = [], []

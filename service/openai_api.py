@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from ttcore.decompositions import DECOMPOSITIONS
 
+from .admission import StreamBudget
 from .completions import completion_prompt
 from .completions import completions as completion_steps
 from .openai_schema import Completion, CompletionChoice, CompletionRequest, OpenAIModel, OpenAIModelList, Usage
@@ -56,7 +57,7 @@ def _generate_request(req: CompletionRequest) -> GenerateRequest:
     sampler = {name: getattr(req, name) for name in SamplerFields.model_fields}  # the shared fields, as sent
     return GenerateRequest(model=family, decomposition=decomposition, rank=rank, num_samples=req.n,
                            temperature=max(req.temperature, MIN_TEMPERATURE), seed=req.seed,
-                           prompt=req.prompt or None, **sampler)
+                           prompt=req.prompt or None, stream=req.stream, **sampler)  # a stream is estimated
 
 
 def openai_refused(r: Refusal) -> JSONResponse:
@@ -129,19 +130,29 @@ async def _chunks(serving: Serving, req: CompletionRequest, job, prompt):
     prefix = req.prompt if req.echo and not prompt.template else ""
     cid, name = f"cmpl-{job.id}", model_id(job.lm)
     include_usage = bool((req.stream_options or {}).get("include_usage"))
-    first = True
-    async for step in completion_steps(serving, job, prompt, req.n, req.max_tokens, stream=True):
+    first, budget = True, StreamBudget(serving.max_stream_bytes)
+    steps = completion_steps(serving, job, prompt, req.n, req.max_tokens, stream=True)
+
+    def error(message: str, code: str) -> bytes:
+        body = {"message": message, "type": "server_error", "param": None, "code": code}
+        return f"data: {json.dumps({'error': body})}\n\n".encode()
+
+    async for step in steps:
         if isinstance(step, Failure):
-            error = {"message": step.message, "type": "server_error", "param": None, "code": step.kind}
-            yield f"data: {json.dumps({'error': error})}\n\n".encode()
+            yield error(step.message, step.kind)
             break
-        for i, text, reason in step.deltas:
-            chunk = Completion(id=cid, model=name, choices=[CompletionChoice(
-                text=(prefix if first else "") + text, index=i, finish_reason=reason)],
-                ttcore={"step": step.step, "canvas": step.canvases[i], "committed": step.committed[i]})
-            yield f"data: {chunk.model_dump_json(exclude_none=True)}\n\n".encode()
-        first = False
+        chunks = [Completion(id=cid, model=name, choices=[CompletionChoice(
+            text=(prefix if first else "") + text, index=i, finish_reason=reason)],
+            ttcore={"step": step.step, "canvas": step.canvases[i], "committed": step.committed[i]})
+            for i, text, reason in step.deltas]
         if step.final is not None and include_usage:
-            last = Completion(id=cid, model=name, choices=[], usage=_usage(prompt, step))
-            yield f"data: {last.model_dump_json(exclude_none=True)}\n\n".encode()
+            chunks.append(Completion(id=cid, model=name, choices=[], usage=_usage(prompt, step)))
+        data = b"".join(f"data: {c.model_dump_json(exclude_none=True)}\n\n".encode() for c in chunks)
+        if not budget.allows(data, reserve=1024):  # the limit holds whatever admission estimated
+            await steps.aclose()
+            serving.abort(job)
+            yield error(budget.message(), "stream_limit")
+            break
+        yield data
+        first = False
     yield b"data: [DONE]\n\n"

@@ -15,7 +15,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from ttcore.sampling.steps import WorkKind
 
 from . import scores
-from .admission import Speed
+from .admission import Speed, StreamBudget
 from .refusals import failure_status
 from .registry import LoadedModel
 from .schema import GenerateRequest, GenerateResponse, ModelInfo, ModelList, ScoreRequest, ScoreResponse, StepEvent
@@ -43,14 +43,16 @@ def _sse(item: StepEvent | GenerateResponse | Failure) -> bytes:
     return f"event: {event}\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
 
 
+STREAM_CLOSING_BYTES = 1024  # what a stream keeps back for the error event that ends it at its byte limit
 SSE_EVENT = {"type": "object", "required": ["event", "data"], "properties": {
     "event": {"type": "string", "enum": ["step", "done", "error"]},
     "data": {"type": "string", "description": "JSON: a StepEvent, a GenerateResponse or {id, error, code}"}}}
 GENERATE_RESPONSES = {
     200: {"description": "The samples (JSON); with `stream: true` a server-sent-event stream instead: `event: step` "
                          "per denoising step (StepEvent), then `event: done` (the JSON answer) or `event: error` "
-                         "(`{id, error, code}`, code `timeout`, `failed`, `cancelled`, or under Ray Serve "
-                         "`replica_failed`); every event carries the request's `id`",
+                         "(`{id, error, code}`, code `timeout`, `failed`, `cancelled`, `stream_limit` (the stream "
+                         "reached `--max-stream-mb`), or under Ray Serve `replica_failed`); every event carries "
+                         "the request's `id`",
           "content": {"text/event-stream": {"schema": SSE_EVENT}}},
     400: {"description": "The body is not JSON"},
     401: {"description": "Missing or unknown API key (when keys are configured)"},
@@ -72,8 +74,14 @@ async def generate(req: GenerateRequest, request: Request, serving: Serving = De
     start = time.perf_counter()
     if req.stream:
         async def stream():
-            async for item in serving.events(job, request=req):
-                yield _sse(item)
+            budget, events = StreamBudget(serving.max_stream_bytes), serving.events(job, request=req)
+            async for item in events:
+                data = _sse(item)
+                if not budget.allows(data, reserve=STREAM_CLOSING_BYTES):  # the limit holds whatever was estimated
+                    await events.aclose()  # cancels the job
+                    yield _sse(Failure(job.id, "stream_limit", budget.message()))
+                    return
+                yield data
                 if isinstance(item, GenerateResponse):
                     serving.metrics.latency.labels("/generate").observe(time.perf_counter() - start)
         return StreamingResponse(stream(), media_type="text/event-stream",

@@ -149,16 +149,25 @@ def test_a_non_streaming_client_that_gives_up_cancels_its_work(checkpoints):
         _stop(proc)
 
 
-def test_a_stream_nobody_reads_is_cancelled_after_a_bounded_backlog(checkpoints):
-    proc, url = start_uvicorn(checkpoints, "--reader-timeout-s", "1")
+def test_a_stream_nobody_reads_is_cancelled_after_a_bounded_backlog():
+    """A client that stops reading: once the socket buffers are full (the client's receive buffer kept small
+    here; the server's send buffer holds a few MB) the step events back up, and after ``MAX_BACKLOG`` of them and
+    ``--reader-timeout-s`` the request is cancelled. The bundled text model (128 positions) with step tokens: a
+    stream of about 11 MB (under the 16 MB stream limit), since idle steps send nothing."""
+    import socket
+
+    root = Path(__file__).resolve().parents[2]
+    proc, url = start_uvicorn(root / "checkpoints", "--reader-timeout-s", "1", "--precision", "bf16")
+    small = httpx.HTTPTransport(socket_options=[(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)])
     try:
-        with httpx.stream("POST", url + "/generate", json=dict(model="text", num_samples=256, steps=1000,
-                                                               stream=True), timeout=60):
-            assert _until(lambda: metric(httpx.get(url + "/metrics").text, "ttcore_cancelled_total") == 1, 60)
+        with httpx.Client(transport=small, timeout=60) as client, client.stream(
+                "POST", url + "/generate", json=dict(model="text", num_samples=48, steps=128, stream=True,
+                                                     step_tokens=True, seed=0)):
+            assert _until(lambda: metric(httpx.get(url + "/metrics").text, "ttcore_cancelled_total") == 1, 120)
             text = httpx.get(url + "/metrics").text
             assert metric(text, "ttcore_queue_depth") == 0
-            steps = metric(text, "ttcore_tokens_generated_total", 'model="text"') / 256
-            assert steps < 1000 * 32 / 1000  # it stopped early: far fewer tokens than a finished request
+            steps = metric(text, "ttcore_tokens_generated_total", 'model="text"') / 48
+            assert steps < 128  # it stopped early: fewer tokens than a finished request
     finally:
         _stop(proc)
 
@@ -294,6 +303,39 @@ def test_a_stream_above_the_stream_limit_is_refused_and_the_estimate_bounds_what
         answer = len(httpx.post(url + "/generate", json=dict(body, stream=False), timeout=60).content)
         assert 0 < sent - answer <= stream_bytes(3, 5, length, True)  # the step events stay under the estimate
         assert streamed <= 0.5 * 2**20 + answer * fit  # the admitted stream stayed near the limit
+    finally:
+        _stop(proc)
+
+
+def test_the_reviews_streams_stay_under_the_stream_limit_on_every_route():
+    """The review, on the bundled checkpoints and the default 16 MB limit: a 119-byte /generate (256 molecules,
+    1,024 steps, step tokens, valid_only) streamed 114.8 MB against its own 7.4 MB estimate, and /v1 (never
+    estimated) 67 MB, because every idle step (more steps than positions) sent an event. Idle steps now send
+    nothing, /v1's streams are estimated as /generate's, and every byte is counted: each is refused up front or
+    stays under the limit, counted on a real server; /v1 refuses what /generate refuses."""
+    root = Path(__file__).resolve().parents[2]
+    proc, url = start_uvicorn(root / "checkpoints", "--precision", "bf16")
+    limit = 16 * 2**20
+
+    def streamed(path: str, body: dict) -> tuple[int, int, bytes]:
+        with httpx.stream("POST", url + path, json=body, timeout=600) as r:
+            data = b"".join(r.iter_bytes())
+        return r.status_code, len(data), data
+
+    try:
+        status, size, data = streamed("/generate", {"model": "qm9", "num_samples": 256, "steps": 1024, "stream": True,
+                                                    "step_tokens": True, "valid_only": True, "seed": 0})
+        assert status == 200 and size <= limit and b"event: done" in data, (status, size)
+        assert data.count(b"event: step") <= 4 * 22  # at most one event per position, in at most 4 rounds
+        status, size, data = streamed("/v1/completions", {"model": "qm9-tt-r16", "n": 256, "steps": 1024,
+                                                          "stream": True, "seed": 0})
+        assert status == 200 and size <= limit and data.endswith(b"data: [DONE]\n\n"), (status, size)
+        text = {"model": "text", "num_samples": 256, "steps": 100, "stream": True}
+        r = httpx.post(url + "/generate", json=text, timeout=60)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "num_samples"], r.text
+        v1 = httpx.post(url + "/v1/completions", json={"model": "text", "n": 256, "steps": 100, "stream": True},
+                        timeout=60)
+        assert v1.status_code == 400 and v1.json()["error"]["param"] == "n", v1.text
     finally:
         _stop(proc)
 
