@@ -253,7 +253,8 @@ class _Run:
     def _backward(self, x0: torch.Tensor) -> dict:
         """The batch's loss and its gradient (``backward``), in ``grad_accum`` micro-batches: the times and masks
         are drawn for the whole batch first (as one piece draws them) and every piece is normalized by the whole
-        batch's masked count (``mdlm_loss``'s shares), so the summed gradient is the one-piece gradient, up to
+        batch's masked count (``mdlm_loss``'s shares), so the summed gradient is the one-piece gradient (without
+        dropout: with it, each piece draws its own dropout masks), up to
         float rounding. VADD's Eq. 21 is normalized by rows (b * l): each piece weighs its rows."""
         cfg, model, workers, mask_id = self.cfg, self.model, self.workers, self.tokenizer.mask_id
         k = cfg.grad_accum

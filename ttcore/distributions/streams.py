@@ -57,7 +57,8 @@ def philox4x32(counter: tuple[torch.Tensor, ...], key: tuple[torch.Tensor, torch
 
 
 def to_unit(hi: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
-    """Two 32-bit words -> a float64 uniform in [0, 1): the top 53 of their 64 bits, times 2^-53."""
+    """Two 32-bit words -> a float64 uniform in [0, 1): the low 53 of their 64 bits (the low 21 of ``hi`` above
+    all 32 of ``lo``), times 2^-53."""
     bits = ((hi & 0x1FFFFF) << 32) | lo  # 21 + 32 = 53 bits
     return bits.double() * (2.0 ** -53)
 
