@@ -125,8 +125,12 @@ class GenerateRequest(SamplerFields):
     num_samples: int = Field(4, ge=1, le=MAX_SAMPLES, description=f"Sequences to generate, 1..{MAX_SAMPLES}.",
                              examples=[4])
     temperature: float = Field(1.0, ge=MIN_TEMPERATURE, le=100, allow_inf_nan=False,
-                               description=f"Softmax temperature of the heads, {MIN_TEMPERATURE}..100 (finite). "
-                                           f"{MIN_TEMPERATURE} is already greedy in effect.", examples=[1.0])
+                               description=f"Temperature T, {MIN_TEMPERATURE}..100 (finite): samples from the joint of "
+                                           "the tokens and the format's latent index (CP's component, TT's path of "
+                                           "hidden states) to the power 1/T (rank 1: p(x)^(1/T)); as T -> 0 every "
+                                           "draw is the tokens of the most likely (tokens, latent) pair "
+                                           f"({MIN_TEMPERATURE} is that in effect). Docs: concepts, temperature.",
+                               examples=[1.0])
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="RNG seed, 0..2^53-1 (exact in JSON): the same "
                                                                   "seed gives the same output on the same device.",
                              examples=[0])

@@ -1,6 +1,6 @@
 """The TT predetermined step of a real JointModel (its softmax heads, not an explicit stand-in):
 ``contraction="head"`` draws from the joint its contracted-core head implies, ``"exact"`` from the TT's
-own marginal of x_T, and a temperature other than 1 always uses the tempered cores' exact sum.
+own marginal of x_T, and a temperature other than 1 always uses the tempered train's exact sums.
 Each reference is enumerated in numpy from the model's raw outputs; chi-square at fixed seeds."""
 
 import itertools
@@ -37,15 +37,16 @@ def _setting(model):
 
 def _reference(model, h, masked, temperature, contraction) -> tuple[np.ndarray, np.ndarray]:
     """p(x_T) = (1/r) 1^T M_1 .. M_l 1 / Z by enumeration: M = G_i(x^i) on T (cores row-normalized by
-    hand from the raw logits), Gbar on the other masked positions (the head's, or sum_x G), I on known."""
+    hand from the raw logits), Gbar on the other masked positions (the head's, or sum_x G), I on known. At
+    T != 1 the tempered train: every entry G_i(x, j, k)^(1/T), rows no longer normalized (docs: concepts)."""
     with torch.no_grad():
-        logits = model.head.core_logits(h[0]).double().numpy() / temperature  # [l, v, r, r]
+        logits = model.head.core_logits(h[0]).double().numpy()  # [l, v, r, r]
         head_bar = model.head.contracted_cores(h[0]).double().numpy()  # [l, r, r]
     cores = np.zeros_like(logits)
     for i in range(L):
         for j in range(R):
             row = np.exp(logits[i, :, j, :] - logits[i, :, j, :].max())
-            cores[i, :, j, :] = row / row.sum()
+            cores[i, :, j, :] = (row / row.sum()) ** (1 / temperature)
     outcomes = np.array(list(itertools.product(range(V), repeat=len(T))))
     p = np.zeros(len(outcomes))
     for n, xs in enumerate(outcomes):

@@ -6,7 +6,17 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ttcore.distributions import CP, Site, entry_rows, sample_categorical, softmax64, tempered, uniforms
+from ttcore.distributions import (
+    CP,
+    Site,
+    entry_rows,
+    is_one,
+    sample_categorical,
+    softmax64,
+    tempered,
+    tempered_log_normalizer,
+    uniforms,
+)
 
 from .base import SumsNothing
 from .common import output_dtype, per_sequence
@@ -33,6 +43,24 @@ def cp_masked_marginal_log_probs(weight_logits: torch.Tensor, factor_logits: tor
     return torch.logsumexp(log_w + log_f, -1)
 
 
+def cp_tempered_weight_logits(weight_logits: torch.Tensor, factor_logits: torch.Tensor | None, mask: torch.Tensor,
+                              temperature) -> torch.Tensor:
+    """The mixture weights of the CP joint at temperature T, as logits (float64): the joint of the component a
+    and the masked tokens, tempered, q_T(a, x_M) ∝ (w_a prod_{i in M} p^(a,i)(x^i))^(1/T) (Eq. 6), is again a
+    CP with factors softmax(logits / T) and weights
+
+        log w'_a = log w_a / T + sum_{i in M} log sum_x p^(a,i)(x)^(1/T)   (``tempered_log_normalizer``),
+
+    so a component whose factors are sharp gains weight as T falls, and T -> 0 draws the best (a, x_M) pair
+    (docs: concepts, temperature). T = 1: the weight logits as they are (``factor_logits`` may be None).
+    weight_logits [b, r], factor_logits [m, r, v] at the True entries of ``mask`` [b, l] -> [b, r]."""
+    if is_one(temperature):
+        return weight_logits.double()
+    log_w = F.log_softmax(weight_logits.double(), -1)
+    log_z = tempered_log_normalizer(factor_logits.double(), temperature, entry_rows(temperature, mask))  # [m, r]
+    return tempered(log_w, temperature) + per_sequence(log_z, mask)
+
+
 @dataclass
 class CPOutputs:
     """``factor_logits`` [m, r, v] per masked position, ``weight_logits`` [b, r] per sequence."""
@@ -43,8 +71,11 @@ class CPOutputs:
     def joint(self, tokens: torch.Tensor, temperature: float = 1.0) -> CP:
         """float32 (full factors of every masked position; each draw renormalizes in float64)."""
         rows = entry_rows(temperature, self.mask)
-        return CP.from_masked(torch.softmax(tempered(self.weight_logits, temperature), -1),
-                              torch.softmax(tempered(self.factor_logits, temperature, rows), -1), tokens, self.mask)
+        weights = torch.softmax(self.weight_logits, -1) if is_one(temperature) else torch.softmax(
+            cp_tempered_weight_logits(self.weight_logits, self.factor_logits, self.mask, temperature), -1).to(
+            self.factor_logits.dtype)
+        return CP.from_masked(weights, torch.softmax(tempered(self.factor_logits, temperature, rows), -1), tokens,
+                              self.mask)
 
     def log_prob(self, x0: torch.Tensor) -> torch.Tensor:
         return cp_masked_log_prob(self.weight_logits, self.factor_logits, x0[self.mask], self.mask)
@@ -87,18 +118,25 @@ class CPDecomposition(SumsNothing):
         that component only); one call for all the uniforms."""
         b, l = x.shape
         u = uniforms(generator, b, l + 1, x.device, Site.draw)  # lanes 0..l-1: the positions; lane l: the component
-        component = sample_categorical(softmax64(head.weight_logits(h), temperature), u=u[:, l])
+        component = sample_categorical(self._weights(head, h, masked, temperature), u=u[:, l])
         return draw_from_components(head, h, x, chosen, component, temperature, generator, u)
+
+    @staticmethod
+    def _weights(head, h, masked, temperature) -> torch.Tensor:
+        """The mixture weights of the tempered joint (``cp_tempered_weight_logits``), float64 [b, r]; away from
+        T = 1 every masked position's r factors are computed for them."""
+        factors = None if is_one(temperature) else head.component_logits(h[masked])
+        return torch.softmax(cp_tempered_weight_logits(head.weight_logits(h), factors, masked, temperature), -1)
 
     def component_weights(self, head, h, masked, temperature) -> torch.Tensor:
         """The mixture weights w_a of each masked position's sequence (Eqs. 14-15: the known positions'
         one-hot factors equal 1), tempered as ``draw`` draws the component."""
-        return softmax64(head.weight_logits(h), temperature)[masked.nonzero()[:, 0]]  # [m, r]
+        return self._weights(head, h, masked, temperature)[masked.nonzero()[:, 0]]  # [m, r]
 
     def marginals_at(self, head, h, masked, chosen, temperature, contraction) -> torch.Tensor:
         """sum_a w_a p^(a,i)(x) (Eqs. 14-15, S = the known positions: their one-hot factors equal 1), the
-        r factors of the chosen positions only."""
+        r factors of the chosen positions only; at T != 1 the tempered joint's (``cp_tempered_weight_logits``)."""
         rows = chosen.nonzero()[:, 0]
-        weights = softmax64(head.weight_logits(h), temperature)[rows]  # [m, r]
+        weights = self._weights(head, h, masked, temperature)[rows]  # [m, r]
         factors = softmax64(head.component_logits(h[chosen]), temperature, rows=rows)  # [m, r, v]
         return torch.einsum("ma,mav->mv", weights, factors)

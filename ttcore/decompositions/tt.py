@@ -14,6 +14,8 @@ from ttcore.distributions import (
     tt_chain_log_value,
     tt_contracted_from_logits,
     tt_cores_from_logits,
+    tt_h_transform,
+    tt_messages,
     tt_sample_path,
     tt_state_marginals,
 )
@@ -81,12 +83,54 @@ def core_rows64(head, h: torch.Tensor, temperature, rows: torch.Tensor | None = 
     return torch.softmax(tempered(flat, temperature, rows), -1).view(n, r, v, r)
 
 
+def tempered_log_cores(head, h: torch.Tensor, temperature, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """log G_i(x, j, k) / T of the row-normalized cores (Eq. 10) of positions with features h [n, d], float64,
+    laid out [n, j, x, k], each position shifted by its own maximum (a positive factor per position, which
+    no draw or marginal of the tempered train depends on; it keeps the entries of the best path near 1 at
+    small T). The entries of the tempered train (docs: concepts, temperature). ``rows``: as ``tempered``."""
+    logits = head.core_logits(h)  # [n, v, r, r]
+    n, v, r, _ = logits.shape
+    flat = logits.transpose(1, 2).reshape(n, r, v * r).double()
+    log_h = tempered(flat - flat.logsumexp(-1, keepdim=True), temperature, rows)
+    return (log_h - log_h.amax((1, 2), keepdim=True)).view(n, r, v, r)
+
+
 def exact_contracted_cores(head, h: torch.Tensor, temperature, rows: torch.Tensor | None = None) -> torch.Tensor:
-    """sum_x G_j(x) of the tempered, row-normalized cores (Eq. 10, Eq. 16 with j outside S), from the
-    head's V x r x r outputs, in float64, chunked over positions. h [n, d] -> [n, r, r]."""
-    return torch.cat([core_rows64(head, h[s:s + EXACT_CHUNK], temperature,
-                                  None if rows is None else rows[s:s + EXACT_CHUNK]).sum(2)
+    """sum_x G_j(x) (Eq. 16 with j outside S) from the head's V x r x r outputs, in float64, chunked over
+    positions; at T != 1 the tempered train's sum_x G_j(x)^(1/T) (``tempered_log_cores``: up to a factor per
+    position), no longer row-stochastic. h [n, d] -> [n, r, r]."""
+    if is_one(temperature):
+        return torch.cat([core_rows64(head, h[s:s + EXACT_CHUNK], 1.0).sum(2) for s in range(0, len(h), EXACT_CHUNK)])
+    return torch.cat([tempered_log_cores(head, h[s:s + EXACT_CHUNK], temperature,
+                                         None if rows is None else rows[s:s + EXACT_CHUNK]).exp().sum(2)
                       for s in range(0, len(h), EXACT_CHUNK)])
+
+
+def tempered_sums(head, h: torch.Tensor, masked: torch.Tensor, temperature) -> torch.Tensor:
+    """The tempered train's matrices at every position: sum_x G_i(x)^(1/T) at the masked ones, the identity at
+    the known ones. -> [b, l, r, r] float64."""
+    b, l = masked.shape
+    mats = torch.eye(head.rank, dtype=torch.float64, device=h.device).repeat(b, l, 1, 1)
+    if masked.any():
+        mats[masked] = exact_contracted_cores(head, h[masked], temperature, entry_rows(temperature, masked))
+    return mats
+
+
+def tt_tempered_marginals(head, h: torch.Tensor, masked: torch.Tensor, chosen: torch.Tensor,
+                          temperature) -> torch.Tensor:
+    """p_T(x^i) at the chosen positions of the tempered train (docs: concepts, temperature): every other masked
+    position summed, left_i^T G_i(x)^(1/T) right_i normalized over x (Eq. 17 with the tempered train's
+    matrices, ``tt_messages``). -> [m, v] float64, row-major over chosen."""
+    left, right = tt_messages(tempered_sums(head, h, masked, temperature))
+    left, right, hc, rc = left[chosen], right[chosen], h[chosen], entry_rows(temperature, chosen)
+    marg = None
+    for s in range(0, len(hc), EXACT_CHUNK):
+        cores = tempered_log_cores(head, hc[s:s + EXACT_CHUNK], temperature,
+                                   None if rc is None else rc[s:s + EXACT_CHUNK]).exp()  # [n, j, x, k]
+        part = torch.einsum("nj,njxk,nk->nx", left[s:s + EXACT_CHUNK], cores, right[s:s + EXACT_CHUNK])
+        marg = part.new_empty(len(hc), part.shape[1]) if marg is None else marg
+        marg[s:s + EXACT_CHUNK] = part / part.sum(-1, keepdim=True)
+    return marg
 
 
 def tt_chosen_marginals(head, h: torch.Tensor, masked: torch.Tensor, chosen: torch.Tensor, temperature: float,
@@ -96,7 +140,10 @@ def tt_chosen_marginals(head, h: torch.Tensor, masked: torch.Tensor, chosen: tor
     predetermined step draws from (``TTDecomposition.draw``): the other masked positions
     enter through the contracted-core head (``contraction="head"``, temperature 1) or the cores' own sums
     (``"exact"``: the TT of Eq. 9, as ``TensorTrain.marginals``); the chosen ones through their own sums.
-    Full V x r x r cores are computed for a chunk of positions at a time. -> [m, v], row-major over chosen."""
+    Full V x r x r cores are computed for a chunk of positions at a time. At T != 1: the tempered train's
+    (``tt_tempered_marginals``). -> [m, v], row-major over chosen."""
+    if not is_one(temperature):
+        return tt_tempered_marginals(head, h, masked, chosen, temperature)
     b, l = masked.shape
     r = head.rank
     pos = torch.arange(l, device=masked.device)
@@ -128,9 +175,16 @@ class TTOutputs:
     contracted_logits: torch.Tensor | None = None
 
     def joint(self, tokens: torch.Tensor, temperature: float = 1.0) -> TensorTrain:
-        """float32 (a text sample's r=4 cores are 67 MB; each draw renormalizes in float64)."""
-        logits = tempered(self.core_logits, temperature, entry_rows(temperature, self.mask))
-        return TensorTrain.from_masked(tt_cores_from_logits(logits), tokens, self.mask)
+        """float32 (a text sample's r=4 cores are 67 MB; each draw renormalizes in float64); at T != 1 the
+        tempered train's entries G(x)^(1/T), in float64 (docs: concepts, temperature): not row-stochastic,
+        which the train's marginals do not need."""
+        if is_one(temperature):
+            return TensorTrain.from_masked(tt_cores_from_logits(self.core_logits), tokens, self.mask)
+        logits = self.core_logits.double()  # [m, x, j, k]
+        log_g = logits - logits.logsumexp((1, 3), keepdim=True)
+        log_h = tempered(log_g, temperature, entry_rows(temperature, self.mask))
+        cores = (log_h - log_h.amax((1, 2, 3), keepdim=True)).exp()
+        return TensorTrain.from_masked(cores, tokens, self.mask)
 
     def log_prob(self, x0: torch.Tensor) -> torch.Tensor:
         return tt_masked_log_prob(self.core_logits, x0[self.mask], self.mask)
@@ -200,6 +254,8 @@ class TTDecomposition:
         of the sampled state is computed (r outputs of the r * r)."""
         if contraction not in CONTRACTIONS:
             raise ValueError(f"contraction must be one of {CONTRACTIONS}, got {contraction!r}")
+        if not is_one(temperature):
+            return self._draw_tempered(head, h, masked, chosen, temperature, generator)
         b, l = x.shape
         r = head.rank
         contracted = torch.eye(r, dtype=torch.float64, device=x.device).repeat(b, l, 1, 1)  # known: I
@@ -217,6 +273,26 @@ class TTDecomposition:
             return softmax64(logits.reshape(len(n), -1), temperature, rows=n).view(len(n), r, -1).transpose(1, 2)
 
         return tt_sample_path(contracted, chosen, core_rows, generator)
+
+    @staticmethod
+    def _draw_tempered(head, h, masked, chosen, temperature, generator) -> torch.Tensor:
+        """The draw at T != 1, exact with respect to the tempered train (docs: concepts, temperature): every
+        masked position's sum_x G(x)^(1/T) from its full cores, the right messages through them, and the
+        train drawn as the hidden Markov chain of its h-transform (``tt_h_transform``: the start state and
+        each transition weighed by what lies ahead). At a chosen position row j of its cores is computed
+        again, times the message after it."""
+        r, tiny = head.rank, torch.finfo(torch.float64).tiny
+        mats = tempered_sums(head, h, masked, temperature)
+        _, right = tt_messages(mats)
+        stochastic, start = tt_h_transform(mats, right)
+
+        def core_rows(n, t, j):  # G_t(x, j, k)^(1/T) right_t(k), normalized over (x, k): [n, v, r]
+            logits = head.select_logits(h[n, t], j * r, r).reshape(len(n), -1).double()  # [n, k * v]
+            log_h = tempered(logits - logits.logsumexp(-1, keepdim=True), temperature, n)
+            ahead = log_h.view(len(n), r, -1) + right[n, t].clamp_min(tiny).log()[:, :, None]  # [n, k, v]
+            return torch.softmax(ahead.reshape(len(n), -1), -1).view(len(n), r, -1).transpose(1, 2)
+
+        return tt_sample_path(stochastic, chosen, core_rows, generator, start=start)
 
     def component_weights(self, head, h, masked, temperature) -> torch.Tensor:
         """w_{i,(j,k)} = pi_{i,j} Gbar_{i,jk}, output e = j * r + k: p(x^i) = pi_i^T G_i(x^i) 1 (Eqs. 16-17) and

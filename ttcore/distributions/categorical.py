@@ -22,6 +22,14 @@ def tempered(logits: torch.Tensor, temperature, rows: torch.Tensor | None = None
     return logits / t.to(logits.dtype).view(-1, *([1] * (logits.dim() - 1)))
 
 
+def tempered_log_normalizer(logits: torch.Tensor, temperature, rows: torch.Tensor | None = None,
+                            dim=-1) -> torch.Tensor:
+    """log sum_x p(x)^(1/T) of the categoricals p = softmax(logits) over ``dim``: logsumexp(logits / T) -
+    logsumexp(logits) / T (``tempered``'s temperature and rows), in the logits' dtype. What a tempered joint
+    weighs each categorical by when its latent index is tempered with it (docs: concepts, temperature)."""
+    return tempered(logits, temperature, rows).logsumexp(dim) - tempered(logits.logsumexp(dim), temperature, rows)
+
+
 def entry_rows(temperature, mask: torch.Tensor) -> torch.Tensor | None:
     """The batch row of each True entry of ``mask`` [b, l] (row-major), for ``tempered``'s ``rows`` when the
     logits are those entries; None (nothing computed) for one temperature for all."""

@@ -107,6 +107,34 @@ def tt_contract(cores: torch.Tensor, x_cond: torch.Tensor, summed: torch.Tensor 
 
 
 @own_precision
+def tt_messages(mats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The train's boundary vectors at every position: left_i = 1^T M_1 .. M_{i-1} and right_i = M_{i+1} .. M_l 1,
+    each known up to a positive factor (scaled to max 1). Any nonnegative matrices (row-stochastic or not:
+    a tempered train's sums). mats [b, l, r, r] -> (left, right) [b, l, r] each."""
+    b, l, r, _ = mats.shape
+    ones = mats.new_ones(b, 1, r)
+    left = torch.cat([ones, (ones.unsqueeze(-2) @ _scan(mats)[:, :-1]).squeeze(-2)], 1)  # [b, l, r]
+    right = torch.cat([(_scan(mats, reverse=True)[:, 1:] @ ones.transpose(1, 2).unsqueeze(1)).squeeze(-1),
+                       ones], 1)  # [b, l, r]
+    left = left / left.amax(-1, keepdim=True).clamp_min(torch.finfo(left.dtype).tiny)
+    right = right / right.amax(-1, keepdim=True).clamp_min(torch.finfo(right.dtype).tiny)
+    return left, right
+
+
+def tt_h_transform(mats: torch.Tensor, right: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A train of nonnegative matrices M_i (a tempered train's sums over x: not row-stochastic) as the hidden
+    Markov chain with the same path distribution (Doob's h-transform with the right messages h_i =
+    ``right``, from ``tt_messages``): M'_i[j, k] = M_i[j, k] h_i(k) / (M_i h_i)(j), row-stochastic, and the
+    start state distributed as (M_1 h_1)(j) normalized (the uniform start times what lies ahead).
+    mats [b, l, r, r], right [b, l, r] -> (stochastic mats [b, l, r, r], start [b, r])."""
+    tiny = torch.finfo(mats.dtype).tiny
+    ahead = mats * right[:, :, None, :]
+    stochastic = ahead / ahead.sum(-1, keepdim=True).clamp_min(tiny)
+    start = ahead[:, 0].sum(-1)
+    return stochastic, start / start.sum(-1, keepdim=True).clamp_min(tiny)
+
+
+@own_precision
 def tt_marginals(cores: torch.Tensor, x_cond: torch.Tensor, summed: torch.Tensor | None = None) -> torch.Tensor:
     """p(x^i | x_S) ∝ 1^T Gbar_1..Gbar_{i-1} G_i(x^i) Gbar_{i+1}..Gbar_l 1  (Eq. 17) -> [b, l, v].
 
@@ -114,13 +142,7 @@ def tt_marginals(cores: torch.Tensor, x_cond: torch.Tensor, summed: torch.Tensor
     never divided by and the per-position scale of the scans cancels.
     """
     b, l, v, r, _ = cores.shape
-    gbar = tt_contract(cores, x_cond, summed)  # [b, l, r, r]
-    ones = cores.new_ones(b, 1, r)
-    left = torch.cat([ones, (ones.unsqueeze(-2) @ _scan(gbar)[:, :-1]).squeeze(-2)], 1)  # [b, l, r]
-    right = torch.cat([(_scan(gbar, reverse=True)[:, 1:] @ ones.transpose(1, 2).unsqueeze(1)).squeeze(-1),
-                       ones], 1)  # [b, l, r]
-    left = left / left.amax(-1, keepdim=True).clamp_min(torch.finfo(left.dtype).tiny)
-    right = right / right.amax(-1, keepdim=True).clamp_min(torch.finfo(right.dtype).tiny)
+    left, right = tt_messages(tt_contract(cores, x_cond, summed))
     joint = torch.einsum("blj,blvjk,blk->blv", left, cores, right)  # p(x^i, x_S) up to a factor
     marg = joint / joint.sum(-1, keepdim=True)
     known = (x_cond >= 0).unsqueeze(-1)
@@ -181,7 +203,8 @@ def chosen_index(chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return idx.clamp_max(l - 1), valid
 
 
-def tt_sample_path(contracted: torch.Tensor, chosen: torch.Tensor, core_rows, generator=None) -> torch.Tensor:
+def tt_sample_path(contracted: torch.Tensor, chosen: torch.Tensor, core_rows, generator=None,
+                   start: torch.Tensor | None = None) -> torch.Tensor:
     """Joint draw of x_T (Sec. 4.3, special case) by ancestral sampling of the hidden chain, exact with
     respect to the train whose unchosen positions are the given ``contracted`` matrices.
 
@@ -193,7 +216,9 @@ def tt_sample_path(contracted: torch.Tensor, chosen: torch.Tensor, core_rows, ge
     positions t and states j [n] returns G_t(x, j, k) as [n, v, r]. So only r of the r * r core rows
     are ever needed at a chosen position, and nothing is divided. ``generator``: a torch.Generator or the
     batch's ``Streams`` (three uniforms per chosen position of a row, taken at once: ``Site.draw``, lanes
-    3a .. 3a + 2 for its a-th chosen position). ``chosen`` [b, l] bool -> [b, l] long, -1 off T.
+    3a .. 3a + 2 for its a-th chosen position). ``start`` [b, r]: the state's distribution before G_1 (None:
+    uniform; a tempered train's h-transform gives its own, ``tt_h_transform``). ``chosen`` [b, l] bool -> [b, l]
+    long, -1 off T.
     """
     b, l, r, _ = contracted.shape
     idx, valid = chosen_index(chosen)  # [b, t]
@@ -201,7 +226,7 @@ def tt_sample_path(contracted: torch.Tensor, chosen: torch.Tensor, core_rows, ge
     rows = torch.arange(b, device=chosen.device)
     gaps = tt_gap_products(contracted, chosen) if idx.shape[1] > 1 else None  # [b, l, r, r]
     eye = torch.eye(r, dtype=contracted.dtype, device=contracted.device)
-    state = contracted.new_full((b, r), 1.0 / r)  # distribution of the hidden state before G_1
+    state = contracted.new_full((b, r), 1.0 / r) if start is None else start  # the hidden state before G_1
     u = uniforms(generator, b, 3 * idx.shape[1], chosen.device, Site.draw).view(b, -1, 3)  # [b, t, 3]
     for a in range(idx.shape[1]):
         live = rows[valid[:, a]]  # [n] rows with an a-th chosen position: only they draw
