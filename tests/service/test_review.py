@@ -226,3 +226,28 @@ def test_retry_after_is_when_the_slot_frees(checkpoints):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.mark.parametrize("head,why", [
+    (b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n",
+     b"Transfer-Encoding"),
+    (b"GET /models HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n  folded\r\n\r\n", b"obs-fold"),
+    (b"GET /models HTTP/1.1\nHost: x\n\n", b"bare LF"),
+    (b"GET /models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer a\nX-Injected: 1\r\n\r\n", b"bare LF"),
+])
+def test_request_heads_that_parsers_read_differently_are_refused(server, head, why):
+    """The review: h11 accepted Content-Length with chunked, obs-fold, bare LF and a LF inside Authorization; a
+    proxy in front may parse them otherwise (request smuggling). Each gets a 400 naming the rule and a close,
+    and a well-formed request on a new connection is answered."""
+    import socket
+    from urllib.parse import urlparse
+
+    u = urlparse(server)
+    with socket.create_connection((u.hostname, u.port)) as s:
+        s.sendall(head)
+        s.settimeout(30)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 400") and why in data, data[:300]
+    assert httpx.get(server + "/models").status_code == 200
