@@ -348,7 +348,8 @@ class Engine:
         try:
             return await asyncio.get_running_loop().run_in_executor(batcher.executor, fn)
         finally:
-            batcher.busy_since = None
+            batcher.busy_since, batcher.dirty = None, True  # its freed memory is given back once idle
+            batcher.wake.set()  # the loop, idle or not, looks again (and starts its idle countdown)
 
     def abort(self, job_id: str) -> None:
         job = self._jobs.get(job_id)

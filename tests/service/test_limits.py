@@ -375,5 +375,19 @@ def test_score_requests_hold_an_engine_slot_under_the_request_limit(checkpoints)
         with pytest.raises(ScoreCancelled):
             await task
         assert not engine._jobs
+        # the review: memory freed by /score stayed held until the next generation; now the model's queue,
+        # idle after a score, gives it back as after a generation (dirty: steps or pieces ran since then)
+        batcher = engine._batchers[serving.registry.resolve("qm9", "tt", None).name]
+
+        async def given_back(what: str):
+            deadline = time.time() + 60  # a hang guard: the release comes IDLE_RELEASE_S after the queue empties
+            while batcher.dirty:
+                assert time.time() < deadline, what
+                await asyncio.sleep(0.05)
+
+        await given_back("the generation's memory was never given back")
+        await scores.score(serving, score)
+        assert batcher.dirty  # the score alone marked it
+        await given_back("the memory freed by /score was never given back")
 
     asyncio.run(scenario())
