@@ -280,6 +280,13 @@ def plan(model, speed: Speed, *, num_samples: int, steps: int, config: SamplerCo
             raise TooLarge("steps", f"one sequence needs about {estimate(1, steps)[0]:.3g} s here, more than fits "
                                     f"timeout_s {timeout_s:g} and the {step_limit_s:g} s step limit; use at most {k} "
                                     f"steps{with_n}", compute=True)
+    whole, step = estimate(1, l)
+    if step > step_limit_s:  # the step limit refused, not the deadline: name what changes a step's work
+        raise TooLarge("ordering" if adaptive else "model",
+                       f"one step of one sequence needs about {step:.3g} s here, above the server's step limit "
+                       f"of {step_limit_s:g} s (--max-step-s), at any num_samples, steps or timeout_s"
+                       + ("; use a predetermined ordering (random, left_to_right, halton)" if adaptive
+                          else "; this model's steps do not fit this server"), compute=True)
     raise TooLarge("timeout_s", f"no num_samples or steps fits timeout_s {timeout_s:g} here: one sequence at "
                                 f"one step needs about {estimate(1, 1)[0]:.3g} s"
                                 + ("; use a predetermined ordering (random, left_to_right, halton)"

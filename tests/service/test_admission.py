@@ -105,6 +105,21 @@ def test_a_hint_does_not_drift_with_the_estimate():
     assert hints == {150}, hints
 
 
+def test_generation_names_the_step_limit_when_the_step_limit_refused():
+    """The review: /generate's 422 blamed ``timeout_s`` when the step limit refused (a longer deadline would not
+    have helped). One sequence's step above ``--max-step-s`` names the rule and what changes a step's work."""
+    model = _model("none")
+    slow = Speed(predetermined_step=5.0, exact_step=5.0, chain_rule=0.0)
+    with pytest.raises(TooLarge) as e:
+        plan(model, slow, num_samples=4, steps=4, config=SamplerConfig(), timeout_s=600.0, memory_budget=1 << 30,
+             step_limit_s=2.0)
+    assert e.value.field == "model" and "step limit of 2 s (--max-step-s)" in str(e.value)
+    with pytest.raises(TooLarge) as e:  # a deadline too short is still the deadline's refusal
+        plan(model, slow, num_samples=4, steps=4, config=SamplerConfig(), timeout_s=1.0, memory_budget=1 << 30,
+             step_limit_s=60.0)
+    assert e.value.field == "timeout_s"
+
+
 def test_scoring_names_the_step_limit_when_the_step_limit_refused():
     """The review: /score's 422 said ``timeout_s`` when the per-step limit (``--max-step-s``) refused it. Each
     refusal now names the rule that refused, and its hint is admitted."""
