@@ -238,21 +238,25 @@ class _Batcher:
             m.forward_seconds.labels(name).inc(forward_s)
             m.forward_samples.labels(name).observe(done.forward_rows)
             m.forward_requests.labels(name).observe(len(forward_jobs))
-        # each job's share of this step's time: the forward by the sequences it sent through the backbone,
-        # the rest (heads, joint draws) by its sequences in the step
+        # each job's share of this step's time: the forward by the sequences it sent through the backbone, its
+        # group's heads and joint draws by its sequences in that group (a cheap kind of work is not charged for
+        # an expensive one beside it: admission learns each kind's cost from these), the little that is left
+        # (counts, gathers) by its sequences in the step
         rows = {id(job): job.run.tokens.shape[0] for job in batch}
+        shared = max(step_s - forward_s - sum(done.group_seconds), 0.0)
         forward_rows = sum(rows[i] for i in forward_jobs) or 1
         # one copy to the host for the whole step (on CUDA, one sync instead of two per job); the event
         # loop then only ever touches CPU tensors
         sizes = [state.tokens.shape[0] for state in states]
         host_tokens, host_committed = done.tokens.cpu().split(sizes), done.committed.cpu().split(sizes)
         outputs = []
-        for job, state, tokens, committed_mask in zip(batch, states, host_tokens, host_committed):
+        for job, state, tokens, committed_mask, own in zip(batch, states, host_tokens, host_committed,
+                                                           done.group_seconds):
             if job.started is None:
                 job.started = t0
             share = rows[id(job)]
             job.forward_s += forward_s * share / forward_rows if id(job) in forward_jobs else 0.0
-            job.sampling_s += (step_s - forward_s) * share / sum(rows.values())
+            job.sampling_s += own + shared * share / sum(rows.values())
             job.overhead_steps += share / forward_rows if id(job) in forward_jobs else 0.0
             committed = [[] for _ in range(state.committed.shape[0])]
             for i, pos in committed_mask.nonzero().tolist():  # one op for all rows, not one per row

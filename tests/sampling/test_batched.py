@@ -94,3 +94,19 @@ def test_ops_per_step_grow_with_settings_not_with_requests(decomposition):
     temperatures = dict(temperature=lambda i: 0.5 + i / 64)  # 32 requests, each its own temperature (not 1)
     one, many = _ops_per_step(model, 1, temperature=0.7), _ops_per_step(model, 32, **temperatures)
     assert many <= 1.5 * one, (one, many)
+
+
+def test_each_run_is_charged_its_own_groups_work():
+    """The review: a batched step's sampling time was split across its runs by rows whatever their kind of work,
+    which blended the per-kind costs admission learns from. Each run's share is its own group's time, split by
+    rows within the group (two runs of one setting: 2 and 6 rows get 1:3), and a run of another group (the
+    exact chain rule steps apart) gets its own; the shares never exceed the step."""
+    model = tiny_model("tt", 5, 8, 2, perturb=0.3, noise=0.3)
+    runs = [make_run(model, 2, 4, seed=0), make_run(model, 6, 4, seed=1),
+            make_run(model, 3, 4, seed=2, ordering="entropy", adaptive_path="exact")]
+    with torch.no_grad():
+        done = batch_step(model, runs)
+    a, b, c = done.group_seconds
+    assert a > 0 and b == pytest.approx(3 * a) and c > 0
+    assert c != pytest.approx(3 / 2 * a)  # not the rows' share of one pooled time
+    assert sum(done.group_seconds) <= done.seconds

@@ -66,14 +66,18 @@ def test_text_family_streams_with_a_prefix_prompt(server):
 
 
 def test_stream_events_arrive_as_they_happen(server):
+    length = next(m for m in httpx.get(server + "/models").json()["models"] if m["model"] == "qm9")["length"]
     events = stream_events(server, dict(num_samples=64, steps=30, seed=0, ordering="top_prob"))
     steps = [e for e in events if e[1] == "step"]
-    assert len(steps) == 30 and events[-1][1] == "done"
-    assert [p["step"] for _, _, p in steps] == list(range(1, 31))
+    # 30 steps over fewer positions: only the steps that commit send an event (one position each here)
+    assert length < 30 and len(steps) == length and events[-1][1] == "done"
+    numbers = [p["step"] for _, _, p in steps]
+    assert numbers == sorted(set(numbers)) and numbers[-1] <= 30
+    assert all(sum(map(len, p["committed"])) > 0 for _, _, p in steps)
     first, last = steps[0][0], events[-1][0]
     assert last - first > 0.5 * last  # the first step's event came long before the end
     arrivals = sorted({round(t, 3) for t, _, _ in steps})
-    assert len(arrivals) > 20  # not one buffered burst
+    assert len(arrivals) > length // 2  # not one buffered burst
     assert "[MASK]" in steps[0][2]["sequences"][0] and "[MASK]" not in steps[-1][2]["sequences"][0]
     assert sum(len(c) for c in steps[0][2]["committed"]) > 0
 

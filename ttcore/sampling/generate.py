@@ -94,6 +94,7 @@ class BatchStep:
     forward_rows: int  # sequences in the backbone call (0: no run needed the model)
     forward_seconds: float  # wall time of the backbone call (on CUDA, to the end of its kernels)
     seconds: float  # wall time of the whole step (on CUDA, to the end of the forward's kernels only)
+    group_seconds: list[float]  # per run: its share (by rows) of its own group's choose and draw time
 
 
 def _take(t: torch.Tensor | None, index: torch.Tensor | None):
@@ -103,6 +104,104 @@ def _take(t: torch.Tensor | None, index: torch.Tensor | None):
 
 def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+class _Batch:
+    """The rows of a batched step: every run's tokens in one tensor, each run's row span, and the batch rows of
+    any subset of runs."""
+
+    def __init__(self, runs: list[GenerationRun]):
+        self.runs, self.sizes = runs, [run.tokens.shape[0] for run in runs]
+        self.starts = [0]
+        for n in self.sizes:
+            self.starts.append(self.starts[-1] + n)
+        self.tokens = _cat([run.tokens for run in runs])  # [B, l]
+        self.device = self.tokens.device
+        self.masked = self.tokens == runs[0].mask_id
+
+    def rows_of(self, members: list[int]) -> torch.Tensor | None:
+        """Batch rows of these runs (None: every row)."""
+        if len(members) == len(self.runs):
+            return None
+        return torch.tensor([r for i in members for r in range(self.starts[i], self.starts[i + 1])],
+                            device=self.device)
+
+
+def _groups(model, batch: _Batch) -> tuple[list, torch.Tensor]:
+    """Runs of equal sampler settings share one ``counts``, ``choose`` and ``draw`` (the exact chain rule steps
+    each run apart: see ``batch_step``). -> ([(config, members, index, rows)], counts [B])."""
+    runs, sizes, device = batch.runs, batch.sizes, batch.device
+    n_current, length = batch.masked.sum(1), batch.tokens.shape[1]
+    seed, row, step, steps = torch.tensor([(run.seed, r, run.step_index, run.steps) for run in runs
+                                           for r in range(run.tokens.shape[0])], device=device).unbind(1)
+    streams = Streams(seed, row, step)
+    n_initial = _cat([run.n_initial for run in runs])
+    groups: dict[tuple, list[int]] = {}  # equal settings (the temperature per sequence) -> their runs
+    for i, run in enumerate(runs):
+        groups.setdefault((run.config.batch_key, i if run.sampler.adaptive else -1), []).append(i)
+    counts, parts = None, []
+    for members in groups.values():
+        index, config = batch.rows_of(members), runs[members[0]].config
+        plan = None if runs[members[0]].plan is None else _cat([runs[i].plan for i in members])
+        temperature = config.temperature
+        if temperature != 1.0 and any(runs[i].config.temperature != temperature for i in members):
+            temperature = torch.tensor([runs[i].config.temperature for i in members for _ in range(sizes[i])],
+                                       dtype=torch.float64, device=device)
+        rows = Rows(model, config, streams.rows(index) if index is not None else streams, _take(n_initial, index),
+                    _take(step, index), _take(steps, index), plan, length, temperature)
+        c = config.step.counts(rows, _take(n_current, index))
+        parts.append((config, members, index, rows))
+        if index is None:
+            counts = c
+        else:
+            counts = torch.empty_like(n_current) if counts is None else counts
+            counts[index] = c
+    return parts, counts
+
+
+def _draw_groups(batch: _Batch, parts: list, counts: torch.Tensor, need: list[bool], h: torch.Tensor,
+                 fwd: list[int]) -> tuple[torch.Tensor | None, list[float]]:
+    """Each group's ``choose`` and ``draw`` on its rows of the features ``h`` (the rows of runs ``fwd``), in
+    micro-batches of at most the group's smallest ``max_rows_per_pass``. -> (values [B, l] or None, each
+    run's share of the wall time of its own group's work: by rows within the group, so that a cheap group's
+    runs are not charged for an expensive one's)."""
+    runs, sizes, tokens, masked, device = batch.runs, batch.sizes, batch.tokens, batch.masked, batch.device
+    at_h, offset = {}, 0  # batch row start of each forward run -> its row start in h
+    for i in fwd:
+        at_h[i], offset = offset, offset + sizes[i]
+    values, spent = None, [0.0] * len(runs)
+    timed = tokens.is_cuda and len(parts) > 1  # on CUDA a group's time is its kernels': synchronize between
+    for config, members, index, rows in parts:
+        go = [i for i in members if need[i]]
+        if not go:
+            continue
+        t0 = time.perf_counter()
+        if len(go) == len(runs):  # everything, in one group: no gathers
+            b_index, h_index, grows = None, None, rows
+        else:
+            b_index = batch.rows_of(go)
+            h_index = torch.tensor([at_h[i] + r for i in go for r in range(sizes[i])], device=device)
+            grows = rows if go == members else _rows_among(rows, members, go, sizes)
+        hg, tg, mg, cg = _take(h, h_index), _take(tokens, b_index), _take(masked, b_index), _take(counts, b_index)
+        cap = min((runs[i].max_rows_per_pass or len(tg)) for i in go)
+        out = []
+        for s0 in range(0, len(tg), cap):  # micro-batches bound the choice's and the draw's memory
+            part = slice(s0, s0 + cap) if cap < len(tg) else slice(None)
+            pr = grows if cap >= len(tg) else grows[part]
+            chosen = config.step.choose(pr, hg[part], tg[part], mg[part], cg[part])
+            out.append(config.step.draw(pr, hg[part], tg[part], mg[part], chosen, cg[part]))
+        v = _cat(out)
+        if b_index is None:
+            values = v
+        else:
+            values = torch.full_like(tokens, -1) if values is None else values
+            values[b_index] = v
+        if timed:
+            torch.cuda.synchronize(device)
+        took, group_rows = time.perf_counter() - t0, sum(sizes[i] for i in go)
+        for i in go:
+            spent[i] = took * sizes[i] / group_rows
+    return values, spent
 
 
 @torch.inference_mode()
@@ -120,52 +219,14 @@ def batch_step(model, runs: list[GenerationRun], forward=None) -> BatchStep:
     loop body of the service's continuous batching; run it under ``model.compute_context()``. ``forward``: the
     backbone call (a ``graphs.ForwardGraphs``: padded to a bucket, CUDA graphs); None: ``model.features``."""
     t0 = time.perf_counter()
-    sizes = [run.tokens.shape[0] for run in runs]
-    starts = [0]
-    for n in sizes:
-        starts.append(starts[-1] + n)
-    tokens = _cat([run.tokens for run in runs])  # [B, l]
-    device, length = tokens.device, tokens.shape[1]
-    masked = tokens == runs[0].mask_id
-    n_current = masked.sum(1)
-    seed, row, step, steps = torch.tensor([(run.seed, r, run.step_index, run.steps) for run in runs
-                                           for r in range(run.tokens.shape[0])], device=device).unbind(1)
-    streams = Streams(seed, row, step)
-    n_initial = _cat([run.n_initial for run in runs])
-    groups: dict[tuple, list[int]] = {}  # equal settings (the temperature per sequence) -> their runs
-    for i, run in enumerate(runs):  # the exact chain rule (adaptive steps) draws each run apart: see the docstring
-        groups.setdefault((run.config.batch_key, i if run.sampler.adaptive else -1), []).append(i)
-
-    def rows_of(members: list[int]) -> torch.Tensor | None:  # batch rows of these runs (None: every row)
-        if len(members) == len(runs):
-            return None
-        return torch.tensor([r for i in members for r in range(starts[i], starts[i + 1])], device=device)
-
-    counts, parts = None, []
-    for members in groups.values():
-        index, config = rows_of(members), runs[members[0]].config
-        plan = None if runs[members[0]].plan is None else _cat([runs[i].plan for i in members])
-        temperature = config.temperature
-        if temperature != 1.0 and any(runs[i].config.temperature != temperature for i in members):
-            temperature = torch.tensor([runs[i].config.temperature for i in members for _ in range(sizes[i])],
-                                       dtype=torch.float64, device=device)
-        rows = Rows(model, config, streams.rows(index) if index is not None else streams, _take(n_initial, index),
-                    _take(step, index), _take(steps, index), plan, length, temperature)
-        c = config.step.counts(rows, _take(n_current, index))
-        parts.append((config, members, index, rows))
-        if index is None:
-            counts = c
-        else:
-            counts = torch.empty_like(n_current) if counts is None else counts
-            counts[index] = c
+    batch = _Batch(runs)
+    parts, counts = _groups(model, batch)
     row_needed = (counts != 0).tolist()  # one wait for the whole batch
-    need = [any(row_needed[starts[i]:starts[i + 1]]) for i in range(len(runs))]
+    need = [any(row_needed[batch.starts[i]:batch.starts[i + 1]]) for i in range(len(runs))]
     fwd = [i for i in range(len(runs)) if need[i]]
-    forward_s, forward_rows = 0.0, 0
-    values = None
+    forward_s, forward_rows, values, spent = 0.0, 0, None, [0.0] * len(runs)
     if fwd:
-        x_index = rows_of(fwd)
-        x = _take(tokens, x_index)
+        x = _take(batch.tokens, batch.rows_of(fwd))
         latent = _cat([runs[i].latent for i in fwd]) if runs[0].latent is not None else None
         if x.is_cuda:  # the forward's own time: what was queued before it finishes first
             torch.cuda.synchronize(x.device)
@@ -175,49 +236,21 @@ def batch_step(model, runs: list[GenerationRun], forward=None) -> BatchStep:
         if x.is_cuda:
             torch.cuda.synchronize(x.device)
         forward_s, forward_rows = time.perf_counter() - t1, x.shape[0]
-        at_h = {}  # batch row start of each forward run -> its row start in h
-        offset = 0
-        for i in fwd:
-            at_h[i], offset = offset, offset + sizes[i]
-        for config, members, index, rows in parts:
-            go = [i for i in members if need[i]]
-            if not go:
-                continue
-            if len(go) == len(runs):  # everything, in one group: no gathers
-                b_index, h_index, grows = None, None, rows
-            else:
-                b_index = rows_of(go)
-                h_index = torch.tensor([at_h[i] + r for i in go for r in range(sizes[i])], device=device)
-                grows = rows if go == members else _rows_among(rows, members, go, sizes)
-            hg, tg, mg, cg = _take(h, h_index), _take(tokens, b_index), _take(masked, b_index), _take(counts, b_index)
-            cap = min((runs[i].max_rows_per_pass or len(tg)) for i in go)
-            out = []
-            for s0 in range(0, len(tg), cap):  # micro-batches bound the choice's and the draw's memory
-                part = slice(s0, s0 + cap) if cap < len(tg) else slice(None)
-                pr = grows if cap >= len(tg) else grows[part]
-                chosen = config.step.choose(pr, hg[part], tg[part], mg[part], cg[part])
-                out.append(config.step.draw(pr, hg[part], tg[part], mg[part], chosen, cg[part]))
-            v = _cat(out)
-            if b_index is None:
-                values = v
-            else:
-                values = torch.full_like(tokens, -1) if values is None else values
-                values[b_index] = v
-    if values is None:
-        values = torch.full_like(tokens, -1)
+        values, spent = _draw_groups(batch, parts, counts, need, h, fwd)
+    values = torch.full_like(batch.tokens, -1) if values is None else values
     committed = values >= 0
-    new = torch.where(committed, values, tokens)
+    new = torch.where(committed, values, batch.tokens)
     left = (new == runs[0].mask_id).sum(1).tolist()  # the second and last wait
     states = []
     for i, run in enumerate(runs):
-        a, b = starts[i], starts[i + 1]
+        a, b = batch.starts[i], batch.starts[i + 1]
         run.tokens = new if len(runs) == 1 else new[a:b]
         run.masked_left = sum(left[a:b])
         run.step_index += 1
         run.model_calls += int(need[i])
         states.append(StepState(run.tokens, committed if len(runs) == 1 else committed[a:b], run.step_index,
                                 run.model_calls, run.done))
-    return BatchStep(states, new, committed, need, forward_rows, forward_s, time.perf_counter() - t0)
+    return BatchStep(states, new, committed, need, forward_rows, forward_s, time.perf_counter() - t0, spent)
 
 
 def _rows_among(rows: Rows, members: list[int], go: list[int], sizes: list[int]) -> Rows:
