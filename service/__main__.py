@@ -9,6 +9,7 @@ import argparse
 import ipaddress
 import logging
 import os
+import time
 
 import uvicorn
 from pydantic import ValidationError
@@ -48,8 +49,35 @@ def main():
     elif not _loopback(args.host):
         log.warning("no API key configured and bound to %s: anyone who reaches this port can use the service "
                     "(set --api-key-file or TTCORE_API_KEY)", args.host)
-    uvicorn.run(create_app(build_serving(args), security), host=args.host, port=args.port, log_level=args.log_level,
-                http=guarded_h11(args.read_timeout_s), log_config=access_log_config())
+    serving = build_serving(args)
+    config = uvicorn.Config(create_app(serving, security), host=args.host, port=args.port, log_level=args.log_level,
+                            http=guarded_h11(args.read_timeout_s), log_config=access_log_config(),
+                            timeout_graceful_shutdown=5)
+    DrainingServer(config, serving.engine, args.drain_timeout_s).run()
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server with a drain before it exits: the first SIGTERM / SIGINT sets the engine draining
+    (/ready 503, new requests 503 with Retry-After) and keeps serving until no request is in flight or
+    ``drain_timeout_s`` has passed; then uvicorn's own shutdown. A second signal exits at once."""
+
+    def __init__(self, config: uvicorn.Config, engine, drain_timeout_s: float):
+        super().__init__(config)
+        self.engine, self.drain_timeout_s, self.drain_started = engine, drain_timeout_s, None
+
+    def handle_exit(self, sig, frame) -> None:
+        if self.drain_started is not None or self.drain_timeout_s == 0:
+            return super().handle_exit(sig, frame)
+        self.drain_started = time.monotonic()
+        self.engine.draining = True
+        log.info("draining: %d requests in flight, at most %g s", self.engine.in_flight, self.drain_timeout_s)
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.drain_started is not None and (
+                self.engine.in_flight == 0 or time.monotonic() - self.drain_started > self.drain_timeout_s):
+            log.info("drained (%d requests still in flight): exiting", self.engine.in_flight)
+            return True
+        return await super().on_tick(counter)
 
 
 if __name__ == "__main__":

@@ -71,6 +71,10 @@ class EmbeddedArgs(ServiceArgs):
     log_level: str = Field("info", description="uvicorn's and ttcore's log level")
     read_timeout_s: float = Field(15.0, gt=0, description="a request's headers and body must arrive within this "
                                                           "(slow clients are disconnected)")
+    drain_timeout_s: float = Field(30.0, ge=0, le=3600,
+                                   description="on SIGTERM / SIGINT: /ready answers 503 (draining), new requests 503 "
+                                               "with Retry-After, and requests in flight get this long to finish "
+                                               "before the server exits (0: exit at once; a second signal too)")
 
 
 def _flag_type(annotation):

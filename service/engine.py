@@ -39,6 +39,7 @@ from .registry import LoadedModel
 log = logging.getLogger("ttcore.engine")
 
 MAX_BACKLOG = 8  # unread outputs per request before its request pauses
+DRAIN_RETRY_AFTER_S = 5  # what a draining server's 503 tells a client (another replica, or this one restarted)
 IDLE_RELEASE_S = 1.0  # a model's queue empty this long: the memory its requests freed goes back to the OS
 
 
@@ -278,6 +279,7 @@ class Engine:
         self.max_batch_samples, self.max_requests = args.max_batch_samples, args.max_requests
         self.stall_s, self.reader_timeout_s = args.stall_s, args.reader_timeout_s
         self.release_idle_memory, self.cuda_graphs = args.release_idle_memory, args.cuda_graphs
+        self.draining = False  # set on shutdown (``service.__main__``): new requests are refused with 503
         compile_streams("cuda", enabled=args.compile_streams)  # only CUDA tensors draw through it
         self.metrics = metrics or Metrics()
         self._batchers: dict[str, _Batcher] = {}
@@ -292,6 +294,11 @@ class Engine:
             if b.busy_since is not None and now - b.busy_since > self.stall_s:
                 return False, f"the worker of {name} has been on one step for {now - b.busy_since:.0f} s"
         return True, "ok"
+
+    @property
+    def in_flight(self) -> int:
+        """Requests admitted and not finished (generation and /score)."""
+        return len(self._jobs)
 
     def idle(self, lm: LoadedModel) -> bool:
         """Whether ``lm`` has no request in flight (admission runs an unmeasured kind's first request then)."""
@@ -316,6 +323,10 @@ class Engine:
         runs its own pieces on the model's worker (``run_on_worker``: /score) counts against the same limit as
         generation and is aborted the same way (``job.cancelled``). ``submit`` gives the slot a run; other work
         gives it back with ``release``."""
+        if self.draining:
+            self.metrics.rejected.inc()
+            raise Overloaded("the server is shutting down (draining: requests in flight finish, new ones go to "
+                             "another replica)", DRAIN_RETRY_AFTER_S)
         if len(self._jobs) >= self.max_requests:
             self.metrics.rejected.inc()
             first_free = min(job.remaining_s for job in self._jobs.values())  # when a slot frees up

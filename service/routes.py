@@ -169,6 +169,8 @@ async def health(serving: Serving = Depends(current_serving)):
 @router.get("/ready")
 async def ready(serving: Serving = Depends(current_serving)):
     registry = serving.registry
+    if serving.engine.draining:  # a load balancer stops sending here; requests in flight finish
+        return JSONResponse({"status": "draining", "in_flight": serving.engine.in_flight}, status_code=503)
     if registry.ready:
         return {"status": "ready", "models": len(registry.models), "refused": registry.refused}
     return JSONResponse({"status": "no models loaded", "refused": registry.refused}, status_code=503)
