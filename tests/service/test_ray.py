@@ -17,10 +17,11 @@ pytestmark = pytest.mark.slow  # servers, Ray, training or end-to-end commands
 def test_ray_serve_streams_and_validates(ray_server, checkpoints):
     models = httpx.get(ray_server + "/models").json()["models"]
     assert len(models) == 4
+    length = next(m for m in models if m["model"] == "qm9")["length"]
     body = dict(num_samples=32, steps=25, seed=5, ordering="top_prob")
     events = stream_events(ray_server, body)
     steps = [e for e in events if e[1] == "step"]
-    assert len(steps) == 25 and events[-1][1] == "done"
+    assert len(steps) == min(25, length) and events[-1][1] == "done"  # idle steps send no event
     assert events[-1][0] - steps[0][0] > 0.3 * events[-1][0]  # incremental through the proxy
     assert [s["text"] for s in events[-1][2]["samples"]] == lone_run_texts(checkpoints / "qm9-tt-r2", body, "bf16")
     r = httpx.post(ray_server + "/generate", json=dict(steps=0))
