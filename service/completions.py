@@ -15,19 +15,22 @@ class CompletionText:
     """One text completion of a canvas (OpenAI's completions): which positions it covers, and what it has
     streamed so far (the streaming rule: ``service.openai_api``)."""
 
-    def __init__(self, tok, start: int, max_tokens: int | None):
-        self.tok, self.start, self.max_tokens = tok, start, max_tokens
+    def __init__(self, tok, start: int, max_tokens: int | None, min_tokens: float = 0):
+        self.tok, self.start, self.max_tokens, self.min_tokens = tok, start, max_tokens, min_tokens
         self.emitted, self.finished = "", False
 
     def completion(self, row: list[int], final: bool) -> tuple[list[int], str | None]:
         """The completion's token ids: its committed leading run (all of it when ``final``), cut at the
-        first end token or max_tokens. -> (ids, finish reason or None while it can still grow)."""
+        first end token at or after ``min_tokens`` tokens (earlier ones are skipped; ``inf``: OpenAI-compatible
+        ``ignore_eos``) or at max_tokens. -> (ids, finish reason or None while it can still grow)."""
         tok, out = self.tok, []
         for t in row[self.start:]:
             if t == tok.mask_id and not final:
                 return out, None
             if t == tok.pad_id:
-                return out, "stop"
+                if len(out) >= self.min_tokens:
+                    return out, "stop"
+                continue
             if self.max_tokens is not None and len(out) == self.max_tokens:
                 return out, "length"
             out.append(t)
@@ -78,11 +81,11 @@ def completion_prompt(serving: Serving, lm, prompt: str) -> CompletionPrompt:
 
 
 async def completions(serving: Serving, job: Ticket, prompt: CompletionPrompt, n: int, max_tokens: int | None,
-                      stream: bool):
+                      stream: bool, min_tokens: float = 0):
     """``CompletionStep``s of ``job`` (every step when ``stream``, else the last only), or a ``Failure``:
     decoding is timed into the answer's ``decode_ms`` and the finished request counted in the metrics."""
     tok = job.lm.tokenizer
-    choices = [CompletionText(tok, prompt.start, max_tokens) for _ in range(n)]
+    choices = [CompletionText(tok, prompt.start, max_tokens, min_tokens) for _ in range(n)]
     async for out in serving.engine.outputs(job.job):
         if isinstance(out, EngineError):
             yield Failure(job.id, out.kind, out.message)

@@ -103,6 +103,11 @@ async def completions(req: CompletionRequest, request: Request, serving: Serving
         raise
 
 
+def _min_tokens(req: CompletionRequest) -> float:
+    """Where an end token may end the completion: never with ``ignore_eos``, else from ``min_tokens`` on."""
+    return float("inf") if req.ignore_eos else req.min_tokens
+
+
 def _usage(prompt, step) -> Usage:
     return Usage(prompt_tokens=prompt.tokens, completion_tokens=step.completion_tokens,
                  total_tokens=prompt.tokens + step.completion_tokens)
@@ -113,7 +118,8 @@ async def _answer(serving: Serving, req: CompletionRequest, request: Request, jo
     prefix = req.prompt if req.echo and not prompt.template else ""
     watcher = asyncio.create_task(serving.cancel_when(request.is_disconnected, job))
     try:
-        async for step in completion_steps(serving, job, prompt, req.n, req.max_tokens, stream=False):
+        async for step in completion_steps(serving, job, prompt, req.n, req.max_tokens, stream=False,
+                                           min_tokens=_min_tokens(req)):
             if isinstance(step, Failure):
                 return openai_error(failure_status(step.kind), step.message, code=step.kind, kind="server_error")
             made = [CompletionChoice(text=prefix + text, index=i, finish_reason=reason)
@@ -131,7 +137,7 @@ async def _chunks(serving: Serving, req: CompletionRequest, job, prompt):
     cid, name = f"cmpl-{job.id}", model_id(job.lm)
     include_usage = bool((req.stream_options or {}).get("include_usage"))
     first, budget = True, StreamBudget(serving.max_stream_bytes)
-    steps = completion_steps(serving, job, prompt, req.n, req.max_tokens, stream=True)
+    steps = completion_steps(serving, job, prompt, req.n, req.max_tokens, stream=True, min_tokens=_min_tokens(req))
 
     def error(message: str, code: str) -> bytes:
         body = {"message": message, "type": "server_error", "param": None, "code": code}

@@ -37,6 +37,19 @@ class CompletionRequest(SamplerFields):
     suffix: None = Field(None, description="Not supported (null only).")
     logprobs: None = Field(None, description="Not supported (null only); see POST /score for exact log-probabilities.")
     user: str | None = Field(None, max_length=256)
+    # extensions OpenAI-compatible clients and benchmark tools commonly send (vLLM's): honoured where they mean
+    # something for a fixed-length diffusion sample, else accepted at their neutral value only
+    ignore_eos: bool = Field(False, strict=True, description="The completion is not cut at an end token: it runs "
+                                                             "to max_tokens or the model's length (end tokens "
+                                                             "skipped).")
+    min_tokens: int = Field(0, ge=0, le=MAX_STEPS, description="An end token before this many completion tokens "
+                                                               "does not end the completion (it is skipped).")
+    best_of: int | None = Field(None, ge=1, le=1, description="Only 1.")
+    presence_penalty: float = Field(0.0, ge=0, le=0, description="Only 0 (no penalties on joint draws).")
+    frequency_penalty: float = Field(0.0, ge=0, le=0, description="Only 0 (no penalties on joint draws).")
+    repetition_penalty: float = Field(1.0, ge=1, le=1, description="Only 1 (no penalties on joint draws).")
+    top_k: int = Field(-1, ge=-1, le=0, description="Only -1 or 0 (off): every token is drawn from the joint.")
+    logit_bias: dict[str, float] | None = Field(None, max_length=0, description="Only null or {}.")
 
 
 

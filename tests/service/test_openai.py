@@ -84,3 +84,24 @@ def test_openai_client_through_ray_serve(checkpoints):
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def test_the_extras_openai_compatible_clients_send_are_accepted_and_honoured(server):
+    """The review: a benchmark client (guidellm) got 400 on every request for vLLM's ``ignore_eos``. The common
+    extras are accepted: ``ignore_eos`` and ``min_tokens`` honoured (an end token does not end the completion),
+    the penalties, ``best_of``, ``top_k`` and ``logit_bias`` at their neutral values; other values are refused
+    naming the field."""
+    import httpx
+
+    body = {"model": "text", "prompt": "The", "n": 4, "steps": 8, "seed": 3}
+    plain = httpx.post(server + "/v1/completions", json=body, timeout=120)
+    extras = dict(body, ignore_eos=True, min_tokens=2, best_of=1, presence_penalty=0, frequency_penalty=0,
+                  repetition_penalty=1, top_k=-1, logit_bias={}, stream_options={"include_usage": True,
+                                                                                "continuous_usage_stats": False})
+    full = httpx.post(server + "/v1/completions", json=extras, timeout=120)
+    assert plain.status_code == 200 and full.status_code == 200, full.text
+    assert all(c["finish_reason"] == "length" for c in full.json()["choices"])  # never cut at an end token
+    assert full.json()["usage"]["completion_tokens"] >= plain.json()["usage"]["completion_tokens"]
+    for field, value in (("presence_penalty", 0.5), ("best_of", 2), ("top_k", 5), ("logit_bias", {"1": 2.0})):
+        r = httpx.post(server + "/v1/completions", json=dict(body, **{field: value}), timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
