@@ -40,6 +40,7 @@ log = logging.getLogger("ttcore.engine")
 
 MAX_BACKLOG = 8  # unread outputs per request before its request pauses
 DRAIN_RETRY_AFTER_S = 5  # what a draining server's 503 tells a client (another replica, or this one restarted)
+CALIBRATION_STALL_S = 120.0  # timing a kind of work (the server's own, a few steps) counts as stalled only past this
 IDLE_RELEASE_S = 1.0  # a model's queue empty this long: the memory its requests freed goes back to the OS
 
 
@@ -130,6 +131,7 @@ class _Batcher:
         self.task: asyncio.Task | None = None
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ttcore-{lm.name}")
         self.busy_since: float | None = None  # a step is running on the worker since then
+        self.calibrating_since: float | None = None  # the server is timing a kind of work on the worker since then
         self.dirty = False  # steps ran since the queue was last empty (freed memory to give back)
         on_cuda = next(lm.model.parameters()).device.type == "cuda"
         self.forward = ForwardGraphs(lm.model) if on_cuda and engine.cuda_graphs else None  # None: eager
@@ -293,6 +295,10 @@ class Engine:
                 return False, f"the batcher of {name} stopped"
             if b.busy_since is not None and now - b.busy_since > self.stall_s:
                 return False, f"the worker of {name} has been on one step for {now - b.busy_since:.0f} s"
+            limit = max(CALIBRATION_STALL_S, self.stall_s)
+            if b.calibrating_since is not None and now - b.calibrating_since > limit:
+                took = now - b.calibrating_since
+                return False, f"the worker of {name} has been timing a kind of work for {took:.0f} s"
         return True, "ok"
 
     @property
@@ -303,7 +309,8 @@ class Engine:
     def idle(self, lm: LoadedModel) -> bool:
         """Whether ``lm`` has no request in flight (admission runs an unmeasured kind's first request then)."""
         batcher = self._batchers.get(lm.name)
-        return batcher is None or (not batcher.jobs and batcher.busy_since is None)
+        return batcher is None or (not batcher.jobs and batcher.busy_since is None
+                                   and batcher.calibrating_since is None)
 
     def submit(self, lm: LoadedModel, run: GenerationRun, cost_s: float = 0.0,
                timeout_s: float = float("inf"), kind: str | None = None) -> Job:
@@ -354,16 +361,21 @@ class Engine:
             if not job.finished:
                 self.abort(job.id)
 
-    async def run_on_worker(self, lm: LoadedModel, fn):
-        """Run ``fn()`` on ``lm``'s worker thread, between its denoising steps (scoring uses the model too)."""
+    async def run_on_worker(self, lm: LoadedModel, fn, calibration: bool = False):
+        """Run ``fn()`` on ``lm``'s worker thread, between its denoising steps (scoring uses the model too).
+        ``calibration``: the server timing a kind of work (``Speed.ensure``), which /health does not count as a
+        stalled step (a first timing of an exact contraction took 10 s on a loaded machine) unless it passes
+        ``CALIBRATION_STALL_S``."""
         batcher = self._batchers.get(lm.name)
         if batcher is None:
             batcher = self._batchers[lm.name] = _Batcher(self, lm)
-        batcher.busy_since = time.perf_counter()
+        attr = "calibrating_since" if calibration else "busy_since"
+        setattr(batcher, attr, time.perf_counter())
         try:
             return await asyncio.get_running_loop().run_in_executor(batcher.executor, fn)
         finally:
-            batcher.busy_since, batcher.dirty = None, True  # its freed memory is given back once idle
+            setattr(batcher, attr, None)
+            batcher.dirty = True  # its freed memory is given back once idle
             batcher.wake.set()  # the loop, idle or not, looks again (and starts its idle countdown)
 
     def abort(self, job_id: str) -> None:

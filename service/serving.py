@@ -93,7 +93,7 @@ class Serving:
         except InvalidSampler:
             kind = None  # submit refuses it
         if kind is not None and lm.speed.needs(kind):
-            await self.engine.run_on_worker(lm, lambda: lm.speed.ensure(lm.model, kind))
+            await self.engine.run_on_worker(lm, lambda: lm.speed.ensure(lm.model, kind), calibration=True)
         try:
             return self.submit(request)
         except TooLarge as e:
@@ -101,7 +101,7 @@ class Serving:
                 self.metrics.too_large.labels(lm.family, e.field).inc()
                 raise
         before = lm.speed.estimate(kind)
-        await self.engine.run_on_worker(lm, lambda: lm.speed.recalibrate(lm.model, kind))
+        await self.engine.run_on_worker(lm, lambda: lm.speed.recalibrate(lm.model, kind), calibration=True)
         log.info("re-timed %s's %s before refusing a request: %.4g s a sequence, %.4g s at start-up", lm.name, kind,
                  lm.speed.estimate(kind), before)
         try:
