@@ -170,3 +170,10 @@ def test_the_serving_lease_script_runs_at_smoke_size(tmp_path):
     assert re.search(r"^clients 2: ops per step \d+", log, re.M), log
     assert len(re.findall(r"^\s+2 \|\s+[\d.]+\s+\d+ ", log, re.M)) == 3, log  # QM9, text EB, text random order
     assert "done (status 0)" in log
+
+
+def test_served_overhead_smoke(checkpoints):
+    out = _bench(ROOT / "benchmarks" / "served_overhead.py", "--checkpoints", checkpoints, "--rank", 2, "--samples", 2,
+                 "--steps", 4, "--pairs", 1, "--baseline-tree", ROOT, timeout=600)
+    assert re.search(r"^this tree: median tt r=2 / rank 1 = [\d.]+x over 1 pairs$", out, re.M), out
+    assert re.search(r"^baseline: median tt r=2 / rank 1 = [\d.]+x over 1 pairs$", out, re.M), out
