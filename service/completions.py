@@ -90,7 +90,7 @@ async def completions(serving: Serving, job: Ticket, prompt: CompletionPrompt, n
         if isinstance(out, EngineError):
             yield Failure(job.id, out.kind, out.message)
             return
-        if not out.finished and not (stream and any(map(len, out.committed))):  # idle steps send nothing
+        if not (out.finished or (stream and out.sends)):
             continue
         rows, t0 = out.tokens.tolist(), time.perf_counter()
         deltas, canvases = [], []

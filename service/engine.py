@@ -77,6 +77,12 @@ class StepOutput:
     model_calls: int
     finished: bool
 
+    @property
+    def sends(self) -> bool:
+        """Whether a stream sends an event for this step: it committed a position or finished (an idle step,
+        when a request has more steps than positions, sends nothing: a stream has at most one event a position)."""
+        return self.finished or any(map(len, self.committed))
+
 
 @dataclass
 class EngineError:

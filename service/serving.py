@@ -154,8 +154,7 @@ class Serving:
                         break
                     yield Failure(first.id, out.kind, out.message)
                     return
-                if steps and (out.finished or any(map(len, out.committed))):  # an idle step (more steps than
-                    # positions) commits nothing and sends nothing: a stream has at most one event per position
+                if steps and out.sends:
                     yield self.step_event(job, out, first.id, len(rounds), request is not None and request.step_tokens)
                 if out.finished:  # RDKit costs about 0.5 ms a molecule: off the event loop, so that a
                     # 256-molecule answer does not hold up every other stream

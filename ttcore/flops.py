@@ -32,7 +32,7 @@ from torch import nn
 # torch.cuda.get_device_name
 GPU_BF16_PEAK = (("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("A100", 312e12), ("L40S", 362e12),
                  ("L4", 121e12), ("A10G", 70e12), ("A10", 125e12), ("RTX 4090", 165e12))
-PER_SEQUENCE = ("adaLN_modulation", "sigma_map", "latent", "recognition", "head.weights")  # once per sequence
+PER_SEQUENCE = ("adaLN_modulation", "sigma_map", "latent", "recognition")  # backbone modules run once a sequence
 
 
 def _matmul_flops(layer: nn.Linear) -> int:
@@ -42,17 +42,20 @@ def _matmul_flops(layer: nn.Linear) -> int:
 
 
 def _head_matmuls(model) -> list[nn.Linear]:
-    """The joint head's own matmuls that run per masked position (CP's mixture weights run per sequence)."""
-    return [m for name, m in model.head.named_modules(prefix="head")
-            if isinstance(m, nn.Linear) and not any(p in name for p in PER_SEQUENCE)]
+    """The head's own matmuls that run per masked position (not those it declares ``per_sequence``)."""
+    head = model.head
+    return [m for name, m in head.named_modules() if isinstance(m, nn.Linear)
+            and name.split(".")[0] not in head.per_sequence]
 
 
 def backbone_flops_per_token(model) -> float:
-    """Training FLOPs per position of every stage outside the head: the matmuls of the backbone
-    (``_matmul_flops``), attention's 12 l d per block, and the per-sequence modules' share (theirs / l)."""
+    """Training FLOPs per position of every stage outside the head stage: the matmuls of the backbone
+    (``_matmul_flops``), attention's 12 l d per block, and the per-sequence modules' share (theirs / l: the
+    backbone's conditioning, ``PER_SEQUENCE``, and what the head declares ``per_sequence``)."""
     head_stage = {id(m) for m in _head_matmuls(model)} | {id(model.output_layer.linear)}
+    once = {id(m) for name in model.head.per_sequence for m in getattr(model.head, name).modules()}
     d = model.cfg.dit
-    matmuls = sum(_matmul_flops(m) / (d.length if any(p in name for p in PER_SEQUENCE) else 1)
+    matmuls = sum(_matmul_flops(m) / (d.length if id(m) in once or any(p in name for p in PER_SEQUENCE) else 1)
                   for name, m in model.named_modules() if isinstance(m, nn.Linear) and id(m) not in head_stage)
     return matmuls + 12 * d.n_blocks * d.length * d.hidden_dim
 
@@ -63,8 +66,9 @@ def head_flops_per_masked_token(model) -> float:
     head replaces it)."""
     head, w = model.head, model.output_layer.linear
     own = sum(_matmul_flops(m) for m in _head_matmuls(model))
-    base_uses = 0 if w is None else (head.e if model.format.joint_head else 1)
-    return own + base_uses * (_matmul_flops(w) if w is not None else 0)
+    if w is None:  # a 1-layer joint head replaces W
+        return own
+    return own + (head.e if model.format.joint_head else 1) * _matmul_flops(w)
 
 
 def train_flops_per_token(model, masked_fraction: float = 0.5) -> float:

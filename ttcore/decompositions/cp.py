@@ -91,6 +91,8 @@ class CPHead(ComponentHead):
     """r factors per masked position (``ComponentHead``) and the mixture weights w(x_t) from the
     mean-pooled features of each sequence (``weights``, zero-initialized: uniform)."""
 
+    per_sequence = ("weights",)
+
     def __init__(self, rank, kind, hidden_dim, out_vocab, base):
         super().__init__(rank, rank, kind, hidden_dim, out_vocab, base)
         self.weights = zero_linear(hidden_dim, rank)
@@ -122,10 +124,11 @@ class CPDecomposition(SumsNothing):
         return draw_from_components(head, h, x, chosen, component, temperature, generator, u)
 
     @staticmethod
-    def _weights(head, h, masked, temperature) -> torch.Tensor:
+    def _weights(head, h, masked, temperature, factors: torch.Tensor | None = None) -> torch.Tensor:
         """The mixture weights of the tempered joint (``cp_tempered_weight_logits``), float64 [b, r]; away from
-        T = 1 every masked position's r factors are computed for them."""
-        factors = None if is_one(temperature) else head.component_logits(h[masked])
+        T = 1 they need every masked position's r factor logits (``factors`` [m, r, v], computed when None)."""
+        if factors is None and not is_one(temperature):
+            factors = head.component_logits(h[masked])
         return torch.softmax(cp_tempered_weight_logits(head.weight_logits(h), factors, masked, temperature), -1)
 
     def component_weights(self, head, h, masked, temperature) -> torch.Tensor:
@@ -137,6 +140,11 @@ class CPDecomposition(SumsNothing):
         """sum_a w_a p^(a,i)(x) (Eqs. 14-15, S = the known positions: their one-hot factors equal 1), the
         r factors of the chosen positions only; at T != 1 the tempered joint's (``cp_tempered_weight_logits``)."""
         rows = chosen.nonzero()[:, 0]
-        weights = self._weights(head, h, masked, temperature)[rows]  # [m, r]
-        factors = softmax64(head.component_logits(h[chosen]), temperature, rows=rows)  # [m, r, v]
+        if is_one(temperature):
+            weights, logits = self._weights(head, h, masked, temperature), head.component_logits(h[chosen])
+        else:  # the weights need every masked position's factors: the chosen ones are among them
+            every = head.component_logits(h[masked])
+            weights, logits = self._weights(head, h, masked, temperature, every), every[chosen[masked]]
+        factors = softmax64(logits, temperature, rows=rows)  # [m, r, v]
+        weights = weights[rows]  # [m, r]
         return torch.einsum("ma,mav->mv", weights, factors)

@@ -25,6 +25,7 @@ class OutputHead(nn.Module):
     model's W (None for a 1-layer joint head, which replaces it)."""
 
     e: int
+    per_sequence: tuple[str, ...] = ()  # submodules run once per sequence, not per masked position (FLOP counts)
 
     def __init__(self, rank: int, base: nn.Linear | None):
         super().__init__()

@@ -83,16 +83,20 @@ def core_rows64(head, h: torch.Tensor, temperature, rows: torch.Tensor | None = 
     return torch.softmax(tempered(flat, temperature, rows), -1).view(n, r, v, r)
 
 
+def tt_tempered_log_cores(core_logits: torch.Tensor, temperature, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """log G_i(x, j, k) / T of the row-normalized cores (Eq. 10, softmax over (x, k) per row j), float64, each
+    position shifted by its own maximum (a positive factor per position, which no draw or marginal of the
+    tempered train depends on; it keeps the entries of the best path near 1 at small T): the entries of the
+    tempered train (docs: concepts, temperature). core_logits [n, v, r, r] -> [n, v, r, r]; ``rows``: as
+    ``tempered``."""
+    logits = core_logits.double()
+    log_h = tempered(logits - logits.logsumexp((1, 3), keepdim=True), temperature, rows)
+    return log_h - log_h.amax((1, 2, 3), keepdim=True)
+
+
 def tempered_log_cores(head, h: torch.Tensor, temperature, rows: torch.Tensor | None = None) -> torch.Tensor:
-    """log G_i(x, j, k) / T of the row-normalized cores (Eq. 10) of positions with features h [n, d], float64,
-    laid out [n, j, x, k], each position shifted by its own maximum (a positive factor per position, which
-    no draw or marginal of the tempered train depends on; it keeps the entries of the best path near 1 at
-    small T). The entries of the tempered train (docs: concepts, temperature). ``rows``: as ``tempered``."""
-    logits = head.core_logits(h)  # [n, v, r, r]
-    n, v, r, _ = logits.shape
-    flat = logits.transpose(1, 2).reshape(n, r, v * r).double()
-    log_h = tempered(flat - flat.logsumexp(-1, keepdim=True), temperature, rows)
-    return (log_h - log_h.amax((1, 2), keepdim=True)).view(n, r, v, r)
+    """``tt_tempered_log_cores`` of positions with features h [n, d], laid out by row: [n, j, x, k]."""
+    return tt_tempered_log_cores(head.core_logits(h), temperature, rows).transpose(1, 2)
 
 
 def exact_contracted_cores(head, h: torch.Tensor, temperature, rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -180,10 +184,7 @@ class TTOutputs:
         which the train's marginals do not need."""
         if is_one(temperature):
             return TensorTrain.from_masked(tt_cores_from_logits(self.core_logits), tokens, self.mask)
-        logits = self.core_logits.double()  # [m, x, j, k]
-        log_g = logits - logits.logsumexp((1, 3), keepdim=True)
-        log_h = tempered(log_g, temperature, entry_rows(temperature, self.mask))
-        cores = (log_h - log_h.amax((1, 2, 3), keepdim=True)).exp()
+        cores = tt_tempered_log_cores(self.core_logits, temperature, entry_rows(temperature, self.mask)).exp()
         return TensorTrain.from_masked(cores, tokens, self.mask)
 
     def log_prob(self, x0: torch.Tensor) -> torch.Tensor:
