@@ -4,21 +4,27 @@ Memory: ``ttcore.sampling.cost`` gives the bytes one step holds per sequence (fr
 a request larger than the memory budget is drawn in micro-batches of sequences (``max_rows_per_pass``),
 so its peak stays under the budget whatever ``num_samples`` is.
 
-Compute: each kind of work of a checkpoint is timed on this machine when a request first needs it
-(``Speed.ensure``, best of a few short timings at one row and at ``CALIBRATION_ROWS`` rows): a predetermined
-step, for TT an exact-contraction step, a fast adaptive step (a cheap choice, then a joint draw), each as a
-per-step overhead plus a cost per sequence, and the chain-rule picks of a whole adaptive generation per
-sequence (from one pick). The engine
-then corrects each per-sequence cost from the time every request took (``Speed.observe``). A request's
-estimate is steps x (overhead + sequences x step cost) + sequences x chain-rule time; it must fit the
-request's deadline, and its longest step must fit the step limit (half the stall limit that ``/health``
-watches). A request that cannot fit gets a 422 naming a setting that would (the largest ``num_samples``,
-two significant digits, or ``steps``), checked by this same rule. Before refusing a request of a kind that
-no request has measured yet, the service re-times that kind on its model's idle worker
-(``Speed.recalibrate``) and decides by the fresh timing."""
+Compute: a cost model of the work a step does, scaled by rates measured on this machine (``Speed``). Each
+kind of work of a checkpoint (``WorkKind``: a predetermined step, a fast adaptive step, an exact-contraction
+step, a tempered joint step, the chain rule's picks) is timed when a request first needs it
+(``Speed.ensure``: a few short timings, a second at most, at one row and at a few rows) as a per-step
+overhead plus a cost per sequence, at one step that draws every position (the dearest step of any run: an
+upper bound of a step at any step count); more chooser outputs than the default scale the per-sequence cost
+up (``Work``).
+The model's figure is then multiplied by a measured ratio: the slowest of the last ``WINDOW`` requests of
+that kind, as what it took over what the model said. A ratio of two positive times never falls to zero, and
+the slowest recent one makes the estimate an upper bound of what recent requests took, not their middle. A
+request's estimate is steps x (overhead + sequences x step cost) + sequences x chain-rule time, margin
+included (sequences beyond the timing's cost ``ROWS_GROWTH`` times more each); with ``WALL_HEADROOM`` for
+what a request spends outside compute it must fit the request's deadline, and its longest step must fit the
+step limit (half the stall
+limit that ``/health`` watches). A request that cannot fit gets a 422 naming a setting that would (the
+largest ``num_samples`` or ``steps``, rounded down to a coarse grid so the hint holds while the estimate
+moves a little), checked by this same rule. A kind whose only figure is a timing (no request measured it)
+and that refuses a request is re-timed afterwards, in the background, so a timing taken on a busy machine
+cannot refuse requests for ever and no stranger waits for it."""
 
 import math
-import statistics
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -29,56 +35,78 @@ from ttcore.sampling.steps import WorkKind
 
 from .refusals import TooLarge
 
-WINDOW = 8  # observations per kind of work that the estimate is the median of
-CALIBRATION_REPEATS = 3  # best of this many short timings at start-up
-CALIBRATION_ROWS = 16  # the batched calibration step: a step of n rows costs overhead + n x per-row
-RECALIBRATE_EVERY_S = 60.0  # a kind is re-timed before a refusal at most this often (each costs < 1 s of work)
+WINDOW = 8  # requests per kind of work whose slowest ratio (measured / modelled) scales the model
+CALIBRATION_REPEATS = 3  # best of this many short timings
+CALIBRATION_ROWS = 64  # the most rows of the batched timing (a step of n rows costs overhead + n x per-row)
+CALIBRATION_STEP_S = 0.1  # the batched timing takes fewer rows (at least 2) when one row already takes this long
+CALIBRATION_STEPS = 1  # the timed run's step count: one step draws every position, the dearest step of any run
+RECALIBRATE_EVERY_S = 60.0  # an unmeasured kind is re-timed after a refusal at most this often
+ROWS_GROWTH = 1.3  # a sequence beyond the timed rows costs this much more (caches: QM9 TT 64 -> 256 rows 1.13x)
+WALL_HEADROOM = 1.25  # a deadline holds this much more than the estimate: the wall time outside compute (queue,
+# decoding, the event loop: 4-7% measured) and the model's error (a step of 3x the timed rows: up to 1.2x the model)
+
+
+@dataclass(frozen=True)
+class Work:
+    """A request's kind of work and ``scale``, its settings' per-sequence step cost relative to the timed
+    step's (``work_of``)."""
+    kind: WorkKind
+    scale: float = 1.0
+
+
+def work_of(model_cfg, config: SamplerConfig, steps: int) -> Work:
+    """The work of a run with ``config`` at ``steps`` steps: its kind, scaled up by the chooser outputs it asks
+    beyond the default (the fast step's choice evaluates c head outputs per position): an upper bound, since the
+    backbone's share of a step does not grow with c. The step count needs no scale: the timing's run takes one
+    step, the most positions a step can draw (``CALIBRATION_STEPS``)."""
+    from ttcore.sampling.steps.fast_adaptive import chooser_outputs  # the step module owns c
+
+    kind, scale = config.work_kind(model_cfg), 1.0
+    if kind in (WorkKind.chooser_step, WorkKind.tempered_step) and config.chooser_outputs is not None:
+        e, v = model_cfg.format.outputs_per_position(model_cfg.rank), model_cfg.dit.out_vocab
+        scale = max(1.0, chooser_outputs(e, v, config.chooser_outputs) / chooser_outputs(e, v))
+    return Work(kind, scale)
 
 
 class Speed:
-    """Seconds on this machine of four kinds of work (``SamplerConfig.work_kind``): one predetermined step
-    (forward + joint draw), one exact-contraction step (TT), one fast adaptive step (forward + choice + joint
-    draw), and a whole generation's chain-rule picks (adaptive orderings and EB by the exact chain rule, any
-    step count), per sequence.
+    """Seconds on this machine of each kind of work (``WorkKind``) of one model: the cost model and its
+    measured ratio (module docstring).
 
-    A step of n sequences is estimated as ``overhead + n x per_row`` (``step_seconds``): a step of 256 rows
-    is not 256 one-row steps (measured on qm9-cp-r64: 4.8 ms for one row, 249 ms for 256, 0.97 ms a row).
-    Both start from a timing of the kind on this machine (``calibrate_kinds``: one row and
-    ``CALIBRATION_ROWS`` rows), taken when a request first needs the kind (``ensure``, on the model's worker:
-    ``Speed.lazy()``), not at start-up, so a server starts in seconds whatever it serves and however busy the
-    machine is then (timing every kind of the bundled checkpoints at start took 15 s quiet, 42 s beside two
-    CPU burners). The overhead stays the timing's; the per-row cost is the median of the last ``WINDOW``
-    observations of its kind and starts with the timing's. Every request the engine runs adds one observation
-    when it finishes or its deadline passes (``observe``), so a timing taken while the machine was busy is
-    outvoted after two ordinary requests, and a machine that turns busy raises the estimate as fast. A kind
-    that no request has measured yet, whose requests are all refused, would never be corrected: the service
-    re-times it (``recalibrate``) on its model's idle worker before it refuses such a request, at most once
-    every ``RECALIBRATE_EVERY_S`` per kind."""
+    ``timing[kind]`` is ``(overhead, per_row)`` of one step, from ``calibrate_kinds`` (a step of n sequences
+    is ``overhead + n x per_row``: a step of 256 rows is not 256 one-row steps); the chain rule's is
+    ``(0, its picks' seconds per sequence over a whole run)``, and its steps are predetermined steps. Kinds are
+    timed when a request first needs them (``ensure``, on the model's worker), not at start-up, so a server
+    starts in seconds whatever it serves; a timing is the best of a few (a busy machine only slows a timing
+    down) and costs at most about a second. Every request the engine runs adds one ratio when it finishes or
+    its deadline passes (``observe``); the estimate is the model times the largest of the last ``WINDOW``
+    ratios of the kind (1 before any request)."""
 
     KINDS = tuple(WorkKind)
 
-    def __init__(self, predetermined_step: float | None, exact_step: float | None, chain_rule: float | None,
-                 chooser_step: float | None = None, overhead: dict[WorkKind, float] | None = None):
-        first = dict(predetermined_step=predetermined_step, exact_step=exact_step, chain_rule=chain_rule,
-                     chooser_step=predetermined_step if chooser_step is None else chooser_step)
-        self._seen = {k: deque([] if first[k] is None else [first[k]], maxlen=WINDOW) for k in self.KINDS}
-        self.overhead = {k: 0.0 for k in self.KINDS} | dict(overhead or {})
-        self.overhead[WorkKind.chain_rule] = 0.0
-        self.measured: set[WorkKind] = set()
+    def __init__(self, timing: dict[WorkKind, tuple] | None = None):
+        self.timing: dict[WorkKind, tuple[float, float, float]] = {}  # (overhead, per row, rows timed)
+        for k, v in (timing or {}).items():
+            self.timing[WorkKind(k)] = (*v, math.inf) if len(v) == 2 else tuple(v)
+        self._ratios = {k: deque(maxlen=WINDOW) for k in self.KINDS}
         self._recalibrated: dict[WorkKind, float] = {}  # kind -> when it was last re-timed (time.monotonic)
 
     @classmethod
     def lazy(cls) -> "Speed":
         """No kind timed yet: each is timed when a request first needs it (``ensure``)."""
-        return cls(None, None, None)
+        return cls()
+
+    def _step_kind(self, kind: WorkKind) -> WorkKind:
+        if kind not in self.KINDS:
+            raise ValueError(f"kind must be one of {self.KINDS}, got {kind!r}")
+        return WorkKind.predetermined_step if kind == WorkKind.chain_rule else WorkKind(kind)
 
     def timed(self, kind: WorkKind) -> bool:
-        """Whether the kind has an estimate (a timing or a measured request)."""
-        return bool(self._seen[kind])
+        """Whether the kind has a timing."""
+        return kind in self.timing
 
     def needs(self, kind: WorkKind) -> list[WorkKind]:
         """The kinds an estimate of ``kind`` reads (a chain-rule run's steps are predetermined steps) that have
-        none yet."""
+        no timing yet."""
         wanted = {self._step_kind(kind)} | ({WorkKind.chain_rule} if kind == WorkKind.chain_rule else set())
         return sorted(k for k in wanted if not self.timed(k))
 
@@ -87,68 +115,83 @@ class Speed:
         worker, or wherever the model may run)."""
         missing = self.needs(kind)
         if missing:
-            for k, (overhead, per_row) in calibrate_kinds(model, missing).items():
-                if not self.timed(k):
-                    self.overhead[k] = overhead if k != WorkKind.chain_rule else 0.0
-                    self._seen[k].append(per_row)
-                    self._recalibrated[k] = time.monotonic()  # just timed: no re-timing before a refusal
+            for k, timing in calibrate_kinds(model, missing).items():
+                self.timing.setdefault(k, timing)
+                self._recalibrated[k] = time.monotonic()
+
+    def margin(self, kind: WorkKind, rows: int | None = None) -> float:
+        """What recent requests of this kind took over what the model said, for a run of ``rows`` sequences:
+        the largest of the last ``WINDOW`` ratios, where a ratio below 1 (a request faster than the model)
+        counts only from a request of at least ``rows`` sequences (a small request's speed says little of a
+        large one's: the model's split of overhead and per-row cost is only as good as its timing); 1 when no
+        ratio counts. None: every ratio counts."""
+        return max((r for r, n in self._ratios[kind] if r >= 1 or rows is None or n >= rows), default=1.0)
+
+    def _modelled(self, kind: WorkKind, rows: int, steps: float, overhead_steps: float, scale: float) -> float:
+        """The model's seconds (no margin) of ``steps`` steps over ``rows`` sequences, charged the steps'
+        overhead ``overhead_steps`` times, plus a chain-rule run's picks."""
+        overhead, per_row, timed = self.timing[self._step_kind(kind)]
+        picks = rows * self.timing[WorkKind.chain_rule][1] if kind == WorkKind.chain_rule else 0.0
+        weighed = min(rows, timed) + ROWS_GROWTH * max(rows - timed, 0)  # rows beyond the timing's cost more
+        return overhead * overhead_steps + weighed * steps * per_row * scale + picks
+
+    def step_seconds(self, kind: WorkKind, rows: int = 1, scale: float = 1.0) -> float:
+        """One step of a run of this kind over ``rows`` sequences, margin included (a chain-rule run's steps
+        are predetermined steps at the chain rule's margin; its picks are ``chain_seconds``)."""
+        step_kind = WorkKind.predetermined_step if kind == WorkKind.chain_rule else kind
+        return self.margin(kind, rows) * self._modelled(step_kind, rows, 1, 1, scale)
+
+    def overhead_seconds(self, kind: WorkKind, rows: int | None = None) -> float:
+        """The per-step overhead of a run of this kind (a pass of a micro-batched step pays it again), margin
+        included."""
+        return self.margin(kind, rows) * self.timing[self._step_kind(kind)][0]
+
+    def chain_seconds(self, rows: int = 1) -> float:
+        """A chain-rule run's picks over ``rows`` sequences, a whole run's, margin included."""
+        return self.margin(WorkKind.chain_rule, rows) * rows * self.timing[WorkKind.chain_rule][1]
 
     def estimate(self, kind: WorkKind) -> float:
-        """The current per-sequence estimate of a kind of work: the median of its recent observations."""
-        return statistics.median(self._seen[kind])
-
-    predetermined_step = property(lambda self: self.estimate(WorkKind.predetermined_step))
-    exact_step = property(lambda self: self.estimate(WorkKind.exact_step))
-    chooser_step = property(lambda self: self.estimate(WorkKind.chooser_step))
-    chain_rule = property(lambda self: self.estimate(WorkKind.chain_rule))
-
-    def _step_kind(self, kind: WorkKind) -> WorkKind:
-        if kind not in self.KINDS:
-            raise ValueError(f"kind must be one of {self.KINDS}, got {kind!r}")
-        return WorkKind.predetermined_step if kind == WorkKind.chain_rule else kind  # a chain-rule run's steps
-
-    def step_seconds(self, kind: WorkKind, rows: int = 1) -> float:
-        """One step of a run of this kind over ``rows`` sequences: overhead + rows x per-row (a chain-rule
-        run's steps are predetermined steps; its picks are ``chain_rule``, per sequence)."""
-        kind = self._step_kind(kind)
-        return self.overhead[kind] + rows * self.estimate(kind)
+        """Seconds per sequence of a kind at one sequence, margin included: a step's (the chain rule: a whole
+        run's picks)."""
+        return self.margin(kind, 1) * self.timing[kind][1]
 
     def unmeasured(self, kind: WorkKind) -> bool:
-        """Whether no request of this kind has been measured yet (only the start-up calibration speaks)."""
-        return kind not in self.measured
+        """Whether no request of this kind has been measured yet (only its timing speaks)."""
+        return not self._ratios[kind]
 
-    def observe(self, *, kind: WorkKind, rows: int, steps: int, seconds: float,
+    def observe(self, work: Work | WorkKind, *, rows: int, steps: int, seconds: float,
                 overhead_steps: float | None = None) -> None:
-        """A request of this kind of work that ran ``steps`` engine steps over ``rows`` sequences and was
-        charged ``seconds`` of compute (its shares of the batched steps it was part of). ``overhead_steps``:
-        the steps' overhead it was charged, in steps (its share of each step's sequences, summed; default:
-        ``steps``, as when it ran alone)."""
-        if rows <= 0 or steps <= 0 or not math.isfinite(seconds) or seconds <= 0:
+        """A request of this work that ran ``steps`` engine steps over ``rows`` sequences and was charged
+        ``seconds`` of compute (its shares of the batched steps it was part of). ``overhead_steps``: the steps'
+        overhead it was charged, in steps (its share of each step's sequences, summed; default: ``steps``, as
+        when it ran alone). Adds the ratio of ``seconds`` to the model's figure."""
+        work = work if isinstance(work, Work) else Work(self._step_kind(work) if work != WorkKind.chain_rule
+                                                        else WorkKind.chain_rule)
+        if rows <= 0 or steps <= 0 or not math.isfinite(seconds) or seconds <= 0 or self.needs(work.kind):
             return
-        step_kind = self._step_kind(kind)
-        overhead = self.overhead[step_kind] * (steps if overhead_steps is None else overhead_steps)
-        per_row = max(seconds - overhead, 0.0) / rows
-        if kind == WorkKind.chain_rule:  # the steps' own cost as now estimated; the rest is the chain rule's
-            self._seen[WorkKind.chain_rule].append(max(per_row - steps * self.estimate(step_kind), 0.0))
-        else:
-            self._seen[kind].append(per_row / steps)
-        self.measured.add(kind)
-
+        modelled = self._modelled(work.kind, rows, steps, steps if overhead_steps is None else overhead_steps,
+                                  work.scale)
+        if modelled > 0:
+            self._ratios[work.kind].append((seconds / modelled, rows))
 
     def may_recalibrate(self, kind: WorkKind) -> bool:
-        """Whether a refusal of this kind should first re-time it: no request has measured it, and it was not
-        re-timed in the last ``RECALIBRATE_EVERY_S``."""
+        """Whether a refusal of this kind should re-time it: no request has measured it, and it was not
+        timed in the last ``RECALIBRATE_EVERY_S``."""
         last = self._recalibrated.get(kind)
         return self.unmeasured(kind) and (last is None or time.monotonic() - last > RECALIBRATE_EVERY_S)
 
-    def recalibrate(self, model, kind: WorkKind) -> None:
-        """Re-time one kind as ``calibrate`` does and start its estimate afresh from that timing (runs on the
-        model's worker; a few tenths of a second at most for the bundled models)."""
+    def mark_recalibrating(self, kind: WorkKind) -> None:
+        """A re-timing of ``kind`` is on its way: ``may_recalibrate`` says no until ``RECALIBRATE_EVERY_S``."""
         self._recalibrated[kind] = time.monotonic()
-        for k, (overhead, per_row) in calibrate_kinds(model, [kind]).items():
-            if k == kind or self.unmeasured(k):  # what requests measured stays (a chain rule re-times its steps)
-                self.overhead[k] = overhead if k != WorkKind.chain_rule else 0.0
-                self._seen[k] = deque([per_row], maxlen=WINDOW)
+
+    def recalibrate(self, model, kind: WorkKind) -> None:
+        """Re-time one kind as ``ensure`` does and replace its timing (on the model's worker; a second at most
+        for the bundled models). Kinds that requests measured keep their timing (a chain rule re-times its
+        steps too)."""
+        self._recalibrated[kind] = time.monotonic()
+        for k, timing in calibrate_kinds(model, [kind]).items():
+            if k == kind or self.unmeasured(k):
+                self.timing[k] = timing
 
 
 def _best(model, n: int, steps: int, repeats: int = CALIBRATION_REPEATS, **settings) -> float:
@@ -164,56 +207,60 @@ def _best(model, n: int, steps: int, repeats: int = CALIBRATION_REPEATS, **setti
     return min(times)
 
 
-def _affine(model, steps: int, repeats: int, **settings) -> tuple[float, float]:
-    """(overhead, per row) of one step, from a one-row and a ``CALIBRATION_ROWS``-row timing."""
-    one = _best(model, 1, steps, repeats, **settings)
-    many = _best(model, CALIBRATION_ROWS, steps, repeats, **settings)
-    per_row = max(many - one, 0.0) / (CALIBRATION_ROWS - 1) or many / CALIBRATION_ROWS
-    return max(one - per_row, 0.0), per_row
+def _affine(model, repeats: int, **settings) -> tuple[float, float, int]:
+    """(overhead, per row, rows timed) of one step at ``CALIBRATION_STEPS`` steps, from a one-row timing and one of a
+    few
+    rows (``CALIBRATION_ROWS``, fewer when a row takes long: at least 2)."""
+    one = _best(model, 1, CALIBRATION_STEPS, repeats, **settings)
+    rows = max(2, min(CALIBRATION_ROWS, int(CALIBRATION_STEP_S / max(one, 1e-9))))
+    many = _best(model, rows, CALIBRATION_STEPS, repeats, **settings)
+    per_row = max(many - one, 0.0) / (rows - 1) or many / rows
+    return max(one - per_row, 0.0), per_row, rows
 
 
-def calibrate_kinds(model, kinds) -> dict[WorkKind, tuple[float, float]]:
-    """(overhead, per row) of each kind in ``kinds`` (chain_rule: (0, its per-sequence estimate)), timed after
-    a warm-up step; a chain-rule estimate needs the predetermined step's timing and takes it too."""
+def calibrate_kinds(model, kinds) -> dict[WorkKind, tuple[float, float, float]]:
+    """(overhead, per row, rows timed) of each kind in ``kinds`` (chain_rule: (0, its per-sequence picks, inf)),
+    timed after a
+    warm-up step; a chain-rule estimate needs the predetermined step's timing and takes it too. The tempered
+    step is timed on the fast adaptive path (the dearer of the two a tempered request may take)."""
     warm_streams(next(model.parameters()).device)  # compiled streams (on CUDA) compile here, not in a timing
-    _best(model, 1, 4, 1)  # warm-up: allocator, kernels
+    _best(model, 1, CALIBRATION_STEPS, 1)  # warm-up: allocator, kernels
+    fast = dict(ordering="top_prob", adaptive_path="fast")
     out = {}
     if WorkKind.predetermined_step in kinds or WorkKind.chain_rule in kinds:
-        out[WorkKind.predetermined_step] = _affine(model, 4, CALIBRATION_REPEATS)
+        out[WorkKind.predetermined_step] = _affine(model, CALIBRATION_REPEATS)
     if WorkKind.exact_step in kinds:
         has_exact = "exact" in model.format.contractions
-        out[WorkKind.exact_step] = _affine(model, 4, 2, contraction="exact") if has_exact else \
-            out.get(WorkKind.predetermined_step) or _affine(model, 4, CALIBRATION_REPEATS)
+        out[WorkKind.exact_step] = _affine(model, 2, contraction="exact") if has_exact else \
+            out.get(WorkKind.predetermined_step) or _affine(model, CALIBRATION_REPEATS)
     if WorkKind.chooser_step in kinds:
-        out[WorkKind.chooser_step] = _affine(model, 4, CALIBRATION_REPEATS, ordering="top_prob", adaptive_path="fast")
+        out[WorkKind.chooser_step] = _affine(model, CALIBRATION_REPEATS, **fast)
+    if WorkKind.tempered_step in kinds:
+        out[WorkKind.tempered_step] = _affine(model, 2, temperature=0.5, **fast)
     if WorkKind.chain_rule in kinds:
         l = model.cfg.dit.length
-        step = sum(out[WorkKind.predetermined_step])  # one row: overhead + per row
+        step = _best(model, 1, l, CALIBRATION_REPEATS)  # a predetermined step of an l-step run: one position
         first_pick = max(_best(model, 1, l, 2, ordering="top_prob", adaptive_path="exact") - step, 0.0)
-        out[WorkKind.chain_rule] = (0.0, l * first_pick / 2)
+        out[WorkKind.chain_rule] = (0.0, l * first_pick / 2, math.inf)
     return out
 
 
 def calibrate(model) -> Speed:
-    """Every kind timed now (the service times each when first needed: ``Speed.lazy``, ``Speed.ensure``): short
-    timings of each kind of step, after a warm-up (the predetermined and
-    fast adaptive steps best of three, the exact step best of two), each at one row and at
-    ``CALIBRATION_ROWS`` rows (``Speed``'s overhead and per-row cost), and the first chain-rule pick on one
-    sequence: about a second for the bundled text model, tenths of a second for QM9. The chain rule is not
-    run to the end (a text model's picks take many seconds): one pick is timed and the whole is taken as l
-    picks at half that cost each (the picks shrink as positions are conditioned; measured at text size the
-    whole was 0.29 of l first picks, at QM9 size 0.6). This is approximate by construction: measured
-    requests replace it (``Speed.observe``)."""
-    timed = calibrate_kinds(model, Speed.KINDS)
-    return Speed(timed[WorkKind.predetermined_step][1], timed[WorkKind.exact_step][1], timed[WorkKind.chain_rule][1],
-                 timed[WorkKind.chooser_step][1], {k: v[0] for k, v in timed.items()})
+    """Every kind timed now (the service times each when first needed: ``Speed.lazy``, ``Speed.ensure``).
+    The chain rule is not run to the end (a text model's picks take many seconds): one pick is timed and the
+    whole is taken as l picks at half that cost each (the picks shrink as positions are conditioned; measured
+    at text size the whole was 0.29 of l first picks, at QM9 size 0.6). Approximate by construction: the
+    ratios of measured requests correct it."""
+    return Speed(calibrate_kinds(model, Speed.KINDS))
 
 
 def _round_down(n: int) -> int:
-    """A hint that stays put while the estimate moves by a percent: two significant digits, rounded down
-    (152 and 151 both say 150)."""
-    if n < 100:
+    """A hint that stays put while the estimate moves a little: two significant digits from 100 up (152 and 151
+    both say 150), a multiple of 5 from 10 to 99 (22 and 20 both say 20), rounded down."""
+    if n < 10:
         return n
+    if n < 100:
+        return n // 5 * 5
     scale = 10 ** (len(str(n)) - 2)
     return n // scale * scale
 
@@ -241,7 +288,6 @@ def plan(model, speed: Speed, *, num_samples: int, steps: int, config: SamplerCo
     lower."""
     cfg = model.cfg
     adaptive, exact = config.step_kind(cfg)
-    kind = config.work_kind(cfg)
     chooses = config.step.chooses  # the fast path's choice (at temperature != 1 too)
     rows = cost.rows_per_pass(cfg, adaptive, memory_budget, exact, chooses, config.chooser_outputs)
     if rows == 0:
@@ -250,18 +296,20 @@ def plan(model, speed: Speed, *, num_samples: int, steps: int, config: SamplerCo
                                    f"ordering, above the server's memory budget of {memory_budget >> 20} MB; "
                                    "use a predetermined ordering (random, left_to_right, halton)")
     l = cfg.dit.length
-    chain = speed.chain_rule if adaptive else 0.0
 
     def estimate(n: int, k: int) -> tuple[float, float]:
-        """(the whole run, its longest step) of n sequences at ``k`` steps; idle steps cost nothing; a step
-        of more than ``rows`` sequences runs in passes, each with the step's overhead."""
+        """(the whole run, its longest step) of n sequences at ``k`` steps, margin included; idle steps cost
+        nothing; a step of more than ``rows`` sequences runs in passes, each with the step's overhead."""
         k = min(k, l)
-        step = speed.step_seconds(kind, n) + speed.overhead[speed._step_kind(kind)] * (math.ceil(n / rows) - 1)
-        return k * step + n * chain, step + n * chain * math.ceil(l / k) / l  # a step makes <= ceil(l/k) picks
+        work = work_of(cfg, config, k)
+        step = speed.step_seconds(work.kind, n, work.scale) + speed.overhead_seconds(work.kind, n) * (
+            math.ceil(n / rows) - 1)
+        chain = speed.chain_seconds(n) if adaptive else 0.0
+        return k * step + chain, step + chain * math.ceil(l / k) / l  # a step makes <= ceil(l/k) picks
 
     def fits(n: int, k: int) -> bool:
         whole, step = estimate(n, k)
-        return whole <= timeout_s and step <= step_limit_s
+        return whole * WALL_HEADROOM <= timeout_s and step <= step_limit_s
 
     seconds, step_seconds = estimate(num_samples, steps)
     micro = rows if rows < num_samples else None
@@ -278,8 +326,8 @@ def plan(model, speed: Speed, *, num_samples: int, steps: int, config: SamplerCo
         if k is not None:
             with_n = "" if n == num_samples else " with num_samples 1"
             raise TooLarge("steps", f"one sequence needs about {estimate(1, steps)[0]:.3g} s here, more than fits "
-                                    f"timeout_s {timeout_s:g} and the {step_limit_s:g} s step limit; use at most {k} "
-                                    f"steps{with_n}", compute=True)
+                                    f"timeout_s {timeout_s:g} and the {step_limit_s:g} s step limit; use at most "
+                                    f"{_round_down(k)} steps{with_n}", compute=True)
     whole, step = estimate(1, l)
     if step > step_limit_s:  # the step limit refused, not the deadline: name what changes a step's work
         raise TooLarge("ordering" if adaptive else "model",

@@ -98,7 +98,7 @@ class Job:
     run: GenerationRun | None  # None: a reserved slot whose work runs its own pieces (/score)
     cost_s: float = 0.0  # estimated compute of the whole request (admission)
     timeout_s: float = float("inf")
-    kind: str | None = None  # its work kind (SamplerConfig.work_kind): the estimate its measured time corrects
+    work: object = None  # its admission.Work (kind and scale): the estimate its measured time corrects
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     outputs: asyncio.Queue = field(default_factory=asyncio.Queue)
     arrived: float = field(default_factory=time.perf_counter)
@@ -222,8 +222,8 @@ class _Batcher:
 
     def _observe(self, job: Job) -> None:
         """Admission's estimates follow what requests really take (finished, or stopped by their deadline)."""
-        if job.kind is not None:
-            self.lm.speed.observe(kind=job.kind, rows=job.run.tokens.shape[0],
+        if job.work is not None:
+            self.lm.speed.observe(job.work, rows=job.run.tokens.shape[0],
                                   steps=sum(1 for n in job.tokens_per_step if n),  # idle steps are free
                                   seconds=job.forward_s + job.sampling_s, overhead_steps=job.overhead_steps)
 
@@ -238,6 +238,8 @@ class _Batcher:
         """One denoising step for every job in ``batch`` (compute thread)."""
         t0 = time.perf_counter()
         model, m, name = self.lm.model, self.engine.metrics, self.lm.family
+        for job in batch:  # steps that would unmask nothing are not run (each cost an engine iteration)
+            job.run.skip_idle_steps()
         with model.compute_context():
             done = batch_step(model, [job.run for job in batch], self.forward)
         step_s = time.perf_counter() - t0
@@ -319,10 +321,10 @@ class Engine:
                                    and batcher.calibrating_since is None)
 
     def submit(self, lm: LoadedModel, run: GenerationRun, cost_s: float = 0.0,
-               timeout_s: float = float("inf"), kind: str | None = None) -> Job:
-        """Admit a run of ``lm`` (raises Overloaded). Must run on the event loop. ``kind``: its work kind
-        (``SamplerConfig.work_kind``); when given, its measured time corrects ``lm.speed`` once it finishes."""
-        job = self.reserve(lm, cost_s, timeout_s, kind)
+               timeout_s: float = float("inf"), work=None) -> Job:
+        """Admit a run of ``lm`` (raises Overloaded). Must run on the event loop. ``work``: its
+        ``admission.Work``; when given, its measured time corrects ``lm.speed`` once it finishes."""
+        job = self.reserve(lm, cost_s, timeout_s, work)
         job.run = run
         batcher = self._batchers.get(lm.name)
         if batcher is None:
@@ -331,7 +333,7 @@ class Engine:
         return job
 
     def reserve(self, lm: LoadedModel, cost_s: float = 0.0, timeout_s: float = float("inf"),
-                kind: str | None = None) -> Job:
+                work=None) -> Job:
         """A slot among the ``max_requests`` in flight (raises Overloaded), for a job without a run: work that
         runs its own pieces on the model's worker (``run_on_worker``: /score) counts against the same limit as
         generation and is aborted the same way (``job.cancelled``). ``submit`` gives the slot a run; other work
@@ -345,7 +347,7 @@ class Engine:
             first_free = min(job.remaining_s for job in self._jobs.values())  # when a slot frees up
             retry = max(1, min(3600, math.ceil(first_free)))
             raise Overloaded(f"{len(self._jobs)} requests in flight (the limit is {self.max_requests})", retry)
-        job = Job(lm, None, cost_s, timeout_s, kind)
+        job = Job(lm, None, cost_s, timeout_s, work)
         self._jobs[job.id] = job
         self.metrics.queue_depth.set(len(self._jobs))
         return job

@@ -145,7 +145,7 @@ def model_info(lm: LoadedModel) -> ModelInfo:
     speed = lm.speed
     return ModelInfo(**dataclasses.asdict(lm.info),
                      estimated_seconds={k: speed.estimate(k) for k in Speed.KINDS if speed.timed(k)},
-                     estimated_step_overhead_seconds={k: v for k, v in speed.overhead.items()
+                     estimated_step_overhead_seconds={k: speed.overhead_seconds(k) for k in Speed.KINDS
                                                       if k != WorkKind.chain_rule and speed.timed(k)})
 
 

@@ -335,14 +335,16 @@ class ModelInfo(BaseModel):
                                                                 "metrics), so a client need not fetch the card.")
     estimated_seconds: dict[str, float] = Field(
         default_factory=dict, description="Admission's current compute estimates on this server, per sequence "
-        "(approximate: a timing taken when a request first needed the kind, corrected by the time each measured "
-        "request took; a kind no request has needed yet is absent): "
-        "`predetermined_step`, `exact_step` (a TT step with the exact contraction), `chooser_step` (a step of "
+        "(an upper bound of recent requests, approximate: a timing taken when a request first needed the kind, "
+        "times the largest ratio of measured to timed among the kind's last 8 requests; a kind no request has "
+        "needed yet is absent): `predetermined_step`, `exact_step` (a TT step with the exact contraction), "
+        "`tempered_step` (a CP / TT step at a temperature other than 1), `chooser_step` (a step of "
         "`adaptive_path: fast`), `chain_rule` (the picks of a whole `adaptive_path: exact` generation). A step "
-        "of n sequences is estimated as its kind's `estimated_step_overhead_seconds` plus n times this.")
+        "of n sequences is estimated as its kind's `estimated_step_overhead_seconds` plus n times this (scaled "
+        "up for more `chooser_outputs` than the default).")
     estimated_step_overhead_seconds: dict[str, float] = Field(
         default_factory=dict, description="Admission's per-step overhead of each step kind (whatever the number "
-        "of sequences), from its timing.")
+        "of sequences), from its timing, with the same ratio.")
     adaptive_paths: list[str] = Field(
         default_factory=lambda: ["fast", "exact"], description="The `adaptive_path` values this checkpoint serves.")
 

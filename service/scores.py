@@ -44,17 +44,13 @@ async def score(serving: Serving, request: ScoreRequest, gone=None) -> ScoreResp
         return admission.check_passes(len(x0), draws, rows, lambda n: lm.speed.step_seconds(kind, n), timeout,
                                       serving.max_step_s, request.mode)
     if lm.speed.needs(kind):
-        await serving.engine.run_on_worker(lm, lambda: lm.speed.ensure(model, kind))
+        await serving.engine.run_on_worker(lm, lambda: lm.speed.ensure(model, kind), calibration=True)
     try:
-        try:
-            estimate = check()
-        except TooLarge:  # as ``admit``: an unmeasured kind is re-timed once before a refusal
-            if not (serving.engine.idle(lm) and lm.speed.may_recalibrate(kind)):
-                raise
-            await serving.engine.run_on_worker(lm, lambda: lm.speed.recalibrate(model, kind))
-            estimate = check()
-    except TooLarge as e:
+        estimate = check()
+    except TooLarge as e:  # as ``Serving.admit``: an unmeasured kind is re-timed afterwards, in the background
         serving.metrics.too_large.labels(lm.family, e.field).inc()
+        if lm.speed.may_recalibrate(kind):
+            serving.retime(lm, kind)
         raise
     job = serving.engine.reserve(lm, estimate, timeout)  # one of the request slots: Overloaded when none is free
     try:

@@ -78,15 +78,16 @@ class Serving:
         self.memory_budget, self.max_timeout_s = args.memory_budget_mb << 20, args.max_timeout_s
         self.max_step_s = engine.stall_s / 2 if args.max_step_s is None else args.max_step_s
         self.max_stream_bytes = int(args.max_stream_mb * 2**20)
+        self._background: set[asyncio.Task] = set()  # re-timings after refusals (``retime``)
         for lm in registry.models:
             lm.metrics.checker()  # says at start-up, not at the first answer, when a check's dependency is missing
 
     async def admit(self, request: GenerateRequest) -> Ticket:
-        """``submit`` for a client's request: a compute refusal (``TooLarge``) of a kind of work that no
-        request has measured yet first re-times that kind on its model's idle worker and decides again
-        (``Speed.recalibrate``), so that a timing inflated by a busy machine does not go on
-        refusing requests the machine now serves. A kind of work no request has needed yet is timed first, on
-        the model's worker (``Speed.ensure``). Must run on the event loop."""
+        """``submit`` for a client's request. A kind of work no request has needed yet is timed first, on the
+        model's worker (``Speed.ensure``: a second at most). A compute refusal (``TooLarge``) of a kind that no
+        request has measured yet re-times that kind afterwards, in the background (``Speed.recalibrate``), so
+        that a timing inflated by a busy machine does not go on refusing requests the machine now serves, and
+        no client waits for it. Must run on the event loop."""
         lm = self.registry.resolve(request.model, request.decomposition, request.rank)
         try:
             kind = request.to_sampler_config().work_kind(lm.model.cfg)
@@ -97,18 +98,23 @@ class Serving:
         try:
             return self.submit(request)
         except TooLarge as e:
-            if not (e.compute and self.engine.idle(lm) and lm.speed.may_recalibrate(kind)):
-                self.metrics.too_large.labels(lm.family, e.field).inc()
-                raise
-        before = lm.speed.estimate(kind)
-        await self.engine.run_on_worker(lm, lambda: lm.speed.recalibrate(lm.model, kind), calibration=True)
-        log.info("re-timed %s's %s before refusing a request: %.4g s a sequence, %.4g s at start-up", lm.name, kind,
-                 lm.speed.estimate(kind), before)
-        try:
-            return self.submit(request)
-        except TooLarge as e:
             self.metrics.too_large.labels(lm.family, e.field).inc()
+            if e.compute and lm.speed.may_recalibrate(kind):
+                self.retime(lm, kind)
             raise
+
+    def retime(self, lm, kind) -> None:
+        """Re-time ``kind`` of ``lm`` on its worker in the background (``Speed.recalibrate``)."""
+        lm.speed.mark_recalibrating(kind)  # a second refusal meanwhile does not start another
+
+        async def retime():
+            before = lm.speed.estimate(kind)
+            await self.engine.run_on_worker(lm, lambda: lm.speed.recalibrate(lm.model, kind), calibration=True)
+            log.info("re-timed %s's %s after a refusal: %.4g s a sequence, %.4g s before", lm.name, kind,
+                     lm.speed.estimate(kind), before)
+        task = asyncio.get_running_loop().create_task(retime())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def submit(self, request: GenerateRequest) -> Ticket:
         """Admit a request (raises ModelNotFound, PromptError, Unsupported, TooLarge, Overloaded). Must run on
@@ -126,13 +132,14 @@ class Serving:
         if request.stream:
             admission.check_stream(request.num_samples, request.steps, lm.model.cfg.dit.length, request.step_tokens,
                                    MAX_VALID_ROUNDS if request.valid_only else 1, self.max_stream_bytes)
-        lm.speed.ensure(lm.model, config.work_kind(lm.model.cfg))  # ``admit`` timed it on the worker already
+        work = admission.work_of(lm.model.cfg, config, request.steps)
+        lm.speed.ensure(lm.model, work.kind)  # ``admit`` timed it on the worker already
         plan = admission.plan(lm.model, lm.speed, num_samples=request.num_samples, steps=request.steps,
                               config=config, timeout_s=timeout, memory_budget=self.memory_budget,
                               step_limit_s=self.max_step_s)
         run = GenerationRun(lm.model, request.num_samples, request.steps, config, seed=request.seed, prompt=prompt,
                             device=self.registry.device, max_rows_per_pass=plan.max_rows_per_pass)
-        return Ticket(self.engine.submit(lm, run, plan.seconds, timeout, kind=config.work_kind(lm.model.cfg)))
+        return Ticket(self.engine.submit(lm, run, plan.seconds, timeout, work=work))
 
     async def events(self, job: Ticket, steps: bool = True, request: GenerateRequest | None = None):
         """Typed events: a ``StepEvent`` per denoising step (decoded only when ``steps``: a non-streaming

@@ -11,7 +11,7 @@ import torch
 from ttcore.distributions import Streams
 
 from ..orderings import PREDETERMINED, top_k_mask
-from ..schedules import SCHEDULES, unmask_counts
+from ..schedules import SCHEDULES, idle_steps, unmask_counts
 
 
 class WorkKind(StrEnum):
@@ -20,6 +20,7 @@ class WorkKind(StrEnum):
     predetermined_step = "predetermined_step"  # a joint draw of a set fixed before the head runs
     chooser_step = "chooser_step"  # a cheap choice over every masked position, then that joint draw
     exact_step = "exact_step"  # a step that sums a format's full head outputs (TT's exact contraction)
+    tempered_step = "tempered_step"  # a joint head's step at a temperature other than 1: every masked position summed
     chain_rule = "chain_rule"  # adaptive picks over every position's full head outputs
 
 
@@ -123,10 +124,23 @@ class ConfiguredStep:
     def choose(self, rows, h, tokens, masked, counts):
         return None if rows.plan is None else top_k_mask(rows.plan, masked, counts)
 
+    def idle_steps(self, n_initial: list[int], step: int, steps: int) -> int:
+        """Steps from ``step`` on that unmask nothing, known before they run (``schedules.idle_steps``); 0 where
+        the counts come from draws (Bernoulli coins) or from the step itself (EB's bound)."""
+        if self.config.bernoulli or not self.schedule_counts():
+            return 0
+        return idle_steps(n_initial, step, steps, SCHEDULES[self.config.schedule])
+
+    def schedule_counts(self) -> bool:
+        """Whether ``counts`` is the schedule's (a subclass that overrides ``counts`` says when it is)."""
+        return type(self).counts is ConfiguredStep.counts
+
     def work_kind(self, fmt) -> WorkKind:
         c = self.config
         if self.adaptive:
             return WorkKind.chain_rule
+        if fmt.joint_head and c.temperature != 1:  # the tempered joint's normaliser reads every masked position
+            return WorkKind.tempered_step
         if fmt.sums_exactly(c.contraction, c.temperature, c.joint, False):
             return WorkKind.exact_step
         return WorkKind.chooser_step if self.chooses else WorkKind.predetermined_step

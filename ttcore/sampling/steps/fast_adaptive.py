@@ -104,6 +104,9 @@ class FastAdaptiveStep(ConfiguredStep):
     def counts(self, rows, n_current):
         return super().counts(rows, n_current) if self.config.eb_gamma is None else eb_counts(rows, n_current)
 
+    def schedule_counts(self) -> bool:
+        return self.config.eb_gamma is None
+
     def draw(self, rows, h, tokens, masked, chosen, counts):
         c = self.config
         return predetermined_step(rows.model, h, tokens, masked, chosen, rows.temperature, rows.streams, c.contraction)
