@@ -118,6 +118,28 @@ def test_kuberay_manifest_runs_the_same_serve_config():
     assert workers["minReplicas"] <= workers["maxReplicas"]
 
 
+def test_every_manifest_drains_replicas_within_its_grace_period():
+    """Issue 54, graceful drain: a stopped replica lets its requests finish (Serve's graceful_shutdown_*), and
+    whatever stops the process waits longer than that: compose's stop_grace_period, and on Kubernetes the
+    worker pod's preStop (the pod leaves the endpoints first) plus the drain, within terminationGracePeriodSeconds.
+    """
+    docs = list(yaml.safe_load_all((ROOT / "deploy" / "kuberay" / "rayservice.yaml").read_text()))
+    service = next(d for d in docs if d["kind"] == "RayService")
+    local = yaml.safe_load((ROOT / "deploy" / "serve_config.yaml").read_text())
+    for config in (local, yaml.safe_load(service["spec"]["serveConfigV2"])):
+        model = config["applications"][0]["deployments"][0]
+        assert model["name"] == "TTCore" and 0 < model["graceful_shutdown_wait_loop_s"] < 10
+        drain = model["graceful_shutdown_timeout_s"]
+        assert drain >= 30
+    pod = service["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]
+    sleep = int(re.search(r"sleep (\d+)", " ".join(pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]))
+                .group(1))
+    assert sleep >= 5 and pod["terminationGracePeriodSeconds"] > sleep + drain
+    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    grace = next(s["stop_grace_period"] for s in compose["services"].values() if "stop_grace_period" in s)
+    assert int(grace.rstrip("s")) > drain
+
+
 def _container_env(**extra) -> dict:
     """The image's ENV (Dockerfile), with this venv's PATH standing in for /opt/venv."""
     docker = (ROOT / "Dockerfile").read_text()
