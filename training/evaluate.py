@@ -320,7 +320,8 @@ def evaluate_molecules(args, out: Path, section) -> None:
         held_out = next(iter(ds.references.values()))
         reference = Reference(held_out, "cuda" if args.device.startswith("cuda") else "cpu")
         data_row = reference.compare(sorted(training)[:: max(1, len(training) // args.samples)][: args.samples])
-    rows = [row for path in paths for row in _molecule_rows(args, path, training, reference)]
+    one_molecule = get_metrics_kind(section.metrics).one_molecule
+    rows = [row for path in paths for row in _molecule_rows(args, path, training, reference, one_molecule)]
     write_rows(rows, out / "results")
     if args.cards:  # one table per card: the distribution metrics are columns of it when measured
         if reference is None:
@@ -353,8 +354,9 @@ def _molecule_settings(args, fmt) -> list[tuple]:
                                             joint=s[4])]
 
 
-def _molecule_rows(args, path: Path, training: set[str], reference) -> list[dict]:
-    """One checkpoint's rows: each setting sampled once (settings with the same unmasking counts share a run)."""
+def _molecule_rows(args, path: Path, training: set[str], reference, one_molecule: bool) -> list[dict]:
+    """One checkpoint's rows: each setting sampled once (settings with the same unmasking counts share a run);
+    ``one_molecule``: validity requires one connected molecule (the family's metrics kind says)."""
     model, tok, _ = load_for_inference(path, args.device, args.precision)
     cfg = model.cfg
     rows, done = [], {}  # (ordering, gamma, contraction, joint, temperature, path, unmasking counts) -> (res, m)
@@ -367,7 +369,7 @@ def _molecule_rows(args, path: Path, training: set[str], reference) -> list[dict
                count_schedule(cfg.dit.length, steps, schedule) if gamma is None else steps)
         if key not in done:  # the same counts and seeds give the same run: computed once
             res = run_setting(model, tok, args.samples, steps, args.batch, args.seed, args.memory_mb, **kw)
-            m = molecule_metrics(res["texts"], training)
+            m = molecule_metrics(res["texts"], training, one_molecule)
             if reference is not None and gamma is None:
                 m.update(reference.compare(res["texts"]))
             done[key] = res, m

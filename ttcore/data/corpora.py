@@ -52,15 +52,29 @@ def _qm9_cached(section: "DataSection", tokenizer):
     return ds
 
 
+def _gpt2(section: "DataSection"):
+    from ttcore.tokenizers.text import gpt2_bpe
+
+    return gpt2_bpe(section.length)
+
+
+def _trained_bpe(section: "DataSection"):
+    from ttcore.tokenizers.text import train_bpe
+
+    from .text import training_texts
+
+    return train_bpe(training_texts(section.val_fraction), section.bpe_vocab, section.length)
+
+
+TEXT_TOKENIZERS = {"gpt2": _gpt2, "bpe": _trained_bpe}  # a packed corpus's data.tokenizer -> its tokenizer
+
+
 def _text_corpus(section: "DataSection", tokenizer):
-    """The public-domain corpus, split by document and packed into blocks (``load_text``, cached)."""
-    from ttcore.tokenizers.text import gpt2_bpe, train_bpe
+    """The public-domain corpus, split by document and packed into blocks (``load_text``, cached), tokenized by
+    the section's ``TEXT_TOKENIZERS`` entry unless a base model's ``tokenizer`` is given."""
+    from .text import load_text
 
-    from .text import load_text, training_texts
-
-    if tokenizer is None:
-        tokenizer = (gpt2_bpe(section.length) if section.tokenizer == "gpt2"
-                     else train_bpe(training_texts(section.val_fraction), section.bpe_vocab, section.length))
+    tokenizer = tokenizer or TEXT_TOKENIZERS[section.tokenizer](section)
     return load_text(tokenizer, val_fraction=section.val_fraction)
 
 

@@ -80,8 +80,7 @@ class DataSection:
             self.length = 128
         if self.family is None:
             self.family = self.source if corpus else Path(self.source).name.split(".")[0]
-        if self.augment < 0 or (self.augment and not (self.tokenizer in MOLECULE_TOKENIZERS
-                                                      and self.metrics == "molecules")):
+        if self.augment < 0 or (self.augment and not (self.tokenizer in MOLECULE_TOKENIZERS and kind.molecular)):
             raise ValueError(f"data.augment must be >= 0, and > 0 only for molecules "
                              f"({' / '.join(MOLECULE_TOKENIZERS)} tokenizers), "
                              f"got {self.augment} with {self.tokenizer} / {self.metrics}")

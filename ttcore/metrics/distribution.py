@@ -83,7 +83,9 @@ def scaffolds(smiles: list[str], min_rings: int = 2) -> Counter:
 
 def moses_counts(generated: list[str], training: set[str], ks: tuple[int, ...] = (1000, 10000)) -> dict:
     """MOSES's ``valid``, ``unique@k`` (for each k not above the valid count) and ``novelty`` (distinct valid
-    samples not in ``training``, canonical SMILES, over the distinct valid samples)."""
+    samples not in ``training``, canonical SMILES, over the distinct valid samples). Valid as MOSES counts it
+    (``fraction_valid``: RDKit reads it; several fragments count), so the column compares with MOSES's
+    published tables."""
     canon = [canonical(s) for s in generated]
     valid = [c for c in canon if c is not None]
     out = {"valid": len(valid) / max(1, len(generated))}

@@ -26,6 +26,7 @@ class MetricsKind:
     evaluation: str = "sequences"  # evaluate.py's evaluation: molecules, text or sequences
     depicts: bool = False  # a sample can be drawn (GET /depict: molecules)
     check: Callable[[], Checker | None] | None = None  # builds the per-sample check (None where it cannot run)
+    one_molecule: bool = False  # molecules: a valid sample is one connected molecule (several fragments: invalid)
 
     @property
     def validates(self) -> bool:
@@ -37,6 +38,11 @@ class MetricsKind:
         ``valid: null``)."""
         return None if self.check is None else _cached_checker(self.check)
 
+    @property
+    def molecular(self) -> bool:
+        """Whether its samples are molecules (its evaluation is the molecules one: augmentation applies)."""
+        return self.evaluation == "molecules"
+
     def applies_to(self, tokenizer: str) -> bool:
         return self.tokenizers is None or tokenizer in self.tokenizers
 
@@ -46,7 +52,7 @@ def _cached_checker(build: Callable[[], Checker | None]) -> Checker | None:
     return build()
 
 
-def _rdkit_properties() -> Checker | None:
+def _rdkit_properties(one_molecule: bool = True) -> Checker | None:
     """``molecules.properties`` (one parse: None for an invalid SMILES, else its canonical form and descriptors),
     or None where RDKit is not installed (a server without the `chem` extra serves SMILES with ``valid: null``)."""
     try:
@@ -54,7 +60,12 @@ def _rdkit_properties() -> Checker | None:
     except ImportError as e:
         log.warning("RDKit is not importable (%s; pip install '.[chem]'): SMILES answers carry valid=null", e)
         return None
-    return properties
+    return functools.partial(properties, one_molecule=one_molecule)
+
+
+def _rdkit_mixtures() -> Checker | None:
+    """``_rdkit_properties`` that accepts several fragments (salts, mixtures)."""
+    return _rdkit_properties(one_molecule=False)
 
 
 METRICS_KINDS: dict[str, MetricsKind] = {}
@@ -86,8 +97,12 @@ def default_metrics(tokenizer: str) -> str:
 
 
 for _kind in (
-    MetricsKind("molecules", "RDKit validity, uniqueness, novelty and descriptors", ("smiles", "selfies", "safe"),
-                ("smiles", "selfies", "safe"), "molecules", depicts=True, check=_rdkit_properties),
+    MetricsKind("molecules", "RDKit validity (one connected molecule), uniqueness, novelty and descriptors",
+                ("smiles", "selfies", "safe"), ("smiles", "selfies", "safe"), "molecules", depicts=True,
+                check=_rdkit_properties, one_molecule=True),
+    MetricsKind("molecule_mixtures", "RDKit validity (any number of fragments: salts, mixtures), uniqueness, "
+                "novelty and descriptors", ("smiles", "selfies", "safe"), (), "molecules", depicts=True,
+                check=_rdkit_mixtures),
     MetricsKind("text", "generative perplexity under a judge LM and unigram entropy", None, ("bpe", "gpt2", "text"),
                 "text"),
     MetricsKind("none", "the sequences only: uniqueness and novelty against the training split"),

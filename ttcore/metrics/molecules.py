@@ -12,18 +12,22 @@ from rdkit.Chem.Draw import rdMolDraw2D
 RDLogger.DisableLog("rdApp.*")  # invalid samples are expected; RDKit would log every one
 
 
-def _molecule(smiles: str):
-    """The RDKit molecule of a non-empty string that parses and sanitizes, else None."""
+def _molecule(smiles: str, one_molecule: bool = False):
+    """The RDKit molecule of a non-empty string that parses and sanitizes (and with ``one_molecule``, is one
+    connected molecule: a single fragment), else None."""
     mol = Chem.MolFromSmiles(smiles) if smiles else None  # parses and sanitizes
-    return mol if mol is not None and mol.GetNumAtoms() > 0 else None
+    if mol is None or mol.GetNumAtoms() == 0:
+        return None
+    return None if one_molecule and len(Chem.GetMolFrags(mol)) > 1 else mol
 
 
-def canonical(smiles: str) -> str | None:
+def canonical(smiles: str, one_molecule: bool = False) -> str | None:
     """Canonical SMILES of a non-empty string that parses and sanitizes and whose canonical SMILES parses again,
-    else None. The round trip: RDKit writes a few rare molecules (a hypervalent aromatic oxygen, ``c1=oc...``,
-    about 1 in 30,000 MOSES samples of a young model) as SMILES it cannot read back, and every metric after
-    validity (fingerprints, fragments, ChemNet) reads the canonical SMILES."""
-    mol = _molecule(smiles)
+    else None; ``one_molecule``: also None for several disconnected fragments (``A.B``). The round trip: RDKit
+    writes a few rare molecules (a hypervalent aromatic oxygen, ``c1=oc...``, about 1 in 30,000 MOSES samples of
+    a young model) as SMILES it cannot read back, and every metric after validity (fingerprints, fragments,
+    ChemNet) reads the canonical SMILES."""
+    mol = _molecule(smiles, one_molecule)
     if mol is None:
         return None
     text = Chem.MolToSmiles(mol)
@@ -68,10 +72,13 @@ def quality(canonical_valid: list[str], n: int) -> float:
     return good / max(1, n)
 
 
-def molecule_metrics(samples: list[str], training: set[str] | None = None) -> dict:
+def molecule_metrics(samples: list[str], training: set[str] | None = None, one_molecule: bool = True) -> dict:
     """validity = valid / all; uniqueness = distinct canonical / valid; novelty = valid not in
-    ``training`` (canonical SMILES) / valid, as in MDLM/UDLM; ``quality``: GenMol's (``quality``)."""
-    canon = [canonical(s) for s in samples]
+    ``training`` (canonical SMILES) / valid, as in MDLM/UDLM; ``quality``: GenMol's (``quality``). A sample is
+    valid when RDKit reads it (``canonical``) and, with ``one_molecule`` (the default: no molecule of QM9, MOSES or
+    their SAFE and SELFIES forms has two fragments), it is one connected molecule: a SAFE string with a broken
+    attachment digit decodes to fragments, which count as invalid."""
+    canon = [canonical(s, one_molecule) for s in samples]
     valid = [c for c in canon if c is not None]
     out = {"n": len(samples), "validity": len(valid) / max(1, len(samples)),
            "uniqueness": len(set(valid)) / max(1, len(valid)), "quality": quality(valid, len(samples))}
@@ -80,11 +87,12 @@ def molecule_metrics(samples: list[str], training: set[str] | None = None) -> di
     return out
 
 
-def properties(smiles: str) -> dict | None:
-    """One parse of a SMILES: None if invalid, else its ``canonical`` form and RDKit descriptors: ``qed``
-    (Bickerton et al. 2012's drug-likeness, 0..1), ``logp`` (Wildman-Crippen octanol-water logP) and
-    ``mol_weight`` (average molecular weight, g/mol)."""
-    mol = _molecule(smiles)
+def properties(smiles: str, one_molecule: bool = True) -> dict | None:
+    """One parse of a SMILES: None if invalid (as ``molecule_metrics`` counts it: with ``one_molecule``, several
+    fragments are invalid), else its ``canonical`` form and RDKit descriptors: ``qed`` (Bickerton et al. 2012's
+    drug-likeness, 0..1), ``logp`` (Wildman-Crippen octanol-water logP) and ``mol_weight`` (average molecular
+    weight, g/mol)."""
+    mol = _molecule(smiles, one_molecule)
     if mol is None:
         return None
     return {"canonical": Chem.MolToSmiles(mol), "qed": QED.qed(mol), "logp": Crippen.MolLogP(mol),
