@@ -9,12 +9,18 @@ checkpoints themselves; the project must be importable by them (installed, or PY
 runtime env).
 """
 
+import asyncio
+import logging
+import time
 from pathlib import Path
 
+import ray
 from ray import serve
 from ray.serve import Application
 
 from .config import ServiceArgs
+
+log = logging.getLogger("ttcore.service")
 
 # Ray may route up to this many times a replica's admitted requests to it, so a full replica answers
 # overload itself (503 with Retry-After) instead of Ray queueing without bound; the serve configs'
@@ -24,6 +30,51 @@ INGRESS_MAX_ONGOING = 1024  # the relay holds a request's stream and little else
 
 
 AppArgs = ServiceArgs  # the application's args: every option of the service, typed once (service.config)
+
+DRAIN_ACTOR, DRAIN_NAMESPACE = "ttcore-drain", "ttcore"  # the drain's shared state (``DrainState``)
+DRAIN_POLL_S = 0.25  # how often a replica reports its requests in flight and reads whether to drain
+DRAIN_REPORT_MAX_AGE_S = 2.0  # a replica silent longer than this (gone) no longer counts as in flight
+
+
+@ray.remote(num_cpus=0)
+class DrainState:
+    """What ``python -m service.deployment`` and its replicas share for a graceful drain: whether to drain, and
+    each replica's requests in flight as it last reported them (a replica reports every ``DRAIN_POLL_S``)."""
+
+    def __init__(self):
+        self.draining, self.reports = False, {}
+
+    def start(self) -> None:
+        self.draining = True
+
+    def report(self, replica: str, in_flight: int) -> bool:
+        """A replica's requests in flight now. -> whether it is to drain."""
+        self.reports[replica] = (in_flight, time.monotonic())
+        return self.draining
+
+    def in_flight(self) -> int:
+        """Requests in flight over the replicas that reported within ``DRAIN_REPORT_MAX_AGE_S``."""
+        now = time.monotonic()
+        return sum(n for n, at in self.reports.values() if now - at <= DRAIN_REPORT_MAX_AGE_S)
+
+
+async def _watch_drain(engine, replica: str) -> None:
+    """A replica's side of the drain: report the engine's requests in flight to ``DrainState`` and set the
+    engine draining (``/ready`` 503, new requests 503 with Retry-After, those in flight finish) once it says
+    so. Without a ``DrainState`` (a cluster not started by ``main``: KubeRay, ``serve run``) Serve's own
+    graceful shutdown drains a stopped replica."""
+    state = None
+    while True:
+        try:
+            state = state or ray.get_actor(DRAIN_ACTOR, namespace=DRAIN_NAMESPACE)
+            if await state.report.remote(replica, engine.in_flight):
+                engine.draining = True
+        except ValueError:  # no DrainState on this cluster
+            await asyncio.sleep(4 * DRAIN_POLL_S)
+        except Exception as e:  # noqa: BLE001 - the drain's bookkeeping never fails a request
+            log.warning("drain state unreachable (%s: %s)", type(e).__name__, e)
+            state = None
+        await asyncio.sleep(DRAIN_POLL_S)
 
 
 def _asgi_builder(args: AppArgs):
@@ -46,10 +97,15 @@ class ModelServer:
 
     def __init__(self, args: AppArgs):
         self.app = _asgi_builder(args)()
+        self._drain_watch: asyncio.Task | None = None  # started with the first request, on the replica's loop
 
     async def http(self, scope: dict, body: bytes):
         from .ingress import asgi_messages
 
+        if self._drain_watch is None:
+            replica = serve.get_replica_context().replica_id.unique_id
+            self._drain_watch = asyncio.get_running_loop().create_task(
+                _watch_drain(self.app.state.serving.engine, replica))
         async for message in asgi_messages(self.app, scope, body):
             yield message
 
@@ -124,27 +180,40 @@ def main():
     """A local Ray Serve application on this machine (a fresh Ray cluster, stopped with this process):
 
         python -m service.deployment --port 8000 --args '{"checkpoints": "checkpoints", "threads": 1}'
+
+    SIGTERM / SIGINT drain it first: every replica's ``/ready`` answers 503 (draining) and new requests 503 with
+    Retry-After, the requests in flight finish (at most ``--drain-timeout-s``), then Serve and Ray stop; a
+    second signal stops them at once.
     """
     import argparse
     import json
     import signal
     import sys
-    import time
-
-    import ray
 
     ap = argparse.ArgumentParser(description=main.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--args", default="{}", help="the application's args (AppArgs) as JSON")
+    ap.add_argument("--drain-timeout-s", type=float, default=30.0,
+                    help="on SIGTERM, how long requests in flight may take to finish before the replicas stop")
     opts = ap.parse_args()
+    draining = []
 
     def stop(*_):
+        if not draining:  # the first signal drains; a second one (or a drain of 0 s) stops at once
+            draining.append(time.monotonic())
+            ray.get(drain.start.remote())
+            time.sleep(4 * DRAIN_POLL_S)  # every replica has read it and reported since
+            while ray.get(drain.in_flight.remote()) and time.monotonic() - draining[0] < opts.drain_timeout_s:
+                time.sleep(DRAIN_POLL_S)
+            time.sleep(2 * DRAIN_POLL_S)  # the last answers' bytes leave the ingress and the proxy
         serve.shutdown()
         ray.shutdown()  # the local cluster this process started goes with it
         sys.exit(0)
 
-    signal.signal(signal.SIGTERM, stop)
+    ray.init()
+    drain = DrainState.options(name=DRAIN_ACTOR, namespace=DRAIN_NAMESPACE).remote()
+    signal.signal(signal.SIGTERM, stop)  # after ray.init, which installs its own (it would exit at once)
     signal.signal(signal.SIGINT, stop)
     serve.start(http_options={"host": opts.host, "port": opts.port})
     serve.run(build_app(json.loads(opts.args)), name="ttcore", route_prefix="/")
