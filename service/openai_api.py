@@ -1,4 +1,6 @@
-"""OpenAI-compatible front end over the same serving layer: ``GET /v1/models``, ``POST /v1/completions``.
+"""OpenAI-compatible front end over the same serving layer: ``GET /v1/models``, ``POST /v1/completions``,
+``POST /v1/chat/completions`` (the conversation written into the prompt by the family's chat template:
+``service.chat``; the reply is that prompt's completion).
 
 Completion text: for a prefix prompt, the tokens after it, up to the sequence's first end token
 ([PAD] / end-of-text: finish_reason ``stop``) or ``max_tokens`` / the model length (``length``); for a
@@ -23,13 +25,28 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ttcore.decompositions import DECOMPOSITIONS
 
 from .admission import StreamBudget
+from .chat import chat_template
 from .completions import completion_prompt
 from .completions import completions as completion_steps
-from .openai_schema import Completion, CompletionChoice, CompletionRequest, OpenAIModel, OpenAIModelList, Usage
-from .refusals import Refusal, failure_status
+from .openai_schema import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatDelta,
+    ChatReply,
+    Completion,
+    CompletionChoice,
+    CompletionRequest,
+    OpenAIModel,
+    OpenAIModelList,
+    Usage,
+)
+from .refusals import Refusal, Unsupported, failure_status
 from .registry import LoadedModel
 from .routes import current_serving
-from .schema import MIN_TEMPERATURE, GenerateRequest, SamplerFields
+from .schema import MAX_PROMPT_CHARS, MIN_TEMPERATURE, GenerateRequest, SamplerFields
 from .security import clip
 from .serving import Failure, Serving
 
@@ -51,13 +68,13 @@ def openai_error(status: int, message: str, param: str | None = None, code: str 
                                            "param": None if param is None else clip(param, 64), "code": code}})
 
 
-def _generate_request(req: CompletionRequest) -> GenerateRequest:
+def _generate_request(req, prompt: str) -> GenerateRequest:
     m = _model_id_pattern().match(req.model)
     family, decomposition, rank = (m["family"], m["decomposition"], int(m["rank"])) if m else (req.model, None, None)
     sampler = {name: getattr(req, name) for name in SamplerFields.model_fields}  # the shared fields, as sent
     return GenerateRequest(model=family, decomposition=decomposition, rank=rank, num_samples=req.n,
                            temperature=max(req.temperature, MIN_TEMPERATURE), seed=req.seed,
-                           prompt=req.prompt or None, stream=req.stream, **sampler)  # a stream is estimated
+                           prompt=prompt or None, stream=req.stream, **sampler)  # a stream is estimated
 
 
 def openai_refused(r: Refusal) -> JSONResponse:
@@ -87,23 +104,53 @@ async def models(serving: Serving = Depends(current_serving)):
     422: {"description": "Invalid request (OpenAI error object)"},
     503: {"description": "Overloaded (Retry-After)"}, 504: {"description": "Deadline passed"}})
 async def completions(req: CompletionRequest, request: Request, serving: Serving = Depends(current_serving)):
-    gen = _generate_request(req)
+    return await _serve(serving, req, request, req.prompt, _TextShape(req))
+
+
+@router.post("/chat/completions", response_model=ChatCompletion, responses={
+    200: {"description": "A chat completion; with `stream: true`, `data: {chunk}` events then `data: [DONE]`",
+          "content": {"text/event-stream": {"schema": {
+              "type": "object", "required": ["data"],
+              "properties": {"data": {"type": "string", "description": "a ChatCompletionChunk (JSON) or [DONE]"}}}}}},
+    400: {"description": "Invalid request, or a model without a chat template (OpenAI error object)"},
+    401: {"description": "Missing or bad key"}, 404: {"description": "Unknown model"},
+    413: {"description": "Body too large"}, 422: {"description": "Invalid request (OpenAI error object)"},
+    503: {"description": "Overloaded (Retry-After)"}, 504: {"description": "Deadline passed"}})
+async def chat_completions(req: ChatCompletionRequest, request: Request, serving: Serving = Depends(current_serving)):
+    """The conversation written into the prompt by the family's chat template (``service.chat``); the reply is
+    the completion of that prompt, as ``/v1/completions`` makes it."""
+    gen = _generate_request(req, "")
+    lm = serving.registry.resolve(gen.model, gen.decomposition, gen.rank)
+    template = chat_template(lm.domain)
+    if template is None:
+        raise Unsupported("model", f"{model_id(lm)} has no chat template: its family ({lm.family}) generates "
+                                   f"{lm.domain} sequences, not replies to messages; use /v1/completions")
+    prompt = template(req.messages)
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise Unsupported("messages", f"the messages make a prompt of {len(prompt)} characters, above "
+                                      f"{MAX_PROMPT_CHARS}")
+    return await _serve(serving, req, request, prompt, _ChatShape())
+
+
+async def _serve(serving: Serving, req, request: Request, text: str, shape):
+    """A completion of ``text`` answered in ``shape`` (Completions or Chat Completions), whole or streamed."""
+    gen = _generate_request(req, text)
     # everything that can refuse the request happens before it is admitted: a failure after admission would hold
     # a slot (and run the job) with no reader; a refusal is answered by the app's handler (``openai_refused``)
     lm = serving.registry.resolve(gen.model, gen.decomposition, gen.rank)
-    prompt = completion_prompt(serving, lm, req.prompt)
+    prompt = completion_prompt(serving, lm, text)
     job = await serving.admit(gen)
     try:
         if req.stream:
-            return StreamingResponse(_chunks(serving, req, job, prompt), media_type="text/event-stream",
+            return StreamingResponse(_chunks(serving, req, job, prompt, shape), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await _answer(serving, req, request, job, prompt)
+        return await _answer(serving, req, request, job, prompt, shape)
     except BaseException:  # a bug here must not leave the admitted job running without a reader
         serving.abort(job)
         raise
 
 
-def _min_tokens(req: CompletionRequest) -> float:
+def _min_tokens(req) -> float:
     """Where an end token may end the completion: never with ``ignore_eos``, else from ``min_tokens`` on."""
     return float("inf") if req.ignore_eos else req.min_tokens
 
@@ -113,31 +160,64 @@ def _usage(prompt, step) -> Usage:
                  total_tokens=prompt.tokens + step.completion_tokens)
 
 
-async def _answer(serving: Serving, req: CompletionRequest, request: Request, job, prompt):
+class _TextShape:
+    """The Completions API's objects (``echo``: the prompt before the first text of each choice)."""
+
+    def __init__(self, req: CompletionRequest):
+        self.prefix = req.prompt if req.echo else ""
+
+    def answer(self, job, step, usage: Usage, template: bool):
+        prefix = "" if template else self.prefix
+        return Completion(id=f"cmpl-{job.id}", model=model_id(job.lm), usage=usage, ttcore=step.telemetry,
+                          choices=[CompletionChoice(text=prefix + text, index=i, finish_reason=reason)
+                                   for i, (text, reason) in enumerate(step.final)])
+
+    def chunk(self, job, i: int, text: str, reason, first: bool, template: bool, ttcore: dict):
+        prefix = self.prefix if first and not template else ""
+        return Completion(id=f"cmpl-{job.id}", model=model_id(job.lm), ttcore=ttcore,
+                          choices=[CompletionChoice(text=prefix + text, index=i, finish_reason=reason)])
+
+    def usage_chunk(self, job, usage: Usage):
+        return Completion(id=f"cmpl-{job.id}", model=model_id(job.lm), choices=[], usage=usage)
+
+
+class _ChatShape:
+    """The Chat Completions API's objects (a choice's first chunk says the role)."""
+
+    def answer(self, job, step, usage: Usage, template: bool):
+        return ChatCompletion(id=f"chatcmpl-{job.id}", model=model_id(job.lm), usage=usage, ttcore=step.telemetry,
+                              choices=[ChatChoice(index=i, message=ChatReply(content=text), finish_reason=reason)
+                                       for i, (text, reason) in enumerate(step.final)])
+
+    def chunk(self, job, i: int, text: str, reason, first: bool, template: bool, ttcore: dict):
+        delta = ChatDelta(role="assistant" if first else None, content=text)
+        return ChatCompletionChunk(id=f"chatcmpl-{job.id}", model=model_id(job.lm), ttcore=ttcore,
+                                   choices=[ChatChunkChoice(index=i, delta=delta, finish_reason=reason)])
+
+    def usage_chunk(self, job, usage: Usage):
+        return ChatCompletionChunk(id=f"chatcmpl-{job.id}", model=model_id(job.lm), choices=[], usage=usage)
+
+
+async def _answer(serving: Serving, req, request: Request, job, prompt, shape):
     """The whole completion as one OpenAI object (the job is cancelled when its client goes away)."""
-    prefix = req.prompt if req.echo and not prompt.template else ""
     watcher = asyncio.create_task(serving.cancel_when(request.is_disconnected, job))
     try:
-        async for step in completion_steps(serving, job, prompt, req.n, req.max_tokens, stream=False,
+        async for step in completion_steps(serving, job, prompt, req.n, req.completion_limit, stream=False,
                                            min_tokens=_min_tokens(req)):
             if isinstance(step, Failure):
                 return openai_error(failure_status(step.kind), step.message, code=step.kind, kind="server_error")
-            made = [CompletionChoice(text=prefix + text, index=i, finish_reason=reason)
-                    for i, (text, reason) in enumerate(step.final)]
-            return Completion(id=f"cmpl-{job.id}", model=model_id(job.lm), choices=made, usage=_usage(prompt, step),
-                              ttcore=step.telemetry)
+            return shape.answer(job, step, _usage(prompt, step), prompt.template)
     finally:
         watcher.cancel()
 
 
-async def _chunks(serving: Serving, req: CompletionRequest, job, prompt):
+async def _chunks(serving: Serving, req, job, prompt, shape):
     """The completion as OpenAI's stream: a chunk per choice per step (the streaming rule above), the usage
     chunk when asked, then ``[DONE]``."""
-    prefix = req.prompt if req.echo and not prompt.template else ""
-    cid, name = f"cmpl-{job.id}", model_id(job.lm)
     include_usage = bool((req.stream_options or {}).get("include_usage"))
     first, budget = True, StreamBudget(serving.max_stream_bytes)
-    steps = completion_steps(serving, job, prompt, req.n, req.max_tokens, stream=True, min_tokens=_min_tokens(req))
+    steps = completion_steps(serving, job, prompt, req.n, req.completion_limit, stream=True,
+                             min_tokens=_min_tokens(req))
 
     def error(message: str, code: str) -> bytes:
         body = {"message": message, "type": "server_error", "param": None, "code": code}
@@ -147,12 +227,11 @@ async def _chunks(serving: Serving, req: CompletionRequest, job, prompt):
         if isinstance(step, Failure):
             yield error(step.message, step.kind)
             break
-        chunks = [Completion(id=cid, model=name, choices=[CompletionChoice(
-            text=(prefix if first else "") + text, index=i, finish_reason=reason)],
-            ttcore={"step": step.step, "canvas": step.canvases[i], "committed": step.committed[i]})
-            for i, text, reason in step.deltas]
+        chunks = [shape.chunk(job, i, text, reason, first, prompt.template,
+                              {"step": step.step, "canvas": step.canvases[i], "committed": step.committed[i]})
+                  for i, text, reason in step.deltas]
         if step.final is not None and include_usage:
-            chunks.append(Completion(id=cid, model=name, choices=[], usage=_usage(prompt, step)))
+            chunks.append(shape.usage_chunk(job, _usage(prompt, step)))
         data = b"".join(f"data: {c.model_dump_json(exclude_none=True)}\n\n".encode() for c in chunks)
         if not budget.allows(data, reserve=1024):  # the limit holds whatever admission estimated
             await steps.aclose()

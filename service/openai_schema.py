@@ -1,27 +1,23 @@
-"""The OpenAI-compatible wire types (``/v1/completions``, ``/v1/models``), following OpenAI's Completions
-API; diffusion settings are extra fields (OpenAI clients pass them as ``extra_body``)."""
+"""The OpenAI-compatible wire types (``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``), following
+OpenAI's Completions and Chat Completions APIs; diffusion settings are extra fields (OpenAI clients pass them as
+``extra_body``)."""
 
 import time
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool
 
 from .schema import MAX_PROMPT_CHARS, MAX_SAMPLES, MAX_SEED, MAX_STEPS, MIN_TEMPERATURE, SamplerFields
 
 
-class CompletionRequest(SamplerFields):
-    """OpenAI's Completions request; the sampler's fields (``SamplerFields``) are extensions (``extra_body``)."""
+class _OpenAIRequest(SamplerFields):
+    """What OpenAI's Completions and Chat Completions requests share; the sampler's fields (``SamplerFields``)
+    are extensions (``extra_body``)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [
-        {"model": "qm9-tt-r16", "prompt": "C1CC", "n": 4, "steps": 8, "seed": 0},
-        {"model": "text", "prompt": "The Congress", "max_tokens": 32, "stream": True, "steps": 16},
-    ]})
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str = Field(description="A model id from /v1/models (`family-decomposition-rRANK`, e.g. `qm9-tt-r16`), "
                                    "or a family (`qm9`, `text`) for its best checkpoint.", max_length=64)
-    prompt: str = Field("", max_length=MAX_PROMPT_CHARS,
-                        description="A prefix to continue, or a template with `[MASK]` placeholders to fill "
-                                    "(then the completion is the whole filled sequence).")
     max_tokens: int | None = Field(None, ge=1, le=MAX_STEPS,
                                    description="The most completion tokens returned (the model fills its fixed "
                                                "length; the completion is cut here, finish_reason `length`).")
@@ -32,10 +28,7 @@ class CompletionRequest(SamplerFields):
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
     stream: bool = Field(False, strict=True)
     stream_options: dict | None = Field(None, description="`{\"include_usage\": true}` adds a final usage chunk.")
-    echo: bool = Field(False, strict=True, description="Return the prompt before the completion.")
     stop: None = Field(None, description="Not supported (null only).")
-    suffix: None = Field(None, description="Not supported (null only).")
-    logprobs: None = Field(None, description="Not supported (null only); see POST /score for exact log-probabilities.")
     user: str | None = Field(None, max_length=256)
     # extensions OpenAI-compatible clients and benchmark tools commonly send (vLLM's): honoured where they mean
     # something for a fixed-length diffusion sample, else accepted at their neutral value only
@@ -51,6 +44,73 @@ class CompletionRequest(SamplerFields):
     top_k: int = Field(-1, ge=-1, le=0, description="Only -1 or 0 (off): every token is drawn from the joint.")
     logit_bias: dict[str, float] | None = Field(None, max_length=0, description="Only null or {}.")
 
+    @property
+    def completion_limit(self) -> int | None:
+        """The most completion tokens asked for."""
+        return self.max_tokens
+
+
+class CompletionRequest(_OpenAIRequest):
+    """OpenAI's Completions request."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [
+        {"model": "qm9-tt-r16", "prompt": "C1CC", "n": 4, "steps": 8, "seed": 0},
+        {"model": "text", "prompt": "The Congress", "max_tokens": 32, "stream": True, "steps": 16},
+    ]})
+
+    prompt: str = Field("", max_length=MAX_PROMPT_CHARS,
+                        description="A prefix to continue, or a template with `[MASK]` placeholders to fill "
+                                    "(then the completion is the whole filled sequence).")
+    echo: bool = Field(False, strict=True, description="Return the prompt before the completion.")
+    suffix: None = Field(None, description="Not supported (null only).")
+    logprobs: None = Field(None, description="Not supported (null only); see POST /score for exact log-probabilities.")
+
+
+class TextPart(BaseModel):
+    """A message's text part (OpenAI's content parts; only text applies to these models)."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["text"]
+    text: str = Field(max_length=MAX_PROMPT_CHARS)
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] = Field(max_length=MAX_PROMPT_CHARS)
+    name: str | None = Field(None, max_length=64)
+
+    @property
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+def _only_false(value: bool) -> bool:
+    if value:
+        raise ValueError("only false is supported")
+    return value
+
+
+class ChatCompletionRequest(_OpenAIRequest):
+    """OpenAI's Chat Completions request: the messages are written into the model's prompt by its family's chat
+    template (``service.chat``); a family without one is refused (400, param ``model``)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [
+        {"model": "text", "messages": [{"role": "user", "content": "The Congress"}], "max_tokens": 32,
+         "steps": 16},
+    ]})
+
+    messages: list[ChatMessage] = Field(min_length=1, max_length=64)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_STEPS,
+                                              description="As max_tokens (OpenAI's newer name); the smaller wins.")
+    logprobs: Annotated[StrictBool, AfterValidator(_only_false)] = Field(
+        False, json_schema_extra={"const": False},
+        description="Only false; see POST /score for exact log-probabilities.")
+    top_logprobs: None = Field(None, description="Not supported (null only).")
+
+    @property
+    def completion_limit(self) -> int | None:
+        limits = [m for m in (self.max_tokens, self.max_completion_tokens) if m is not None]
+        return min(limits) if limits else None
 
 
 class CompletionChoice(BaseModel):
@@ -76,6 +136,50 @@ class Completion(BaseModel):
     ttcore: dict | None = Field(None, description="Extension: steps, model calls, timings; in stream chunks the "
                                                   "step, the provisional canvas (masks shown) and the positions "
                                                   "committed in that step.")
+
+
+class ChatReply(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatReply
+    logprobs: None = None
+    finish_reason: Literal["stop", "length"] | None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage | None = None
+    ttcore: dict | None = Field(None, description="Extension: as in Completion.")
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    logprobs: None = None
+    finish_reason: Literal["stop", "length"] | None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+    ttcore: dict | None = None
 
 
 class OpenAIModel(BaseModel):

@@ -105,3 +105,46 @@ def test_the_extras_openai_compatible_clients_send_are_accepted_and_honoured(ser
     for field, value in (("presence_penalty", 0.5), ("best_of", 2), ("top_k", 5), ("logit_bias", {"1": 2.0})):
         r = httpx.post(server + "/v1/completions", json=dict(body, **{field: value}), timeout=60)
         assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+
+
+def test_chat_completions_answer_text_families_and_refuse_molecules_by_name(server):
+    """The review: a benchmark client's default route, ``/v1/chat/completions``, was 404. A text family writes the
+    conversation into its prompt by its chat template (``service.chat.plain``: the messages' texts, a blank line
+    apart) and replies with that prompt's completion, the same text ``/v1/completions`` gives for it, whole or
+    streamed through the real client; a family without a chat template (molecules) gets 400 naming the model
+    and why; bad messages name the field."""
+    import httpx
+
+    from service.chat import plain
+    from service.openai_schema import ChatMessage
+
+    client = _client(server)
+    messages = [{"role": "system", "content": "Mr. Speaker"}, {"role": "user", "content": "The state of the"}]
+    prompt = plain([ChatMessage(**m) for m in messages])
+    assert prompt == "Mr. Speaker\n\nThe state of the\n\n"
+    kw = dict(model="text", max_tokens=8, seed=2, n=2, extra_body={"steps": 8})
+    chat = client.chat.completions.create(messages=messages, **kw)
+    text = client.completions.create(prompt=prompt, **kw)
+    assert chat.object == "chat.completion" and chat.model == "text-none-r1"
+    assert [c.message.content for c in chat.choices] == [c.text for c in text.choices]
+    assert all(c.message.role == "assistant" and c.finish_reason in ("stop", "length") for c in chat.choices)
+    assert chat.usage.prompt_tokens == text.usage.prompt_tokens
+    parts, roles, usage = {}, set(), None
+    for chunk in client.chat.completions.create(messages=messages, stream=True,
+                                                stream_options={"include_usage": True}, **kw):
+        for c in chunk.choices:
+            parts[c.index] = parts.get(c.index, "") + (c.delta.content or "")
+            roles |= {c.delta.role} - {None}
+        usage = chunk.usage or usage
+    assert [parts[i] for i in range(2)] == [c.message.content for c in chat.choices]
+    assert roles == {"assistant"} and usage.completion_tokens == chat.usage.completion_tokens
+    parts = [{"type": "text", "text": "The state of "}, {"type": "text", "text": "the"}]  # content parts
+    same = client.chat.completions.create(messages=[messages[0], {"role": "user", "content": parts}], **kw)
+    assert [c.message.content for c in same.choices] == [c.message.content for c in chat.choices]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="qm9", messages=[{"role": "user", "content": "C"}])
+    assert e.value.body["param"] == "model" and "no chat template" in e.value.body["message"]
+    for bad, param in (({"messages": []}, "messages"), ({"messages": [{"role": "robot", "content": "x"}]}, "messages"),
+                       ({"messages": [{"role": "user", "content": "x"}], "logprobs": True}, "logprobs")):
+        r = httpx.post(server + "/v1/chat/completions", json={"model": "text", **bad}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"].startswith(param), r.text
