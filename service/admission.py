@@ -39,6 +39,7 @@ WINDOW = 8  # requests per kind of work whose slowest ratio (measured / modelled
 CALIBRATION_REPEATS = 3  # best of this many short timings
 CALIBRATION_ROWS = 64  # the most rows of the batched timing (a step of n rows costs overhead + n x per-row)
 CALIBRATION_STEP_S = 0.1  # the batched timing takes fewer rows (at least 2) when one row already takes this long
+CALIBRATION_SLOW_S = 1.0  # a one-row step this long is timed once, at one row only (its overhead is negligible)
 CALIBRATION_STEPS = 1  # the timed run's step count: one step draws every position, the dearest step of any run
 RECALIBRATE_EVERY_S = 60.0  # an unmeasured kind is re-timed after a refusal at most this often
 ROWS_GROWTH = 1.3  # a sequence beyond the timed rows costs this much more (caches: QM9 TT 64 -> 256 rows 1.13x)
@@ -62,7 +63,7 @@ def work_of(model_cfg, config: SamplerConfig, steps: int) -> Work:
     from ttcore.sampling.steps.fast_adaptive import chooser_outputs  # the step module owns c
 
     kind, scale = config.work_kind(model_cfg), 1.0
-    if kind in (WorkKind.chooser_step, WorkKind.tempered_step) and config.chooser_outputs is not None:
+    if kind in (WorkKind.chooser_step, WorkKind.tempered_chooser_step) and config.chooser_outputs is not None:
         e, v = model_cfg.format.outputs_per_position(model_cfg.rank), model_cfg.dit.out_vocab
         scale = max(1.0, chooser_outputs(e, v, config.chooser_outputs) / chooser_outputs(e, v))
     return Work(kind, scale)
@@ -195,8 +196,8 @@ class Speed:
 
 
 def _best(model, n: int, steps: int, repeats: int = CALIBRATION_REPEATS, **settings) -> float:
-    """The shortest of ``repeats`` timings of one step of a fresh run of ``n`` sequences (the shortest: a busy
-    machine only ever slows a timing down)."""
+    """The shortest of up to ``repeats`` timings of one step of a fresh run of ``n`` sequences (the shortest: a
+    busy machine only ever slows a timing down); one only when a step takes ``CALIBRATION_SLOW_S`` or more."""
     times = []
     for _ in range(repeats):
         run = GenerationRun(model, n, steps, SamplerConfig(**settings), seed=0)
@@ -204,14 +205,20 @@ def _best(model, n: int, steps: int, repeats: int = CALIBRATION_REPEATS, **setti
         with model.compute_context():
             run.step()
         times.append(time.perf_counter() - t0)
+        if times[-1] >= CALIBRATION_SLOW_S:
+            break
     return min(times)
 
 
 def _affine(model, repeats: int, **settings) -> tuple[float, float, int]:
     """(overhead, per row, rows timed) of one step at ``CALIBRATION_STEPS`` steps, from a one-row timing and one of a
-    few
-    rows (``CALIBRATION_ROWS``, fewer when a row takes long: at least 2)."""
+    few rows (``CALIBRATION_ROWS``, fewer when a row takes long: at least 2); a kind whose one-row step takes
+    ``CALIBRATION_SLOW_S`` or more (the bundled text TT at a temperature: 0.3-3.5 s) is timed once at one row,
+    its whole step taken as per-row cost (an upper bound: no overhead is split off, and rows beyond one cost
+    ``ROWS_GROWTH`` times more), so its first request waits one such step, not several."""
     one = _best(model, 1, CALIBRATION_STEPS, repeats, **settings)
+    if one >= CALIBRATION_SLOW_S:
+        return 0.0, one, 1
     rows = max(2, min(CALIBRATION_ROWS, int(CALIBRATION_STEP_S / max(one, 1e-9))))
     many = _best(model, rows, CALIBRATION_STEPS, repeats, **settings)
     per_row = max(many - one, 0.0) / (rows - 1) or many / rows
@@ -222,7 +229,7 @@ def calibrate_kinds(model, kinds) -> dict[WorkKind, tuple[float, float, float]]:
     """(overhead, per row, rows timed) of each kind in ``kinds`` (chain_rule: (0, its per-sequence picks, inf)),
     timed after a
     warm-up step; a chain-rule estimate needs the predetermined step's timing and takes it too. The tempered
-    step is timed on the fast adaptive path (the dearer of the two a tempered request may take)."""
+    steps are timed at temperature 0.5."""
     warm_streams(next(model.parameters()).device)  # compiled streams (on CUDA) compile here, not in a timing
     _best(model, 1, CALIBRATION_STEPS, 1)  # warm-up: allocator, kernels
     fast = dict(ordering="top_prob", adaptive_path="fast")
@@ -236,7 +243,9 @@ def calibrate_kinds(model, kinds) -> dict[WorkKind, tuple[float, float, float]]:
     if WorkKind.chooser_step in kinds:
         out[WorkKind.chooser_step] = _affine(model, CALIBRATION_REPEATS, **fast)
     if WorkKind.tempered_step in kinds:
-        out[WorkKind.tempered_step] = _affine(model, 2, temperature=0.5, **fast)
+        out[WorkKind.tempered_step] = _affine(model, 2, temperature=0.5)
+    if WorkKind.tempered_chooser_step in kinds:
+        out[WorkKind.tempered_chooser_step] = _affine(model, 2, temperature=0.5, **fast)
     if WorkKind.chain_rule in kinds:
         l = model.cfg.dit.length
         step = _best(model, 1, l, CALIBRATION_REPEATS)  # a predetermined step of an l-step run: one position

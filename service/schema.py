@@ -338,7 +338,8 @@ class ModelInfo(BaseModel):
         "(an upper bound of recent requests, approximate: a timing taken when a request first needed the kind, "
         "times the largest ratio of measured to timed among the kind's last 8 requests; a kind no request has "
         "needed yet is absent): `predetermined_step`, `exact_step` (a TT step with the exact contraction), "
-        "`tempered_step` (a CP / TT step at a temperature other than 1), `chooser_step` (a step of "
+        "`tempered_step` (a CP / TT step at a temperature other than 1; `tempered_chooser_step` with "
+        "`adaptive_path: fast`), `chooser_step` (a step of "
         "`adaptive_path: fast`), `chain_rule` (the picks of a whole `adaptive_path: exact` generation). A step "
         "of n sequences is estimated as its kind's `estimated_step_overhead_seconds` plus n times this (scaled "
         "up for more `chooser_outputs` than the default).")

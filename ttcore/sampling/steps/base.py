@@ -21,6 +21,7 @@ class WorkKind(StrEnum):
     chooser_step = "chooser_step"  # a cheap choice over every masked position, then that joint draw
     exact_step = "exact_step"  # a step that sums a format's full head outputs (TT's exact contraction)
     tempered_step = "tempered_step"  # a joint head's step at a temperature other than 1: every masked position summed
+    tempered_chooser_step = "tempered_chooser_step"  # that, choosing by the tempered joint's exact marginals first
     chain_rule = "chain_rule"  # adaptive picks over every position's full head outputs
 
 
@@ -140,7 +141,7 @@ class ConfiguredStep:
         if self.adaptive:
             return WorkKind.chain_rule
         if fmt.joint_head and c.temperature != 1:  # the tempered joint's normaliser reads every masked position
-            return WorkKind.tempered_step
+            return WorkKind.tempered_chooser_step if self.chooses else WorkKind.tempered_step
         if fmt.sums_exactly(c.contraction, c.temperature, c.joint, False):
             return WorkKind.exact_step
         return WorkKind.chooser_step if self.chooses else WorkKind.predetermined_step
