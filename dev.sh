@@ -32,6 +32,12 @@ case "${1:-}" in
     # --no-deps: molsets pins pomegranate 0.12, which does not build
     # on Python 3.11, and only its data files are read (ttcore.data.sources)
     "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps molsets==0.3.1 fcd-torch==1.0.7
+    # guidellm (vLLM's serving benchmark client) for benchmarks/serving.py, in a venv of its own: a tool that
+    # drives the server over HTTP, not a dependency of ours (its pins must not move the project's)
+    if [ ! -x .venv-guidellm/bin/guidellm ]; then
+      "$VENV/bin/python" -m venv .venv-guidellm
+      .venv-guidellm/bin/pip install -q --disable-pip-version-check guidellm==0.8.1
+    fi
     # the playground's browser test drives Debian's chromium (Playwright never downloads a browser here);
     # installed where we are root and apt can; elsewhere that test is skipped and says why
     if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

@@ -3,6 +3,7 @@
 Each runs as the README documents it, in a subprocess; the test checks that it exits 0 and printed
 its table (rows with ratios), not the numbers themselves (timings are the benchmark's business)."""
 
+import json
 import re
 import subprocess
 import sys
@@ -177,3 +178,21 @@ def test_served_overhead_smoke(checkpoints):
                  "--steps", 4, "--pairs", 1, "--baseline-tree", ROOT, timeout=600)
     assert re.search(r"^this tree: median tt r=2 / rank 1 = [\d.]+x over 1 pairs$", out, re.M), out
     assert re.search(r"^baseline: median tt r=2 / rank 1 = [\d.]+x over 1 pairs$", out, re.M), out
+
+
+def test_serving_benchmark_smoke(tmp_path):
+    """The serving columns (TTFT, ITL, output tokens/s, requests/s, p50 / p99, errors) through guidellm against
+    /v1/completions and /v1/chat/completions (the tool benchmark users run: ``bash dev.sh test`` installs it),
+    and through our client against /generate; every request served (0% errors)."""
+    guidellm = ROOT / ".venv-guidellm" / "bin" / "guidellm"
+    if not guidellm.exists():
+        pytest.skip("guidellm is not installed here (bash dev.sh test installs it in .venv-guidellm/)")
+    for route in ("completions", "chat"):
+        out = _bench(ROOT / "benchmarks" / "serving.py", "--concurrency", "1", "2", "--requests", "2",
+                     "--output-tokens", "16", "--route", route, "--out", str(tmp_path / route),
+                     *(("--only", "text") if route == "chat" else ()), timeout=900)
+        rows = re.findall(r"^\s+(\d+) \|\s+([\d.]+) \|\s+([\d.]+) \|.*\|\s+([\d.]+)% $", out, re.M)
+        assert [r[0] for r in rows] == (["1", "2", "1", "2"] if route == "completions" else ["1", "2"]), out
+        assert all(float(r[1]) > 0 and float(r[2]) > 0 and float(r[3]) == 0 for r in rows), out
+        saved = json.loads((tmp_path / route / "serving.json").read_text())
+        assert len(saved["text"]) == 2 and all(r["errors"] == 0 for r in saved["text"])
