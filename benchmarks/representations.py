@@ -2,7 +2,9 @@
 selfies``), SAFE (``safe``) and SMILES with randomized-SMILES augmentation (``data.augment``), each a rank-1 MDM
 pretrained with the same recipe and steps, then sampled at K steps (random order) and measured: validity,
 uniqueness, novelty, GenMol's quality (valid, unique, QED >= 0.6, SA <= 4; all as % of samples but uniqueness
-and novelty, which are % of the valid), FCD to the held-out split, and the sequence length in tokens.
+and novelty, which are % of the valid), FCD to the held-out split, the sequence length in tokens, and the
+samples RDKit reads but that are several disconnected fragments (% of samples: not valid, since no QM9
+molecule is; SAFE writes them when an attachment digit goes unpaired).
 FCD is computed on ``--fcd-valid`` valid samples for every cell (more batches are drawn, other seeds, until that
 many are valid, at most 20x ``--samples``): FCD falls with the number of molecules it is computed on, so rows
 whose validity differs compare only at an equal count (the cell says how many it used).
@@ -41,7 +43,7 @@ def main():
             str(ROOT / "tests" / "data" / "qm9_sample.txt"), 2, 32, 16, [4], 4)
     from ttcore.data import load_dataset
     from ttcore.data.qm9 import default_cache_dir
-    from ttcore.metrics import molecule_metrics
+    from ttcore.metrics import canonical, molecule_metrics
     from ttcore.metrics.distribution import Reference
     from ttcore.models import load_for_inference
     from ttcore.recipes import load_config
@@ -55,8 +57,9 @@ def main():
                          .references.values()))  # SMILES, whatever a run's representation
     reference = Reference.cached(held_out, default_cache_dir() / "references")
     print(f"FCD against the {len(reference.smiles)} held-out molecules, on {args.fcd_valid} valid samples per cell")
-    print("| representation | tokens (l) | K | valid % | unique % | novel % | quality % | FCD (valid used) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| representation | tokens (l) | K | valid % | unique % | novel % | quality % | FCD (valid used) "
+          "| fragments % |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, overrides in VARIANTS.items():
         if args.only and name not in args.only:
             continue
@@ -77,14 +80,17 @@ def main():
                 with model.compute_context():
                     *_, last = generate(model, args.samples, k, seed=seed)
                 draws.append([tok.decode(r) for r in last.tokens.tolist()])
-                valid = [c for batch in draws for c in Reference.canonical_valid(batch)][: args.fcd_valid]
+                valid = [c for batch in draws for c in map(lambda x: canonical(x, one_molecule=True), batch)
+                         if c is not None][: args.fcd_valid]  # valid as the validity column counts it
                 if len(valid) >= args.fcd_valid:
                     break
             m = molecule_metrics(draws[0], training)
+            parsed = molecule_metrics(draws[0], training, one_molecule=False)["validity"]  # fragments counted
             fcd = reference.compare(valid)["fcd"]
             print(f"| {name} | {tok.length} | {k} | {100 * m['validity']:.1f} | {100 * m['uniqueness']:.1f} | "
                   f"{100 * m['novelty']:.1f} | {100 * m['quality']:.1f} | "
-                  f"{'-' if fcd is None else f'{fcd:.2f}'} ({len(valid)}) |", flush=True)
+                  f"{'-' if fcd is None else f'{fcd:.2f}'} ({len(valid)}) | {100 * (parsed - m['validity']):.1f} |",
+                  flush=True)
 
 
 if __name__ == "__main__":
