@@ -72,18 +72,22 @@ class _StopOnSignal:
 
 def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: torch.Tensor, cfg: TrainConfig,
         out: str | Path, *, resume: bool = False, max_steps: int | None = None, max_minutes: float | None = None,
-        title: str = "ttcore model", quiet: bool = False, fit_minutes: float | None = None) -> dict:
+        title: str = "ttcore model", quiet: bool = False, fit_minutes: float | None = None,
+        objective=None) -> dict:
     """Train ``model`` until ``max_steps`` (default cfg.total_steps) or ``max_minutes``; checkpoint to ``out``.
     ``fit_minutes``: size the run to that much training time on this device: after ``PROBE_STEPS`` steps (past
     the first, which compiles and warms up) the measured seconds per step give the steps that fit, printed
     before the run goes on; they become ``max_steps`` and the cosine schedule's length, and the run is then
     budgeted by those steps.
     Under torchrun, data-parallel across the processes (``ttcore.parallel``): the same global batches, process 0
-    writes."""
+    writes. ``objective``: replaces MDLM's loss (``distill.py``): ``objective(model, x0, generator, step)`` ->
+    a dict with ``loss`` (differentiated), ``nll`` and ``lc`` (logged), drawing its randomness from
+    ``generator`` (the run's mask stream: a resumed run continues it) and ``step``."""
     if getattr(model, "latent_dim", 0) and cfg.marginal_weight:
         raise ValueError("marginal_weight is not applied to VADD models (Eq. 21 has no marginal-consistency "
                          "term here): leave it at 0 for a model with a latent")
     run = _Run(model, tokenizer, train_tokens, val_tokens, cfg, Path(out), title)
+    run.objective = objective
     if resume and Path(out).exists():
         run.resume()
     run.meta["commands"] = run.meta["commands"] + [public_command([Path(sys.executable).name] + sys.argv)]
@@ -99,6 +103,7 @@ class _Run:
     def __init__(self, model, tokenizer, train_tokens, val_tokens, cfg: TrainConfig, out: Path, title: str):
         self.model, self.tokenizer, self.val_tokens, self.cfg, self.out, self.title = (
             model, tokenizer, val_tokens, cfg, out, title)
+        self.objective = None  # MDLM's loss unless ``fit`` was given another
         device = pick_device(cfg.device)
         self.workers = workers = Workers.from_env(device)
         workers.check_batch(cfg.batch_size)
@@ -257,6 +262,11 @@ class _Run:
         dropout: with it, each piece draws its own dropout masks), up to
         float rounding. VADD's Eq. 21 is normalized by rows (b * l): each piece weighs its rows."""
         cfg, model, workers, mask_id = self.cfg, self.model, self.workers, self.tokenizer.mask_id
+        if self.objective is not None:  # a recipe's own loss (each process its share, its gradient averaged)
+            with autocast(self.device, cfg.precision):
+                losses = self.objective(model, x0, self.gen, self.meta["step"])
+            losses["loss"].backward()
+            return losses
         k = cfg.grad_accum
         if len(x0) % k:
             raise ValueError(f"grad_accum {k} must divide this process's share of the batch ({len(x0)} sequences)")

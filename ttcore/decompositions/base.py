@@ -73,6 +73,14 @@ class Decomposition(Protocol):
         ``contraction`` (the rank-1 view of a predetermined step). -> [m, v]."""
         ...
 
+    def chosen_log_prob(self, head: OutputHead, h: torch.Tensor, masked: torch.Tensor, chosen: torch.Tensor,
+                        x: torch.Tensor) -> torch.Tensor:
+        """log p(x_T | x_t) of the tokens x [b, l] at the ``chosen`` [b, l] positions T, the other masked
+        positions summed out as ``draw`` sums them (``contraction="head"``, temperature 1): the exact
+        log-likelihood of what a served step draws, differentiable (distillation fits a student with it).
+        -> [b]."""
+        ...
+
     def component_weights(self, head: OutputHead, h: torch.Tensor, masked: torch.Tensor,
                           temperature: float) -> torch.Tensor:
         """The single-position marginal of every masked position as a mixture of its E head outputs:

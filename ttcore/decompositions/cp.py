@@ -136,6 +136,10 @@ class CPDecomposition(SumsNothing):
         one-hot factors equal 1), tempered as ``draw`` draws the component."""
         return self._weights(head, h, masked, temperature)[masked.nonzero()[:, 0]]  # [m, r]
 
+    def chosen_log_prob(self, head, h, masked, chosen, x) -> torch.Tensor:
+        """Eq. 6 over T: a masked position outside T contributes its factors' sum, 1, in every component."""
+        return self.outputs(head, h, chosen).log_prob(x)
+
     def marginals_at(self, head, h, masked, chosen, temperature, contraction) -> torch.Tensor:
         """sum_a w_a p^(a,i)(x) (Eqs. 14-15, S = the known positions: their one-hot factors equal 1), the
         r factors of the chosen positions only; at T != 1 the tempered joint's (``cp_tempered_weight_logits``)."""

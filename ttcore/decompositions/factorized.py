@@ -75,6 +75,10 @@ class Rank1(SumsNothing):
         """One output per position, the marginal itself (Eq. 2)."""
         return torch.ones(int(masked.sum()), 1, dtype=torch.float64, device=h.device)
 
+    def chosen_log_prob(self, head, h, masked, chosen, x) -> torch.Tensor:
+        """Eq. 2 over T: the other positions' factors sum to 1."""
+        return self.outputs(head, h, chosen).log_prob(x)
+
     def marginals_at(self, head, h, masked, chosen, temperature, contraction) -> torch.Tensor:
         """Eq. 2's factors themselves."""
         return softmax64(head.component_logits(h[chosen])[:, 0], temperature, rows=entry_rows(temperature, chosen))

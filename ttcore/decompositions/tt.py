@@ -57,6 +57,20 @@ def tt_masked_marginal_log_probs(core_logits: torch.Tensor, targets: torch.Tenso
     return torch.logsumexp(log_pi[:, :, None] + tt_selected_log_cores(core_logits, targets), (1, 2))
 
 
+def tt_chosen_log_prob(core_logits: torch.Tensor, targets: torch.Tensor, contracted: torch.Tensor,
+                       chosen: torch.Tensor, rest: torch.Tensor) -> torch.Tensor:
+    """log (1/r) 1^T M_1 ... M_l 1 (Eq. 9) with M_i = G_i(x^i) at the chosen positions (core_logits [m, v, r, r]
+    and targets [m], row-major over ``chosen``), the contracted cores ``contracted`` [n, r, r] at the masked
+    positions ``rest`` outside them (Sec. 4.3: sum_x G_i(x), or the head's Gbar_i), the identity at known ones.
+    -> [b]."""
+    b, l = chosen.shape
+    r = core_logits.shape[-1]
+    mats = torch.eye(r, dtype=core_logits.dtype, device=core_logits.device).repeat(b, l, 1, 1)  # [b, l, r, r]
+    mats[chosen] = tt_selected_log_cores(core_logits, targets).exp()
+    mats[rest] = contracted.to(mats.dtype)
+    return tt_chain_log_value(mats)
+
+
 def contracted_core_loss(contracted_logits: torch.Tensor, core_logits: torch.Tensor) -> torch.Tensor:
     """L_C = (1/N) sum_j ||Gbar_j - stopgrad(sum_x G_j(x))||_F^2  (Eq. 19), over the masked positions."""
     if contracted_logits.shape[0] == 0:
@@ -294,6 +308,15 @@ class TTDecomposition:
             return torch.softmax(ahead.reshape(len(n), -1), -1).view(len(n), r, -1).transpose(1, 2)
 
         return tt_sample_path(stochastic, chosen, core_rows, generator, start=start)
+
+    def chosen_log_prob(self, head, h, masked, chosen, x) -> torch.Tensor:
+        """``tt_chosen_log_prob`` with the contracted-core head's Gbar_j at the masked positions outside T before
+        the last chosen one (after it every row sums to 1), as ``draw`` contracts them."""
+        pos = torch.arange(x.shape[1], device=x.device)
+        last = torch.where(chosen, pos, -1).amax(1)
+        rest = masked & ~chosen & (pos < last[:, None])
+        return tt_chosen_log_prob(head.core_logits(h[chosen]), x[chosen], head.contracted_cores(h[rest]), chosen,
+                                  rest)
 
     def component_weights(self, head, h, masked, temperature) -> torch.Tensor:
         """w_{i,(j,k)} = pi_{i,j} Gbar_{i,jk}, output e = j * r + k: p(x^i) = pi_i^T G_i(x^i) 1 (Eqs. 16-17) and

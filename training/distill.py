@@ -1,0 +1,94 @@
+"""Distil a teacher's sampler into a student that takes fewer steps (``ttcore.distill``): one student step learns
+k teacher steps, by its exact joint likelihood of the teacher's k-step completions (``--objective joint``: a CP /
+TT student) or a per-position fit to them (``marginal``: SDTT's kind of target, the rank-1 baseline).
+
+    python training/distill.py --config qm9_distill --teacher checkpoints/qm9-tt-r16 --steps 4 --k 4 \
+        --objective joint --out runs/qm9-tt-r16-d4 --max-steps 1000 --resume
+    python training/distill.py --config qm9_distill --teacher checkpoints/qm9-tt-r16 --steps 4 --rounds 2 \
+        --objective joint --out runs/qm9-tt-r16-p4 --max-steps 500 --resume   # progressive: 16 -> 8 -> 4 steps
+
+The student starts from the teacher's weights (``--student DIR``: from another checkpoint of the same family).
+``--rounds R`` distils progressively as SDTT does: round i's student (``OUT/round-i``) takes half the steps of its
+teacher (k = 2) and teaches round i + 1; the first teacher runs ``steps * 2^R`` steps, the last student ``steps``;
+``--max-steps`` is each round's budget. The teacher samples with ``--teacher-ordering`` (random by default, the
+student's order). Teacher samples are drawn on the fly, each batch from streams keyed by (seed, step), so a
+resumed run is exact. The card and ``config.json`` record the teacher, objective and step count
+(``model.extra.distilled``; the service's ``GET /models`` shows it); the final line states the budget in teacher
+and student forward passes and wall time.
+"""
+
+import time
+from pathlib import Path
+
+from _common import config_from_args, dataset, parser, tensors
+from _loop import fit
+
+from ttcore.distill import OBJECTIVES, distill_loss
+from ttcore.models import load_checkpoint, load_for_inference, load_train_state
+from ttcore.parallel import is_main_process
+from ttcore.sampling import SamplerConfig
+
+SEED_STRIDE = 1_000_003  # a batch's teacher streams: seed * stride + step (distinct across steps and seeds)
+
+
+def main():
+    ap = parser(__doc__)
+    ap.add_argument("--teacher", required=True, help="the teacher checkpoint (rank 1, CP or TT)")
+    ap.add_argument("--student", help="the student's starting checkpoint (default: the teacher's weights)")
+    ap.add_argument("--steps", type=int, required=True, help="the student's steps (the last round's)")
+    ap.add_argument("--k", type=int, default=2, help="teacher steps per student step (one round)")
+    ap.add_argument("--rounds", type=int, default=1, help="progressive rounds (k = 2 each when > 1)")
+    ap.add_argument("--objective", choices=list(OBJECTIVES), default="joint")
+    ap.add_argument("--teacher-ordering", default="random", help="the teacher's sampler ordering")
+    args = ap.parse_args()
+    if args.rounds > 1 and args.k != 2:
+        raise SystemExit("--rounds > 1 halves the steps each round: leave --k at 2")
+    cfg = config_from_args(args)
+    teacher_dir, out = Path(args.teacher), Path(args.out)
+    started, passes = time.time(), {"teacher": 0, "student": 0}
+    for i in range(args.rounds):
+        steps = args.steps * 2 ** (args.rounds - 1 - i)  # this round's student
+        target = out if args.rounds == 1 else out / f"round-{i + 1}"
+        start = args.student if (i == 0 and args.student) else teacher_dir
+        meta = distil_round(args, cfg, teacher_dir, Path(start), target, steps, args.k)
+        passes["teacher"] += meta["distill"]["teacher_forward_passes"]
+        passes["student"] += meta["distill"]["student_forward_passes"]
+        teacher_dir = target
+    if is_main_process():
+        print(f"distilled {args.teacher} into {out}: {args.steps} steps ({args.objective}, {args.rounds} round(s)); "
+              f"budget {passes['teacher']} teacher and {passes['student']} student forward passes of "
+              f"{cfg.batch_size} sequences, {time.time() - started:.0f} s")
+
+
+def distil_round(args, cfg, teacher_dir: Path, start: Path, out: Path, steps: int, k: int) -> dict:
+    """One round: a student of ``steps`` steps fitted to ``teacher_dir`` at ``k * steps`` steps. -> its meta."""
+    resuming = args.resume and out.exists() and load_train_state(out) is not None
+    model, tokenizer, _ = load_checkpoint(out if resuming else start)
+    teacher, _, _ = load_for_inference(teacher_dir, cfg.device if cfg.device != "auto" else "cpu", cfg.precision)
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    teacher_config = SamplerConfig(ordering=args.teacher_ordering)
+    model.cfg.extra.update(cfg.data.model_extra() if cfg.data.source else {})
+    model.cfg.extra["distilled"] = {"teacher": teacher_dir.name, "objective": args.objective, "steps": steps,
+                                    "teacher_steps": k * steps, "teacher_ordering": args.teacher_ordering}
+    train, val = tensors(dataset(cfg, tokenizer))
+
+    def objective(student, x0, generator, step):
+        teacher.to(x0.device)
+        return distill_loss(student, teacher, x0, steps=steps, k=k, objective=args.objective,
+                            teacher_config=teacher_config, generator=generator,
+                            seed=(cfg.seed * SEED_STRIDE + step) % 2**62)
+
+    title = f"{model.cfg.extra.get('family', 'model')} {model.cfg.decomposition} r={model.cfg.rank} distilled " \
+            f"to {steps} steps from {teacher_dir.name} at {k * steps} ({args.objective})"
+    meta = fit(model, tokenizer, train, val, cfg, out, resume=resuming, max_steps=args.max_steps,
+               max_minutes=args.max_minutes, title=title, quiet=args.quiet, fit_minutes=args.fit_minutes,
+               objective=objective)
+    meta["distill"] = {"teacher_forward_passes": k * meta["step"], "student_forward_passes": meta["step"]}
+    if is_main_process():
+        print(f"wrote {out}: step {meta['step']}, val {meta['val']}, {meta['seconds_per_step']:.3f} s/step")
+    return meta
+
+
+if __name__ == "__main__":
+    main()
