@@ -5,7 +5,9 @@
 #      at 1 / 32 with the random streams eager (without torch.compile),
 #   3. the service under load, bf16, 1 / 8 / 32 / 64 clients, CUDA graphs and compiled streams on and off,
 #      with the forward-only bound of the same device in the same call (benchmarks/service_load.py),
-#   4. the text model's EB and random-order requests at 32 clients (tokens/s committed).
+#   4. the text model's EB and random-order requests at 32 clients (tokens/s committed),
+#   5. the serving columns (TTFT, ITL, tokens/s, requests/s, p50 / p99, errors) at 1 / 8 / 32 / 64 clients,
+#      QM9 and text through our /generate client (benchmarks/serving.py; guidellm is not on the device).
 # The device has no fastapi / pydantic / uvicorn: carry them as wheels in .whl/ (training/device_suite.sh's
 # header says how) and carry only checkpoints/qm9-tt-r16 and checkpoints/text-tt-r4.
 # Run:       bash benchmarks/device_check.sh                           (device: OUT is set by the tool)
@@ -48,6 +50,11 @@ for request in '{"sampler": "eb", "eb_gamma": 0.5, "steps": 16, "num_samples": 1
   say "service load, text: $request"
   timeout 90 "$PY" benchmarks/service_load.py --model text --device "$DEVICE" --precision "$PRECISION" \
     --clients "$TEXT_CLIENTS" --requests-per-client 1 --request "$request" || status=$?
+done
+say "serving columns: TTFT, ITL, tokens/s, requests/s, p50 / p99, errors (QM9 and text through our client)"
+for model in qm9 text; do
+  timeout 120 "$PY" benchmarks/serving.py --only molecules --molecule-model "$model" --device "$DEVICE" \
+    --precision "$PRECISION" --concurrency "${CLIENTS[@]}" --requests "$PER_CLIENT" || status=$?
 done
 say "done (status $status)"
 exit $status

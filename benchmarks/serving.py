@@ -183,7 +183,8 @@ def main():
     ap.add_argument("--requests", type=int, default=4, help="requests per client at each level")
     ap.add_argument("--steps", type=int, default=16, help="denoising steps a request")
     ap.add_argument("--text-model", default="text")
-    ap.add_argument("--molecule-model", default="qm9")
+    ap.add_argument("--molecule-model", default="qm9", help="the family our /generate client asks (any family: "
+                                                               "a token is a committed token)")
     ap.add_argument("--prompt-tokens", type=int, default=8)
     ap.add_argument("--output-tokens", type=int, default=64)
     ap.add_argument("--route", default="completions", choices=["completions", "chat"])

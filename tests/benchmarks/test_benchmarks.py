@@ -170,6 +170,7 @@ def test_the_serving_lease_script_runs_at_smoke_size(tmp_path):
     assert done.returncode == 0, log[-3000:] + done.stderr[-2000:]
     assert re.search(r"^clients 2: ops per step \d+", log, re.M), log
     assert len(re.findall(r"^\s+2 \|\s+[\d.]+\s+\d+ ", log, re.M)) == 3, log  # QM9, text EB, text random order
+    assert len(re.findall(r"^\s+2 \|\s+[\d.]+ \|\s+[\d.]+ \|.*\|\s+0\.0% $", log, re.M)) == 2, log  # serving columns
     assert "done (status 0)" in log
 
 
