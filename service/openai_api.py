@@ -68,11 +68,18 @@ def openai_error(status: int, message: str, param: str | None = None, code: str 
                                            "param": None if param is None else clip(param, 64), "code": code}})
 
 
-def _generate_request(req, prompt: str) -> GenerateRequest:
+def _generate_request(req, prompt: str, checkpoints=()) -> GenerateRequest:
+    """The generation request of an OpenAI request: ``model`` a loaded checkpoint's name (one of
+    ``checkpoints``), a model id (family-decomposition-rRANK) or a family."""
     m = _model_id_pattern().match(req.model)
     family, decomposition, rank = (m["family"], m["decomposition"], int(m["rank"])) if m else (req.model, None, None)
-    sampler = {name: getattr(req, name) for name in SamplerFields.model_fields}  # the shared fields, as sent
-    return GenerateRequest(model=family, decomposition=decomposition, rank=rank, num_samples=req.n,
+    checkpoint = req.model if req.model in checkpoints else None
+    if checkpoint is not None:
+        family, decomposition, rank = None, None, None
+    # the shared fields the client set (unset ones keep their defaults: a distilled checkpoint's own steps)
+    sampler = {name: getattr(req, name) for name in SamplerFields.model_fields if name in req.model_fields_set}
+    return GenerateRequest(model=family, decomposition=decomposition, rank=rank, checkpoint=checkpoint,
+                           num_samples=req.n,
                            temperature=max(req.temperature, MIN_TEMPERATURE), seed=req.seed,
                            prompt=prompt or None, stream=req.stream, **sampler)  # a stream is estimated
 
@@ -119,8 +126,8 @@ async def completions(req: CompletionRequest, request: Request, serving: Serving
 async def chat_completions(req: ChatCompletionRequest, request: Request, serving: Serving = Depends(current_serving)):
     """The conversation written into the prompt by the family's chat template (``service.chat``); the reply is
     the completion of that prompt, as ``/v1/completions`` makes it."""
-    gen = _generate_request(req, "")
-    lm = serving.registry.resolve(gen.model, gen.decomposition, gen.rank)
+    gen = _generate_request(req, "", {lm.name for lm in serving.registry.models})
+    lm = serving.resolve(gen)
     template = chat_template(lm.domain)
     if template is None:
         raise Unsupported("model", f"{model_id(lm)} has no chat template: its family ({lm.family}) generates "
@@ -134,10 +141,10 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, serving
 
 async def _serve(serving: Serving, req, request: Request, text: str, shape):
     """A completion of ``text`` answered in ``shape`` (Completions or Chat Completions), whole or streamed."""
-    gen = _generate_request(req, text)
+    gen = _generate_request(req, text, {lm.name for lm in serving.registry.models})
     # everything that can refuse the request happens before it is admitted: a failure after admission would hold
     # a slot (and run the job) with no reader; a refusal is answered by the app's handler (``openai_refused``)
-    lm = serving.registry.resolve(gen.model, gen.decomposition, gen.rank)
+    lm = serving.resolve(gen)
     prompt = completion_prompt(serving, lm, text)
     job = await serving.admit(gen)
     try:

@@ -38,6 +38,12 @@ class ModelFacts:
     summary: tuple[str, ...]
     base: str
     latent_dim: int
+    distilled: dict | None = None  # teacher, objective and the step count it was distilled for (``distill.py``)
+
+    @property
+    def default_steps(self) -> int | None:
+        """The steps a request that sets none gets: a distilled checkpoint's own count (None: the API's)."""
+        return None if self.distilled is None else self.distilled["steps"]
 
 
 @dataclass
@@ -57,6 +63,14 @@ class LoadedModel:
         return get_metrics_kind(self.info.metrics)
 
 
+def _distilled(recorded) -> dict | None:
+    """A checkpoint's record of its distillation (``distill.py``: teacher, objective, steps), or None."""
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("steps"), int) or recorded["steps"] < 1:
+        return None
+    keep = ("teacher", "objective", "steps", "teacher_steps", "teacher_ordering")
+    return {k: recorded[k] for k in keep if k in recorded}
+
+
 _ABSOLUTE_PATH = re.compile(r"(?<![\w./-])/(?:[\w.+-]+/)+([\w.+-]+)")
 
 
@@ -72,10 +86,13 @@ def _read_card(path: Path) -> str | None:
         return None
 
 
-def _preference(lm: "LoadedModel") -> tuple:
-    """Which checkpoint serves a request that names no decomposition or rank: the most expressive joint, i.e.
-    the most head outputs per masked position (TT r16: 256, CP r64: 64, rank 1: 1), then the higher rank."""
-    return lm.info.outputs_per_position, lm.info.rank
+def _preference(lm: "LoadedModel", steps: int | None) -> tuple:
+    """Which checkpoint serves a request that names no checkpoint, decomposition or rank: the most expressive
+    joint, i.e. the most head outputs per masked position (TT r16: 256, CP r64: 64, rank 1: 1), then the higher
+    rank; among equals, a checkpoint distilled for at least the request's ``steps`` first, else an undistilled
+    one (a distilled student is the few-step specialist, its teacher the general one)."""
+    fits = lm.info.distilled is not None and steps is not None and steps <= lm.info.distilled["steps"]
+    return lm.info.outputs_per_position, lm.info.rank, fits, lm.info.distilled is None
 
 
 class ModelRegistry:
@@ -118,7 +135,8 @@ class ModelRegistry:
                          parameters=sum(p.numel() for p in model.parameters()),
                          card_url=f"/models/{d.name}/card" if card is not None else None,
                          summary=tuple(line[2:] for line in (card or "").splitlines() if line.startswith("- "))[:8],
-                         base="vadd" if cfg.dit.latent_dim else "mdlm", latent_dim=cfg.dit.latent_dim)
+                         base="vadd" if cfg.dit.latent_dim else "mdlm", latent_dim=cfg.dit.latent_dim,
+                         distilled=_distilled(cfg.extra.get("distilled")))
         log.info("loaded %s: %s %s r=%d (admission times each kind of work when a request first needs it)",
                  d.name, family, cfg.decomposition, cfg.rank)
         speed = Speed.lazy()
@@ -128,21 +146,26 @@ class ModelRegistry:
     def ready(self) -> bool:
         return bool(self.models)
 
-    def resolve(self, family: str | None, decomposition: str | None, rank: int | None) -> LoadedModel:
-        """The checkpoint for (family, decomposition, rank); defaults pick the best available."""
+    def resolve(self, family: str | None, decomposition: str | None, rank: int | None,
+                checkpoint: str | None = None, steps: int | None = None) -> LoadedModel:
+        """The checkpoint for (family, decomposition, rank), or the one named ``checkpoint`` (which must match
+        what else is given); defaults pick the best available for ``steps`` (``_preference``)."""
         if not self.models:
             raise ModelNotFound("no checkpoints are loaded", [])
-        family = family or self.models[0].family
-        pool = [lm for lm in self.models if lm.family == family
+        if checkpoint is None:
+            family = family or self.models[0].family
+        pool = [lm for lm in self.models if (checkpoint is None or lm.name == checkpoint)
+                and (family is None or lm.family == family)
                 and (decomposition is None or lm.info.decomposition == decomposition)
                 and (rank is None or lm.info.rank == rank)]
         if not pool:
-            available = [{"model": lm.family, "decomposition": lm.info.decomposition, "rank": lm.info.rank}
-                         for lm in self.models]
-            want = f"model={family!r}, decomposition={decomposition!r}, rank={rank!r}"
-            have = "; ".join(f"{a['model']}/{a['decomposition']}/r{a['rank']}" for a in available)
+            available = [{"model": lm.family, "decomposition": lm.info.decomposition, "rank": lm.info.rank,
+                          "checkpoint": lm.name} for lm in self.models]
+            want = f"model={family!r}, decomposition={decomposition!r}, rank={rank!r}" + (
+                f", checkpoint={checkpoint!r}" if checkpoint is not None else "")
+            have = "; ".join(f"{a['model']}/{a['decomposition']}/r{a['rank']} ({a['checkpoint']})" for a in available)
             raise ModelNotFound(f"no loaded checkpoint matches {want}; available: {have}", available)
-        return max(pool, key=_preference)
+        return max(pool, key=lambda lm: _preference(lm, steps))
 
     @staticmethod
     def encode_prompt(lm: LoadedModel, prompt: str) -> torch.Tensor:

@@ -45,7 +45,8 @@ class SamplerFields(BaseModel):
 
     steps: int = Field(16, ge=1, le=MAX_STEPS,
                        description=f"Denoising steps K, 1..{MAX_STEPS} (one model call each; with `sampler: eb` "
-                                   "the cap on steps). The last step unmasks everything left.", examples=[8])
+                                   "the cap on steps). The last step unmasks everything left. Unset: 16, or a "
+                                   "distilled checkpoint's own count.", examples=[8])
     ordering: Ordering = Field(
         "random", description="Which masked positions a step unmasks: predetermined (`random`, `left_to_right`, "
                               "`halton`: drawn jointly) or adaptive (`top_prob`, `margin`, `entropy`: see "
@@ -122,6 +123,10 @@ class GenerateRequest(SamplerFields):
                           "then the higher rank: TT r16 over CP r64 over none).", examples=["tt"])
     rank: int | None = Field(None, ge=1, le=1024, description="Rank of the checkpoint (with `decomposition`).",
                              examples=[8])
+    checkpoint: str | None = Field(None, max_length=128, description="A checkpoint by name (`GET /models`), e.g. a "
+                                   "distilled one beside its teacher; `model`, `decomposition` and `rank`, when "
+                                   "given, must match it. Without it, among equally expressive checkpoints one "
+                                   "distilled for at least `steps` is preferred.")
     num_samples: int = Field(4, ge=1, le=MAX_SAMPLES, description=f"Sequences to generate, 1..{MAX_SAMPLES}.",
                              examples=[4])
     temperature: float = Field(1.0, ge=MIN_TEMPERATURE, le=100, allow_inf_nan=False,
@@ -237,6 +242,7 @@ class ScoreRequest(BaseModel):
     model: str | None = Field(None, max_length=64, description="Model family, as in POST /generate.")
     decomposition: Decomposition | None = Field(None, description="As in POST /generate.")
     rank: int | None = Field(None, ge=1, le=1024, description="As in POST /generate.")
+    checkpoint: str | None = Field(None, max_length=128, description="As in POST /generate.")
     sequences: list[str] = Field(min_length=1, max_length=MAX_SCORE_SEQUENCES,
                                  description=f"1..{MAX_SCORE_SEQUENCES} sequences (SMILES or text), each encoded "
                                              "to the model's length (padded).")
@@ -333,6 +339,9 @@ class ModelInfo(BaseModel):
                                                    "evaluated, its tables) is served; null without a card.")
     summary: list[str] = Field(default_factory=list, description="The card's summary lines (steps, validation "
                                                                 "metrics), so a client need not fetch the card.")
+    distilled: dict | None = Field(None, description="A distilled checkpoint (`training/distill.py`): its "
+                                   "`teacher`, `objective`, `steps` (what it was distilled for, and what a request "
+                                   "that sets no `steps` gets) and `teacher_steps`; null otherwise.")
     estimated_seconds: dict[str, float] = Field(
         default_factory=dict, description="Admission's current compute estimates on this server, per sequence "
         "(an upper bound of recent requests, approximate: a timing taken when a request first needed the kind, "

@@ -24,7 +24,7 @@ async def score(serving: Serving, request: ScoreRequest, gone=None) -> ScoreResp
     requests hold), then run on the model's worker one piece at a time (a micro-batch, or one ELBO draw of
     one), so generation steps interleave with it and no piece holds the worker long."""
     arrived = time.perf_counter()
-    lm = serving.registry.resolve(request.model, request.decomposition, request.rank)
+    lm = serving.registry.resolve(request.model, request.decomposition, request.rank, request.checkpoint)
     model, tok = lm.model, lm.tokenizer
     if model.latent_dim:
         raise ScoreInputError(["model"], f"{lm.name} is a VADD model: its likelihood integrates over the "

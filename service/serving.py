@@ -88,7 +88,8 @@ class Serving:
         request has measured yet re-times that kind afterwards, in the background (``Speed.recalibrate``), so
         that a timing inflated by a busy machine does not go on refusing requests the machine now serves, and
         no client waits for it. Must run on the event loop."""
-        lm = self.registry.resolve(request.model, request.decomposition, request.rank)
+        lm = self.resolve(request)
+        request = self.with_defaults(request, lm)
         try:
             kind = request.to_sampler_config().work_kind(lm.model.cfg)
         except InvalidSampler:
@@ -102,6 +103,19 @@ class Serving:
             if e.compute and lm.speed.may_recalibrate(kind):
                 self.retime(lm, kind)
             raise
+
+    def resolve(self, request: GenerateRequest):
+        """The checkpoint that answers ``request`` (``ModelRegistry.resolve``; the steps it asks, when set,
+        choose among equally expressive checkpoints)."""
+        steps = request.steps if "steps" in request.model_fields_set else None
+        return self.registry.resolve(request.model, request.decomposition, request.rank, request.checkpoint, steps)
+
+    @staticmethod
+    def with_defaults(request: GenerateRequest, lm) -> GenerateRequest:
+        """``request`` with the checkpoint's defaults for what it leaves unset: a distilled checkpoint's steps."""
+        if "steps" in request.model_fields_set or lm.info.default_steps is None:
+            return request
+        return request.model_copy(update={"steps": lm.info.default_steps})
 
     def retime(self, lm, kind) -> None:
         """Re-time ``kind`` of ``lm`` on its worker in the background (``Speed.recalibrate``)."""
@@ -119,7 +133,8 @@ class Serving:
     def submit(self, request: GenerateRequest) -> Ticket:
         """Admit a request (raises ModelNotFound, PromptError, Unsupported, TooLarge, Overloaded). Must run on
         the event loop."""
-        lm = self.registry.resolve(request.model, request.decomposition, request.rank)
+        lm = self.resolve(request)
+        request = self.with_defaults(request, lm)
         prompt = self.registry.encode_prompt(lm, request.prompt) if request.prompt else None
         timeout = min(request.timeout_s or self.max_timeout_s, self.max_timeout_s)
         if request.valid_only and not lm.metrics.validates:

@@ -68,7 +68,7 @@ def distil_round(args, cfg, teacher_dir: Path, start: Path, out: Path, steps: in
     for p in teacher.parameters():
         p.requires_grad_(False)
     teacher_config = SamplerConfig(ordering=args.teacher_ordering)
-    model.cfg.extra.update(cfg.data.model_extra() if cfg.data.source else {})
+    # the family stays the starting checkpoint's: a student serves the family its teacher serves
     model.cfg.extra["distilled"] = {"teacher": teacher_dir.name, "objective": args.objective, "steps": steps,
                                     "teacher_steps": k * steps, "teacher_ordering": args.teacher_ordering}
     train, val = tensors(dataset(cfg, tokenizer))

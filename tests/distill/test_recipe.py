@@ -1,0 +1,62 @@
+"""``training/distill.py`` end to end at smoke size: distil, resume exactly, serve the student beside its teacher."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from servers import start_uvicorn
+
+from ttcore.models import load_checkpoint
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE = ROOT / "tests" / "data" / "qm9_sample.txt"
+pytestmark = pytest.mark.slow  # training and a server
+
+
+def _distill(teacher: Path, out: Path, steps: int, *extra: str) -> str:
+    done = subprocess.run([sys.executable, str(ROOT / "training" / "distill.py"), "--config", "qm9_distill",
+                           "--teacher", str(teacher), "--data", str(SAMPLE), "--steps", "2", "--k", "2", "--out",
+                           str(out), "--max-steps", str(steps), "--quiet", "--set", "batch_size=8", "precision=fp32",
+                           "val_batches=1", "log_every=1", "threads=1", "total_steps=4", *extra],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_distil_resume_exactly_and_serve_the_student_beside_its_teacher(checkpoints, tmp_path):
+    teacher = checkpoints / "qm9-tt-r2"
+    out = _distill(teacher, tmp_path / "straight", 4)
+    assert "budget 8 teacher and 4 student forward passes of 8 sequences" in out, out
+    _distill(teacher, tmp_path / "resumed", 2)
+    _distill(teacher, tmp_path / "resumed", 4, "--resume")
+    a, _, _ = load_checkpoint(tmp_path / "straight")
+    b, _, _ = load_checkpoint(tmp_path / "resumed")
+    assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values()))  # exact
+    assert a.cfg.extra["distilled"] == {"teacher": "qm9-tt-r2", "objective": "joint", "steps": 2,
+                                        "teacher_steps": 4, "teacher_ordering": "random"}
+    served = tmp_path / "served"
+    served.mkdir()
+    shutil.copytree(teacher, served / "qm9-tt-r2")
+    shutil.copytree(tmp_path / "straight", served / "qm9-tt-r2-d2")
+    proc, url = start_uvicorn(served)
+    try:
+        infos = {m["checkpoint"]: m for m in httpx.get(url + "/models").json()["models"]}
+        assert infos["qm9-tt-r2-d2"]["distilled"]["steps"] == 2 and infos["qm9-tt-r2"]["distilled"] is None
+        named = httpx.post(url + "/generate", json={"checkpoint": "qm9-tt-r2-d2", "num_samples": 2}, timeout=60)
+        assert named.status_code == 200 and named.json()["checkpoint"] == "qm9-tt-r2-d2", named.text
+        assert named.json()["steps"] == 2  # no steps asked: the count it was distilled for
+        plain = httpx.post(url + "/generate", json={"model": "qm9", "num_samples": 2}, timeout=60).json()
+        assert plain["checkpoint"] == "qm9-tt-r2" and plain["steps"] == 16  # the general default: the teacher
+        few = httpx.post(url + "/generate", json={"model": "qm9", "num_samples": 2, "steps": 2}, timeout=60).json()
+        assert few["checkpoint"] == "qm9-tt-r2-d2"  # a request within its steps: the specialist
+        v1 = httpx.post(url + "/v1/completions", json={"model": "qm9-tt-r2-d2", "prompt": "C"}, timeout=60).json()
+        assert v1["ttcore"]["checkpoint"] == "qm9-tt-r2-d2" and v1["ttcore"]["steps"] == 2, v1
+        wrong = httpx.post(url + "/generate", json={"checkpoint": "qm9-tt-r2-d2", "decomposition": "cp"}, timeout=60)
+        assert wrong.status_code == 404 and "checkpoint='qm9-tt-r2-d2'" in wrong.text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
