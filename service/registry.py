@@ -67,7 +67,7 @@ def _distilled(recorded) -> dict | None:
     """A checkpoint's record of its distillation (``distill.py``: teacher, objective, steps), or None."""
     if not isinstance(recorded, dict) or not isinstance(recorded.get("steps"), int) or recorded["steps"] < 1:
         return None
-    keep = ("teacher", "objective", "steps", "teacher_steps", "teacher_ordering")
+    keep = ("teacher", "objective", "steps", "teacher_steps", "teacher_ordering", "states")
     return {k: recorded[k] for k in keep if k in recorded}
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from _common import config_from_args, dataset, parser, tensors
 from _loop import fit
 
-from ttcore.distill import OBJECTIVES, distill_loss
+from ttcore.distill import OBJECTIVES, STATES, distill_loss
 from ttcore.models import load_checkpoint, load_for_inference, load_train_state
 from ttcore.parallel import is_main_process
 from ttcore.sampling import SamplerConfig
@@ -40,6 +40,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=1, help="progressive rounds (k = 2 each when > 1)")
     ap.add_argument("--objective", choices=list(OBJECTIVES), default="joint")
     ap.add_argument("--teacher-ordering", default="random", help="the teacher's sampler ordering")
+    ap.add_argument("--states", choices=list(STATES), default="student",
+                    help="where the states x_t come from: the student's own first steps (on-policy), the "
+                         "teacher's, or the data masked at a step boundary")
     args = ap.parse_args()
     if args.rounds > 1 and args.k != 2:
         raise SystemExit("--rounds > 1 halves the steps each round: leave --k at 2")
@@ -70,14 +73,15 @@ def distil_round(args, cfg, teacher_dir: Path, start: Path, out: Path, steps: in
     teacher_config = SamplerConfig(ordering=args.teacher_ordering)
     # the family stays the starting checkpoint's: a student serves the family its teacher serves
     model.cfg.extra["distilled"] = {"teacher": teacher_dir.name, "objective": args.objective, "steps": steps,
-                                    "teacher_steps": k * steps, "teacher_ordering": args.teacher_ordering}
+                                    "teacher_steps": k * steps, "teacher_ordering": args.teacher_ordering,
+                                    "states": args.states}
     train, val = tensors(dataset(cfg, tokenizer))
 
     def objective(student, x0, generator, step):
         teacher.to(x0.device)
         return distill_loss(student, teacher, x0, steps=steps, k=k, objective=args.objective,
                             teacher_config=teacher_config, generator=generator,
-                            seed=(cfg.seed * SEED_STRIDE + step) % 2**62)
+                            seed=(cfg.seed * SEED_STRIDE + step) % 2**62, states=args.states)
 
     title = f"{model.cfg.extra.get('family', 'model')} {model.cfg.decomposition} r={model.cfg.rank} distilled " \
             f"to {steps} steps from {teacher_dir.name} at {k * steps} ({args.objective})"

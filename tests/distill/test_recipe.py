@@ -37,7 +37,7 @@ def test_distil_resume_exactly_and_serve_the_student_beside_its_teacher(checkpoi
     b, _, _ = load_checkpoint(tmp_path / "resumed")
     assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values()))  # exact
     assert a.cfg.extra["distilled"] == {"teacher": "qm9-tt-r2", "objective": "joint", "steps": 2,
-                                        "teacher_steps": 4, "teacher_ordering": "random"}
+                                        "teacher_steps": 4, "teacher_ordering": "random", "states": "student"}
     served = tmp_path / "served"
     served.mkdir()
     shutil.copytree(teacher, served / "qm9-tt-r2")
