@@ -160,8 +160,9 @@ def _molecule_row(args, url: str, c: int) -> dict:
 
 
 def _pct(values: list[float], p: int) -> float:
-    if not values:
-        return float("nan")
+    """The p-th percentile (inclusive method; one value is its own percentile), NaN without values."""
+    if len(values) < 2:
+        return values[0] if values else float("nan")
     return statistics.median(values) if p == 50 else statistics.quantiles(values, n=100, method="inclusive")[p - 1]
 
 
