@@ -7,7 +7,7 @@ CPU-burning processes running through each start), and each server's first reque
 
 Prints, per start, the seconds from process start to the first 200 from /ready (installs excluded: the
 interpreter is already there), then, with the burners stopped, the seconds of the first request of each
-bundled family (4 samples, 8 steps, random order: it times its kind of work, ``service.admission.Speed``)
+bundled family (4 samples, 8 steps, random order: it times its kind of work, ``service.speed.Speed``)
 and of the same request again.
 """
 

@@ -11,8 +11,8 @@ import torch
 from ttcore.metrics.kinds import MetricsKind, default_metrics, get_metrics_kind
 from ttcore.models import CheckpointError, load_for_inference, resolve_precision
 
-from .admission import Speed
 from .refusals import ModelNotFound, PromptError
+from .speed import Speed
 
 log = logging.getLogger("ttcore.registry")
 

@@ -15,12 +15,13 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from ttcore.sampling.steps import WorkKind
 
 from . import scores
-from .admission import Speed, StreamBudget
+from .admission import StreamBudget
 from .refusals import failure_status
 from .registry import LoadedModel
 from .schema import GenerateRequest, GenerateResponse, ModelInfo, ModelList, ScoreRequest, ScoreResponse, StepEvent
 from .serving import Failure, Serving
 from .serving import depict as depict_smiles
+from .speed import Speed
 
 MAX_DEPICT_CHARS = 256
 MIN_DEPICT_PX, MAX_DEPICT_PX = 64, 1024

@@ -24,6 +24,7 @@ from .schema import (
     StepEvent,
     Timings,
 )
+from .speed import work_of
 
 log = logging.getLogger("ttcore.serving")
 
@@ -147,7 +148,7 @@ class Serving:
         if request.stream:
             admission.check_stream(request.num_samples, request.steps, lm.model.cfg.dit.length, request.step_tokens,
                                    MAX_VALID_ROUNDS if request.valid_only else 1, self.max_stream_bytes)
-        work = admission.work_of(lm.model.cfg, config, request.steps)
+        work = work_of(lm.model.cfg, config, request.steps)
         lm.speed.ensure(lm.model, work.kind)  # ``admit`` timed it on the worker already
         plan = admission.plan(lm.model, lm.speed, num_samples=request.num_samples, steps=request.steps,
                               config=config, timeout_s=timeout, memory_budget=self.memory_budget,

@@ -8,19 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from service.admission import (
-    CALIBRATION_ROWS,
-    CALIBRATION_STEPS,
-    WALL_HEADROOM,
-    WINDOW,
-    Speed,
-    Work,
-    calibrate,
-    check_passes,
-    plan,
-    work_of,
-)
+from service.admission import check_passes, plan
 from service.refusals import TooLarge
+from service.speed import CALIBRATION_ROWS, CALIBRATION_STEPS, WALL_HEADROOM, WINDOW, Speed, Work, calibrate, work_of
 from ttcore.models import DiTConfig, JointModel, ModelConfig
 from ttcore.sampling import SamplerConfig
 

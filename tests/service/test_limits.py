@@ -266,7 +266,7 @@ def test_a_server_started_on_a_busy_machine_times_its_work_when_requests_need_it
 
     import torch
 
-    from service.admission import calibrate
+    from service.speed import calibrate
     from ttcore.models import load_for_inference
 
     burners = [multiprocessing.Process(target=_burn, daemon=True) for _ in range(2)]
