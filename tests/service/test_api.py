@@ -176,7 +176,8 @@ def test_malformed_json_and_unknown_model(server):
     r = httpx.post(server + "/v1/completions", content=b'{"prompt": "C"}', headers={"content-type": "text/plain"})
     assert r.status_code == 400 and "content-type: application/json" in r.json()["error"]["message"], r.text
     r = httpx.post(server + "/generate", json=dict(decomposition="tt", rank=8))
-    assert r.status_code == 404 and {"model": "qm9", "decomposition": "tt", "rank": 2} in r.json()["available"]
+    assert r.status_code == 404 and {"model": "qm9", "decomposition": "tt", "rank": 2, "checkpoint": "qm9-tt-r2"} \
+        in r.json()["available"]
 
 
 def test_metrics_expose_the_series(server):

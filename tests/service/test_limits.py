@@ -169,7 +169,7 @@ def test_a_non_streaming_client_that_gives_up_cancels_its_work(checkpoints):
     try:
         with pytest.raises(httpx.TimeoutException):
             httpx.post(url + "/generate", json=dict(model="text", num_samples=256, steps=1000, ordering="entropy"),
-                       timeout=1.0)  # about 3.6 s of work here (fast path, fp32, one thread)
+                       timeout=0.3)  # about 1 s of work here (fast path, fp32, one thread; idle steps skipped)
         assert _until(lambda: metric(httpx.get(url + "/metrics").text, "ttcore_cancelled_total") == 1, 10)
         t0 = time.time()
         small = httpx.post(url + "/generate", json=dict(model="text", num_samples=1, steps=4), timeout=60)
