@@ -53,15 +53,12 @@ def unmask_counts(n_initial: torch.Tensor, n_current: torch.Tensor, steps, step,
     return torch.where(step >= steps - 1, n_current, torch.minimum(counts, n_current))
 
 
-def idle_steps(n_initial: list[int], step: int, steps: int, schedule=loglinear) -> int:
-    """How many deterministic steps from ``step`` (0-based) on unmask no token in any sequence, read from the
-    schedule before any draw (``unmask_counts`` without coins: each count is a difference of rounded
-    n f(t)): more steps than positions leaves most steps empty. The last step (it takes what is left) is never
-    counted. ``n_initial``: each sequence's initial masked count."""
-    if step >= steps - 1 or not n_initial:
-        return 0
-    k = torch.arange(step, steps - 1, dtype=torch.float64)
-    n = torch.tensor(sorted(set(n_initial)), dtype=torch.float64)[:, None]  # equal counts step alike
+def active_steps(n_initial: list[int], steps: int, schedule=loglinear) -> list[int]:
+    """The deterministic steps (0-based, ascending) that unmask a token in some sequence, read from the schedule
+    before any draw (``unmask_counts`` without coins: each count is a difference of rounded n f(t)); more steps
+    than positions leaves most steps empty. The last step (it takes what is left) is always listed.
+    ``n_initial``: each sequence's initial masked count."""
+    k = torch.arange(steps - 1, dtype=torch.float64)
+    n = torch.tensor(sorted(set(n_initial)) or [0], dtype=torch.float64)[:, None]  # equal counts step alike
     counts = torch.round(n * schedule(1 - k / steps)) - torch.round(n * schedule(1 - (k + 1) / steps))
-    active = (counts != 0).any(0).nonzero()
-    return int(active[0]) if len(active) else len(k)
+    return (counts != 0).any(0).nonzero()[:, 0].tolist() + [steps - 1]

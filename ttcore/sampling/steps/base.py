@@ -11,7 +11,7 @@ import torch
 from ttcore.distributions import Streams
 
 from ..orderings import PREDETERMINED, top_k_mask
-from ..schedules import SCHEDULES, idle_steps, unmask_counts
+from ..schedules import SCHEDULES, active_steps, unmask_counts
 
 
 class WorkKind(StrEnum):
@@ -125,12 +125,12 @@ class ConfiguredStep:
     def choose(self, rows, h, tokens, masked, counts):
         return None if rows.plan is None else top_k_mask(rows.plan, masked, counts)
 
-    def idle_steps(self, n_initial: list[int], step: int, steps: int) -> int:
-        """Steps from ``step`` on that unmask nothing, known before they run (``schedules.idle_steps``); 0 where
-        the counts come from draws (Bernoulli coins) or from the step itself (EB's bound)."""
+    def active_steps(self, n_initial: list[int], steps: int) -> list[int] | None:
+        """The steps that unmask something, known before they run (``schedules.active_steps``); None where the
+        counts come from draws (Bernoulli coins) or from the step itself (EB's bound)."""
         if self.config.bernoulli or not self.schedule_counts():
-            return 0
-        return idle_steps(n_initial, step, steps, SCHEDULES[self.config.schedule])
+            return None
+        return active_steps(n_initial, steps, SCHEDULES[self.config.schedule])
 
     def schedule_counts(self) -> bool:
         """Whether ``counts`` is the schedule's (a subclass that overrides ``counts`` says when it is)."""
