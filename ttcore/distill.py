@@ -25,7 +25,6 @@ by ``seed`` (the rollouts' and the teacher's draws), so a resumed run is exact."
 
 import torch
 
-from ttcore.decompositions.tt import contracted_core_loss
 from ttcore.sampling import GenerationRun, SamplerConfig, batch_step
 
 
@@ -48,24 +47,28 @@ def student_states(x0: torch.Tensor, steps: int, mask_id: int, generator: torch.
 
 
 @torch.no_grad()
-def rollout_states(model, b: int, steps: int, j: torch.Tensor, config: SamplerConfig, seed: int, device
-                   ) -> torch.Tensor:
-    """States a ``steps``-step run of ``model`` reaches from a fully masked start: row i after its first j[i]
-    steps (the rows of each j one run, stepped together), the draws keyed by ``seed`` + j. -> x_t [b, l]."""
-    l, mask_id = model.cfg.dit.length, model.cfg.dit.vocab_size - 1
-    out = torch.full((b, l), mask_id, dtype=torch.long, device=device)
-    runs = []
-    for jj in j.unique().tolist():
-        rows = (j == jj).nonzero()[:, 0]
-        runs.append((rows, GenerationRun(model, len(rows), steps, config, seed=seed + jj, device=device), jj))
+def _step_groups(model, j: torch.Tensor, make_run, target, out: torch.Tensor) -> torch.Tensor:
+    """For each distinct j, the run ``make_run(jj, rows)`` of its rows, stepped until ``target(jj)`` steps of its
+    schedule are taken (steps that unmask nothing skipped; all runs together, one backbone call a step, in eval
+    mode); its tokens written into ``out``'s rows. -> out."""
+    groups = [(j == jj).nonzero()[:, 0] for jj in j.unique().tolist()]
+    runs = [(rows, make_run(jj, rows), target(jj)) for rows, jj in zip(groups, j.unique().tolist())]
+
+    def live() -> list:
+        going = []
+        for _, run, stop in runs:
+            if not run.done and run.step_index < stop:
+                run.skip_idle_steps()
+                if not run.done and run.step_index < stop:
+                    going.append(run)
+        return going
+
     was_training = model.training
     model.eval()
     try:
         with model.compute_context():
-            for s in range(int(j.max()) if len(j) else 0):
-                live = [run for _, run, jj in runs if s < jj and not run.done]
-                if live:
-                    batch_step(model, live)
+            while going := live():
+                batch_step(model, going)
     finally:
         model.train(was_training)
     for rows, run, _ in runs:
@@ -73,33 +76,25 @@ def rollout_states(model, b: int, steps: int, j: torch.Tensor, config: SamplerCo
     return out
 
 
+def rollout_states(model, b: int, steps: int, j: torch.Tensor, config: SamplerConfig, seed: int, device
+                   ) -> torch.Tensor:
+    """States a ``steps``-step run of ``model`` reaches from a fully masked start: row i after its first j[i]
+    steps, the draws keyed by ``seed`` + j. -> x_t [b, l]."""
+    out = torch.full((b, model.cfg.dit.length), model.cfg.dit.vocab_size - 1, dtype=torch.long, device=device)
+    return _step_groups(model, j, lambda jj, rows: GenerationRun(model, len(rows), steps, config, seed=seed + jj,
+                                                                 device=device), lambda jj: jj, out)
+
+
 STATES = ("student", "teacher", "data")  # where a batch's x_t come from (``distill_loss``)
 
 
-@torch.no_grad()
 def teacher_completion(teacher, x_t: torch.Tensor, j: torch.Tensor, steps: int, k: int, config: SamplerConfig,
                        seed: int) -> torch.Tensor:
-    """The teacher's first k steps of a k * (steps - j)-step run from each x_t (the rows of each j one run, all
-    runs stepped together: one backbone call a teacher step), its draws keyed by ``seed`` + j. -> the tokens
-    after them [b, l] (``x_t`` where nothing was committed)."""
-    out = x_t.clone()
-    runs = []
-    for jj in j.unique().tolist():
-        rows = (j == jj).nonzero()[:, 0]
-        run = GenerationRun(teacher, len(rows), k * (steps - jj), config, seed=seed + jj, prompt=x_t[rows],
-                            device=x_t.device)
-        runs.append((rows, run))
-    with teacher.compute_context():
-        for _ in range(k):
-            live = [run for _, run in runs if not run.done]
-            if not live:
-                break
-            for run in live:
-                run.skip_idle_steps()
-            batch_step(teacher, [run for run in live if not run.done])
-    for rows, run in runs:
-        out[rows] = run.tokens
-    return out
+    """The teacher's first k steps of a k * (steps - j)-step run from each x_t, its draws keyed by ``seed`` + j.
+    -> the tokens after them [b, l] (``x_t`` where nothing was committed)."""
+    return _step_groups(teacher, j, lambda jj, rows: GenerationRun(
+        teacher, len(rows), k * (steps - jj), config, seed=seed + jj, prompt=x_t[rows], device=x_t.device),
+        lambda jj: k, x_t.clone())
 
 
 def step_log_prob(model, x_t: torch.Tensor, chosen: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -133,11 +128,8 @@ def marginal_objective(model, x_t: torch.Tensor, chosen: torch.Tensor, x: torch.
 
 
 def _lc(model, h: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
-    head = model.head
-    if not hasattr(head, "contracted"):
-        return h.new_zeros(())
-    hc = h[chosen]
-    return contracted_core_loss(head.contracted_logits(hc), head.core_logits(hc))
+    """The format's extra term on T (``HeadOutputs.auxiliary_loss``: TT's L_C, Eq. 19; zero otherwise)."""
+    return model.format.outputs(model.head, h, chosen).auxiliary_loss()
 
 
 OBJECTIVES = {"joint": joint_objective, "marginal": marginal_objective}

@@ -37,12 +37,11 @@ def tt_selected_log_cores(core_logits: torch.Tensor, targets: torch.Tensor) -> t
 
 def tt_masked_log_prob(core_logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """log (1/r) 1^T G_1(x^1) ... G_l(x^l) 1 (Eq. 9), known positions entering as the identity
-    (delta(x = token) * I at their own token). core_logits [m, v, r, r] -> [b]."""
-    b, l = mask.shape
+    (delta(x = token) * I at their own token): ``tt_chosen_log_prob`` with every masked position chosen.
+    core_logits [m, v, r, r] -> [b]."""
     r = core_logits.shape[-1]
-    mats = torch.eye(r, dtype=core_logits.dtype, device=core_logits.device).repeat(b, l, 1, 1)  # [b, l, r, r]
-    mats[mask] = tt_selected_log_cores(core_logits, targets).exp()
-    return tt_chain_log_value(mats)
+    none = torch.zeros_like(mask)
+    return tt_chosen_log_prob(core_logits, targets, core_logits.new_zeros(0, r, r), mask, none)
 
 
 def tt_masked_marginal_log_probs(core_logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
