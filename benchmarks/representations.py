@@ -80,7 +80,7 @@ def main():
                 with model.compute_context():
                     *_, last = generate(model, args.samples, k, seed=seed)
                 draws.append([tok.decode(r) for r in last.tokens.tolist()])
-                valid = [c for batch in draws for c in map(lambda x: canonical(x, one_molecule=True), batch)
+                valid = [c for batch in draws for c in (canonical(x, one_molecule=True) for x in batch)
                          if c is not None][: args.fcd_valid]  # valid as the validity column counts it
                 if len(valid) >= args.fcd_valid:
                     break

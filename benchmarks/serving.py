@@ -63,8 +63,8 @@ def _start(args) -> tuple[str, subprocess.Popen]:
 
 
 def _guidellm(path: str | None) -> str:
-    found = path or next((str(p) for p in (ROOT / ".venv-guidellm" / "bin" / "guidellm",) if p.exists()), None) \
-        or shutil.which("guidellm")
+    local = ROOT / ".venv-guidellm" / "bin" / "guidellm"
+    found = path or (str(local) if local.exists() else shutil.which("guidellm"))
     if not found:
         raise SystemExit("guidellm not found: bash dev.sh test installs it in .venv-guidellm/, or pass --guidellm")
     return found

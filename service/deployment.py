@@ -69,8 +69,8 @@ async def _watch_drain(engine, replica: str) -> None:
             state = state or ray.get_actor(DRAIN_ACTOR, namespace=DRAIN_NAMESPACE)
             if await state.report.remote(replica, engine.in_flight):
                 engine.draining = True
-        except ValueError:  # no DrainState on this cluster
-            await asyncio.sleep(4 * DRAIN_POLL_S)
+        except ValueError:  # no DrainState: not started by ``main`` (it makes one before the app): nothing to watch
+            return
         except Exception as e:  # noqa: BLE001 - the drain's bookkeeping never fails a request
             log.warning("drain state unreachable (%s: %s)", type(e).__name__, e)
             state = None

@@ -143,21 +143,14 @@ class ChatReply(BaseModel):
     content: str
 
 
-class ChatChoice(BaseModel):
+class _ChatChoiceBase(BaseModel):
     index: int
-    message: ChatReply
     logprobs: None = None
     finish_reason: Literal["stop", "length"] | None
 
 
-class ChatCompletion(BaseModel):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage | None = None
-    ttcore: dict | None = Field(None, description="Extension: as in Completion.")
+class ChatChoice(_ChatChoiceBase):
+    message: ChatReply
 
 
 class ChatDelta(BaseModel):
@@ -165,21 +158,26 @@ class ChatDelta(BaseModel):
     content: str | None = None
 
 
-class ChatChunkChoice(BaseModel):
-    index: int
+class ChatChunkChoice(_ChatChoiceBase):
     delta: ChatDelta
-    logprobs: None = None
-    finish_reason: Literal["stop", "length"] | None
 
 
-class ChatCompletionChunk(BaseModel):
+class _ChatAnswer(BaseModel):
     id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     created: int = Field(default_factory=lambda: int(time.time()))
     model: str
-    choices: list[ChatChunkChoice]
     usage: Usage | None = None
-    ttcore: dict | None = None
+    ttcore: dict | None = Field(None, description="Extension: as in Completion.")
+
+
+class ChatCompletion(_ChatAnswer):
+    object: Literal["chat.completion"] = "chat.completion"
+    choices: list[ChatChoice]
+
+
+class ChatCompletionChunk(_ChatAnswer):
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    choices: list[ChatChunkChoice]
 
 
 class OpenAIModel(BaseModel):

@@ -154,8 +154,9 @@ class Speed:
         ``seconds`` of compute (its shares of the batched steps it was part of). ``overhead_steps``: the steps'
         overhead it was charged, in steps (its share of each step's sequences, summed; default: ``steps``, as
         when it ran alone). Adds the ratio of ``seconds`` to the model's figure."""
-        work = work if isinstance(work, Work) else Work(self._step_kind(work) if work != WorkKind.chain_rule
-                                                        else WorkKind.chain_rule)
+        if not isinstance(work, Work):
+            self._step_kind(work)  # a known kind, or ValueError naming them
+            work = Work(WorkKind(work))
         if rows <= 0 or steps <= 0 or not math.isfinite(seconds) or seconds <= 0 or self.needs(work.kind):
             return
         modelled = self._modelled(work.kind, rows, steps, steps if overhead_steps is None else overhead_steps,

@@ -143,3 +143,40 @@ def playground_generates(url: str, alphabet: set[str], options: int) -> None:
         assert "valid " not in page.query_selector(".pane .summary").inner_text()
         assert not errors, errors
         browser.close()
+
+
+def check_drain(proc: subprocess.Popen, url: str) -> None:
+    """A server's graceful drain, as a client sees it: with a text stream in flight, SIGTERM; then /ready answers
+    503 ``draining``, a new request 503 with Retry-After, the stream ends with its answer (``done``, no error),
+    and the process exits 0 by itself. Kills the process if any of it fails."""
+    import signal
+    import threading
+
+    events: list[str] = []
+    body = dict(model="text", num_samples=8, steps=128, stream=True, seed=0)
+
+    def read_stream():
+        with httpx.stream("POST", url + "/generate", json=body, timeout=300) as r:
+            events.extend(line[7:] for line in r.iter_lines() if line.startswith("event: "))
+
+    reader = threading.Thread(target=read_stream)
+    try:
+        reader.start()
+        deadline = time.time() + 120
+        while not events and time.time() < deadline:  # the stream is in flight: its first step arrived
+            time.sleep(0.05)
+        assert events, "no step event within 120 s"
+        proc.send_signal(signal.SIGTERM)
+        deadline = time.time() + 30
+        while (ready := httpx.get(url + "/ready", timeout=10)).status_code != 503 and time.time() < deadline:
+            time.sleep(0.1)
+        assert ready.status_code == 503 and ready.json()["status"] == "draining", ready.text
+        refused = httpx.post(url + "/generate", json=dict(model="qm9", num_samples=1, steps=2), timeout=60)
+        assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1, refused.text
+        reader.join(timeout=300)
+        assert events[-1] == "done" and "error" not in events, events[-3:]
+        assert proc.wait(timeout=120) == 0  # it left once the stream was answered
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 from common import metric
-from servers import start_uvicorn
+from servers import check_drain, start_uvicorn
 
 from service.engine import Engine
 from service.registry import ModelRegistry
@@ -424,35 +424,13 @@ def test_sigterm_drains_requests_in_flight_before_the_server_exits():
     """On SIGTERM: /ready answers 503 (draining), a new request gets 503 with Retry-After, the stream in flight
     finishes with its answer, and then the process exits by itself (status 0). A load balancer stops sending
     here at the first 503; no client loses a request it was already served."""
-    import signal
     import subprocess
 
     root = Path(__file__).resolve().parents[2]
     proc, url = start_uvicorn(root / "checkpoints", "--precision", "bf16", "--drain-timeout-s", "120")
-    events: list[str] = []
     try:
-        body = dict(model="text", num_samples=8, steps=128, stream=True, seed=0)
-
-        def read_stream():
-            with httpx.stream("POST", url + "/generate", json=body, timeout=300) as r:
-                events.extend(line[7:] for line in r.iter_lines() if line.startswith("event: "))
-
-        reader = threading.Thread(target=read_stream)
-        reader.start()
-        assert _until(lambda: len(events) >= 1 or metric(httpx.get(url + "/metrics").text,
-                                                           "ttcore_queue_depth") == 1, 60)
-        proc.send_signal(signal.SIGTERM)
-        assert _until(lambda: httpx.get(url + "/ready").status_code == 503, 30)
-        assert httpx.get(url + "/ready").json()["status"] == "draining"
-        refused = httpx.post(url + "/generate", json=dict(model="qm9", num_samples=1, steps=2), timeout=60)
-        assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1, refused.text
-        reader.join(timeout=300)
-        assert events[-1] == "done" and "error" not in events, events[-3:]
-        assert proc.wait(timeout=60) == 0  # it left once the stream was answered
+        check_drain(proc, url)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.communicate(timeout=5)
 
