@@ -63,6 +63,14 @@ class LoadedModel:
         return get_metrics_kind(self.info.metrics)
 
 
+def _base(cfg) -> str:
+    """What kind of model it is: an MDM (``mdlm``), or a latent model: VADD's z per sequence (``vadd``) or a Di4C
+    mixture with z per step (``di4c``; ``ModelConfig.latent_draw``)."""
+    if not cfg.dit.latent_dim:
+        return "mdlm"
+    return "di4c" if cfg.latent_draw == "step" else "vadd"
+
+
 def _distilled(recorded) -> dict | None:
     """A checkpoint's record of its distillation (``distill.py``: teacher, objective, steps), or None."""
     if not isinstance(recorded, dict) or not isinstance(recorded.get("steps"), int) or recorded["steps"] < 1:
@@ -135,7 +143,7 @@ class ModelRegistry:
                          parameters=sum(p.numel() for p in model.parameters()),
                          card_url=f"/models/{d.name}/card" if card is not None else None,
                          summary=tuple(line[2:] for line in (card or "").splitlines() if line.startswith("- "))[:8],
-                         base="vadd" if cfg.dit.latent_dim else "mdlm", latent_dim=cfg.dit.latent_dim,
+                         base=_base(cfg), latent_dim=cfg.dit.latent_dim,
                          distilled=_distilled(cfg.extra.get("distilled")))
         log.info("loaded %s: %s %s r=%d (admission times each kind of work when a request first needs it)",
                  d.name, family, cfg.decomposition, cfg.rank)

@@ -314,10 +314,11 @@ class ScoreResponse(BaseModel):
 class ModelInfo(BaseModel):
     model: str
     checkpoint: str
-    base: Literal["mdlm", "vadd"] = Field("mdlm", description="The base model: `mdlm` (masked diffusion) or `vadd` "
-                                                              "(a latent z ~ N(0, I) per sequence, fixed through "
-                                                              "the steps; paper Sec. 4.4).")
-    latent_dim: int = Field(0, description="VADD: the dimension of z (0 for mdlm).")
+    base: Literal["mdlm", "vadd", "di4c"] = Field(
+        "mdlm", description="The base model: `mdlm` (masked diffusion), `vadd` (a latent z ~ N(0, I) per sequence, "
+        "fixed through the steps; paper Sec. 4.4) or `di4c` (a distilled mixture: z ~ N(0, I) drawn again at every "
+        "step, so each step draws from E_z prod_i p(x^i | x_t, z); Hayakawa et al. 2025).")
+    latent_dim: int = Field(0, description="VADD / Di4C: the dimension of z (0 for mdlm).")
     domain: str = Field(description="The tokenizer's kind: `smiles`, `char` or `text` (BPE).")
     metrics: str = Field(
         "none", description="What its family is measured by, a registered kind (`ttcore.metrics.kinds`): "

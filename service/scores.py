@@ -27,7 +27,7 @@ async def score(serving: Serving, request: ScoreRequest, gone=None) -> ScoreResp
     lm = serving.registry.resolve(request.model, request.decomposition, request.rank, request.checkpoint)
     model, tok = lm.model, lm.tokenizer
     if model.latent_dim:
-        raise ScoreInputError(["model"], f"{lm.name} is a VADD model: its likelihood integrates over the "
+        raise ScoreInputError(["model"], f"{lm.name} is a {lm.info.base} model: its likelihood integrates over the "
                                          "latent z, which has no exact form; scores need an MDLM checkpoint")
     if request.mode == "elbo" and request.template is not None:
         raise ScoreInputError(["template"], "template applies to joint mode only: elbo draws its own masks")

@@ -1,6 +1,7 @@
 """Distil a teacher's sampler into a student that takes fewer steps (``ttcore.distill``): one student step learns
 k teacher steps, by its exact joint likelihood of the teacher's k-step completions (``--objective joint``: a CP /
-TT student) or a per-position fit to them (``marginal``: SDTT's kind of target, the rank-1 baseline).
+TT student), a per-position fit to them (``marginal``: SDTT's kind of target, the rank-1 baseline) or Di4C's
+mixture student and loss (``di4c``: from a rank-1 checkpoint, on data states, ``--latent-dim``).
 
     python training/distill.py --config qm9_distill --teacher checkpoints/qm9-tt-r16 --steps 4 --k 4 \
         --objective joint --out runs/qm9-tt-r16-d4 --max-steps 1000 --resume
@@ -23,7 +24,7 @@ from pathlib import Path
 from _common import config_from_args, dataset, parser, tensors
 from _loop import fit
 
-from ttcore.distill import OBJECTIVES, STATES, distill_loss
+from ttcore.distill import DI4C_LATENTS, OBJECTIVES, STATES, distill_loss, mixture_student
 from ttcore.models import load_checkpoint, load_for_inference, load_train_state
 from ttcore.parallel import is_main_process
 from ttcore.sampling import SamplerConfig
@@ -40,12 +41,15 @@ def main():
     ap.add_argument("--rounds", type=int, default=1, help="progressive rounds (k = 2 each when > 1)")
     ap.add_argument("--objective", choices=list(OBJECTIVES), default="joint")
     ap.add_argument("--teacher-ordering", default="random", help="the teacher's sampler ordering")
+    ap.add_argument("--latent-dim", type=int, default=8, help="di4c: the mixture student's latent z (dimensions)")
     ap.add_argument("--states", choices=list(STATES), default="student",
                     help="where the states x_t come from: the student's own first steps (on-policy), the "
                          "teacher's, or the data masked at a step boundary")
     args = ap.parse_args()
     if args.rounds > 1 and args.k != 2:
         raise SystemExit("--rounds > 1 halves the steps each round: leave --k at 2")
+    if args.objective == "di4c" and args.states != "data":
+        raise SystemExit("--objective di4c fits data states (its data term needs x_0): pass --states data")
     cfg = config_from_args(args)
     teacher_dir, out = Path(args.teacher), Path(args.out)
     started, passes = time.time(), {"teacher": 0, "student": 0}
@@ -67,6 +71,8 @@ def distil_round(args, cfg, teacher_dir: Path, start: Path, out: Path, steps: in
     """One round: a student of ``steps`` steps fitted to ``teacher_dir`` at ``k * steps`` steps. -> its meta."""
     resuming = args.resume and out.exists() and load_train_state(out) is not None
     model, tokenizer, _ = load_checkpoint(out if resuming else start)
+    if args.objective == "di4c" and not model.latent_dim:
+        model = mixture_student(model, args.latent_dim)  # the rank-1 start plus a latent (a new round's student)
     teacher, _, _ = load_for_inference(teacher_dir, cfg.device if cfg.device != "auto" else "cpu", cfg.precision)
     for p in teacher.parameters():
         p.requires_grad_(False)
@@ -88,7 +94,11 @@ def distil_round(args, cfg, teacher_dir: Path, start: Path, out: Path, steps: in
     meta = fit(model, tokenizer, train, val, cfg, out, resume=resuming, max_steps=args.max_steps,
                max_minutes=args.max_minutes, title=title, quiet=args.quiet, fit_minutes=args.fit_minutes,
                objective=objective)
-    meta["distill"] = {"teacher_forward_passes": k * meta["step"], "student_forward_passes": meta["step"]}
+    # forward passes of a batch of states: Di4C's teacher also gives its marginals at x_t, and its student runs
+    # DI4C_LATENTS components at x_t (with gradient) and at the teacher's x_s
+    di4c = args.objective == "di4c"
+    meta["distill"] = {"teacher_forward_passes": (k + di4c) * meta["step"],
+                       "student_forward_passes": (2 * DI4C_LATENTS if di4c else 1) * meta["step"]}
     if is_main_process():
         print(f"wrote {out}: step {meta['step']}, val {meta['val']}, {meta['seconds_per_step']:.3f} s/step")
     return meta

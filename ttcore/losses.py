@@ -36,7 +36,8 @@ def forward_mask(x0: torch.Tensor, t: torch.Tensor, mask_id: int,
 
 def mdlm_loss(model, x0: torch.Tensor, mask_id: int, eps: float = 1e-3,
               generator: torch.Generator | None = None, t: torch.Tensor | None = None,
-              marginal_weight: float = 0.0, mask: torch.Tensor | None = None, processes=None) -> dict:
+              marginal_weight: float = 0.0, mask: torch.Tensor | None = None, processes=None,
+              z: torch.Tensor | None = None) -> dict:
     """One batch of the objective (Eq. 20: L_NLL + L_C). Returns, for this batch:
     - ``loss``: the joint NLL per masked token (below) plus L_C, plus ``marginal_weight`` times
       ``marginal_nll`` (the marginal-consistency term: the paper's L_marginal of Eq. 4, which it uses only
@@ -55,7 +56,8 @@ def mdlm_loss(model, x0: torch.Tensor, mask_id: int, eps: float = 1e-3,
     TT: Eqs. 9, 16-17, 19).
     ``marginal_nll`` and ``nelbo`` are metrics, computed without gradient unless ``marginal_weight`` > 0.
 
-    ``t`` [b] and ``mask`` [b, l] (bool) fix the times and the masked set instead of drawing them.
+    ``t`` [b] and ``mask`` [b, l] (bool) fix the times and the masked set instead of drawing them; ``z`` [b, k]:
+    a latent model's z (the denoiser given z).
 
     Data-parallel training and gradient accumulation (``processes``: ``ttcore.parallel.Workers``, or anything
     with ``world`` and ``all_sum``): ``x0`` is a share of a global batch (a process's, or a micro-batch of it),
@@ -73,7 +75,7 @@ def mdlm_loss(model, x0: torch.Tensor, mask_id: int, eps: float = 1e-3,
         x_t, mask = forward_mask(x0, t, mask_id, generator)
     else:
         x_t = torch.where(mask, torch.full_like(x0, mask_id), x0)
-    out = model(x_t, mask, sigma=t)
+    out = model(x_t, mask, sigma=t, z=z)
     nll = -out.log_prob(x0)  # [b]
     n_masked = mask.sum().clamp_min(1)
     lc = out.auxiliary_loss()  # a mean over this share's masked positions (TT: Eq. 19's 1/N)

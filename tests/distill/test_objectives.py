@@ -75,3 +75,112 @@ def test_the_joint_objective_fits_a_teachers_joint_that_no_factorized_student_ca
             q = step_log_prob(model, x_t, chosen, outcomes).exp()  # on the support; the rest is 1 - q.sum()
         results[decomposition] = 0.5 * ((q - weights).abs().sum() + (1 - q.sum())).item()
     assert results["tt"] < 0.05 and results["none"] > 0.6, results
+
+
+def test_mixture_terms_against_enumerated_products():
+    """``mixture_terms``: log of the mean over components of the product over M, and the sum over M of the log
+    mixture marginals, against explicit loops."""
+    from ttcore.distill import mixture_terms
+
+    g = torch.Generator().manual_seed(0)
+    log_p = torch.randn(2, 3, 4, V, generator=g).log_softmax(-1)
+    masked = torch.tensor([[True, False, True, True], [False, True, True, False]])
+    y = torch.randint(0, V, (2, 5, 4), generator=g)
+    joint, marginals = mixture_terms(log_p, masked, y)
+    p = log_p.double().exp()
+    for b in range(2):
+        for s in range(5):
+            at = [d for d in range(4) if masked[b, d]]
+            mix = np.mean([np.prod([p[b, m, d, y[b, s, d]].item() for d in at]) for m in range(3)])
+            marg = sum(np.log(np.mean([p[b, m, d, y[b, s, d]].item() for m in range(3)])) for d in at)
+            assert joint[b, s].item() == pytest.approx(np.log(mix), abs=1e-5)
+            assert marginals[b, s].item() == pytest.approx(marg, abs=1e-5)
+
+
+def test_the_di4c_loss_against_a_direct_computation():
+    """``di4c_objective`` on two states against the same loss computed one sequence and one component at a time
+    in float64, from the same draws (z at x_t, z at x_s, the composition's uniforms): Di4C's consistency term (the
+    teacher's committed tokens, then the student's own mixture at x_s) and data term (alpha(t), the teacher's
+    marginals), each with its control variate."""
+    from ttcore.distill import DI4C_ALPHA, DI4C_LATENTS, Completion, di4c_objective, mixture_student
+
+    base = tiny_model("none", V, L, 1, perturb=0.5, noise=0.5)
+    student = mixture_student(base, 4).train()
+    with torch.no_grad():  # components that differ
+        student.backbone.latent_map.weight.normal_(generator=torch.Generator().manual_seed(1))
+    teacher = tiny_model("none", V, L, 1, perturb=0.8, noise=0.5)
+    m = V  # the mask id
+    x0 = torch.tensor([[0, 1, 2, 0, 1], [2, 2, 1, 0, 0]])
+    x_t = torch.tensor([[0, m, m, 0, m], [m, m, m, m, 0]])
+    done = torch.tensor([[0, 2, m, 0, m], [m, 1, m, 0, 0]])
+    chosen = (x_t == m) & (done != m)
+    with torch.no_grad():
+        got = di4c_objective(student, Completion(x_t, done, chosen, x0, teacher, torch.Generator().manual_seed(5)))
+    g = torch.Generator().manual_seed(5)
+    n, b = DI4C_LATENTS, len(x_t)
+    z_t, z_s = torch.randn(b * n, 4, generator=g), torch.randn(b * n, 4, generator=g)
+    u = torch.rand(b, n, L, 1, generator=g)
+
+    def probs(model, x, z=None):
+        with torch.no_grad():
+            h = model.features(x[None]) if z is None else model.features(x[None], z=z[None])
+            return model.head.component_logits(h[0])[:, 0].double().softmax(-1).numpy()  # [l, v]
+
+    def kl(q, p):
+        return sum(qi * np.log(qi / pi) for qi, pi in zip(q, p) if qi > 0)
+
+    total, tokens = 0.0, 0
+    for i in range(b):
+        at = [d for d in range(L) if x_t[i, d] == m]
+        pt = [probs(student, x_t[i], z_t[i * n + c]) for c in range(n)]
+        ps = [probs(student, done[i], z_s[i * n + c]) for c in range(n)]
+        mix_marg = {d: np.mean([pt[c][d] for c in range(n)], 0) for d in at}
+
+        def cor(y):
+            mix = np.mean([np.prod([pt[c][d, y[d]] for d in at]) for c in range(n)])
+            return -np.log(mix) + sum(np.log(mix_marg[d][y[d]]) for d in at)
+
+        draws = []
+        for c in range(n):
+            y = done[i].tolist()
+            for d in range(L):
+                if done[i, d] == m:
+                    y[d] = int((np.cumsum(ps[c][d]) < u[i, c, d, 0].item()).sum())
+            draws.append(y)
+        q = {d: (np.mean([ps[c][d] for c in range(n)], 0) if done[i, d] == m else np.eye(V)[int(done[i, d])])
+             for d in at}
+        consistency = np.mean([cor(y) for y in draws]) + sum(kl(q[d], mix_marg[d]) for d in at)
+        teacher_marg = probs(teacher, x_t[i])
+        alpha = DI4C_ALPHA / (1 + np.exp(-20 * (len(at) / L - 0.5)))
+        data = alpha * cor(x0[i].tolist()) + sum(kl(teacher_marg[d], mix_marg[d]) for d in at)
+        total, tokens = total + consistency + data, tokens + len(at)
+    assert got["loss"].item() == pytest.approx(total / tokens, rel=1e-4, abs=1e-5)
+
+
+def test_a_mixture_student_draws_a_new_latent_every_step_from_the_steps_streams():
+    """A Di4C student (``latent_draw`` = step): z differs between steps, is a function of (seed, row, step) only,
+    and a run's tokens are the same alone and batched with another run."""
+    from tiny import run_together
+
+    from ttcore.distill import mixture_student
+    from ttcore.sampling import GenerationRun
+
+    student = mixture_student(tiny_model("none", V, L, 1, perturb=0.5, noise=0.5), 4).eval()
+    with torch.no_grad():
+        student.backbone.latent_map.weight.normal_(generator=torch.Generator().manual_seed(1))
+    run = GenerationRun(student, 3, 4, seed=7)
+    first = run.step_latent()
+    run.step()
+    assert not torch.allclose(first, run.step_latent())
+    assert torch.equal(run.step_latent(), prior_at(student, 7, 3, 1))
+    alone = run_together(student, [GenerationRun(student, 3, 4, seed=7)])[0].tokens
+    together = run_together(student, [GenerationRun(student, 2, 3, seed=9), GenerationRun(student, 3, 4, seed=7)])
+    assert torch.equal(alone, together[1].tokens)
+
+
+def prior_at(model, seed: int, rows: int, step: int) -> torch.Tensor:
+    """The latent the counter-based streams give ``rows`` sequences of a request at ``step``."""
+    from ttcore.models.vadd import prior_sample
+
+    return prior_sample(rows, model.latent_dim, Streams(torch.full((rows,), seed), torch.arange(rows),
+                                                         torch.full((rows,), step)), "cpu")

@@ -60,3 +60,36 @@ def test_distil_resume_exactly_and_serve_the_student_beside_its_teacher(checkpoi
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_di4c_distils_a_rank1_base_into_a_mixture_resumes_exactly_and_serves(checkpoints, tmp_path):
+    """``--objective di4c``: the rank-1 base becomes a mixture student (a latent z redrawn every step), the run
+    resumes exactly (its z and composition draws come from the recipe's generator), and the service names it
+    ``di4c`` and generates from it; its likelihood is an integral over z, so ``/score`` refuses it."""
+    teacher = checkpoints / "qm9-base"
+    args = ("--objective", "di4c", "--states", "data", "--latent-dim", "4")
+    out = _distill(teacher, tmp_path / "straight", 3, *args)
+    assert f"budget 9 teacher and {3 * 32} student forward passes of 8 sequences" in out, out  # (k + 1), 2 x 16
+    _distill(teacher, tmp_path / "resumed", 1, *args)
+    _distill(teacher, tmp_path / "resumed", 3, *args, "--resume")
+    a, _, _ = load_checkpoint(tmp_path / "straight")
+    b, _, _ = load_checkpoint(tmp_path / "resumed")
+    assert a.cfg.latent_draw == "step" and a.latent_dim == 4 and a.recognition is None
+    assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values()))  # exact
+    assert a.backbone.latent_map.weight.abs().sum() > 0  # the mixture moved away from the base
+    served = tmp_path / "served"
+    served.mkdir()
+    shutil.copytree(tmp_path / "straight", served / "qm9-di4c")
+    proc, url = start_uvicorn(served)
+    try:
+        info = httpx.get(url + "/models").json()["models"][0]
+        assert info["base"] == "di4c" and info["distilled"]["objective"] == "di4c", info
+        got = httpx.post(url + "/generate", json={"model": "qm9", "num_samples": 3, "seed": 1}, timeout=60)
+        assert got.status_code == 200 and got.json()["steps"] == 2, got.text
+        again = httpx.post(url + "/generate", json={"model": "qm9", "num_samples": 3, "seed": 1}, timeout=60)
+        assert again.json()["samples"] == got.json()["samples"]  # seeded: z comes from the request's streams
+        score = httpx.post(url + "/score", json={"model": "qm9", "sequences": ["CCO"]}, timeout=60)
+        assert score.status_code == 422 and "di4c model" in score.text, score.text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -12,6 +12,13 @@ from .heads import FinalLayer
 from .precision import compute_context
 from .vadd import RecognitionNetwork
 
+LATENT_DRAWS = {
+    "run": "VADD (Sec. 4.4): z ~ p(z) once per sequence, fixed through the steps; trained with a recognition "
+           "network r_phi(z | x_0, x_t) (Eq. 21)",
+    "step": "Di4C (Hayakawa et al. 2025): z ~ p(z) again at every step, so each step draws from the mixture "
+            "E_z prod_i p(x^i | x_t, z); distilled (``ttcore.distill``), no recognition network",
+}
+
 
 @dataclass
 class ModelConfig:
@@ -22,6 +29,7 @@ class ModelConfig:
     extra: dict = field(default_factory=dict)  # free-form metadata (training, data)
     backbone: dict | None = None  # None: the DiT (``dit``); else a transformers masked LM (``ttcore.models.hf``),
     # ``dit`` then giving only its shape (vocabulary, length, width)
+    latent_draw: str = "run"  # a latent model's z (dit.latent_dim > 0): LATENT_DRAWS
 
     def __post_init__(self):
         if isinstance(self.dit, dict):
@@ -30,6 +38,8 @@ class ModelConfig:
             raise ValueError(f"decomposition {self.decomposition!r} is rank 1, got rank {self.rank}")
         if self.rank < 1:
             raise ValueError(f"rank must be >= 1, got {self.rank}")
+        if self.latent_draw not in LATENT_DRAWS:
+            raise ValueError(f"latent_draw must be one of {', '.join(LATENT_DRAWS)}, got {self.latent_draw!r}")
         if self.head not in HEAD_KINDS:
             raise ValueError(f"head must be one of {', '.join(HEAD_KINDS)}, got {self.head!r}")
 
@@ -67,7 +77,8 @@ class JointModel(nn.Module):
         if joint and cfg.head == "2layer":
             self.output_layer.linear.requires_grad_(False)  # W stays frozen (Sec. 4.5)
         # VADD (Sec. 4.4): r_phi(z | x_0, x_t), used in training only; sampling draws z from the prior
-        self.recognition = (RecognitionNetwork(d.vocab_size, d.length, d.latent_dim) if d.latent_dim else None)
+        self.recognition = (RecognitionNetwork(d.vocab_size, d.length, d.latent_dim)
+                            if d.latent_dim and cfg.latent_draw == "run" else None)
         self.precision = "fp32"  # inference precision (``inference.prepare_for_inference`` sets it)
 
     @classmethod
@@ -79,7 +90,7 @@ class JointModel(nn.Module):
             raise ValueError(f"the base model must be rank 1 (decomposition 'none'), got {base.cfg.decomposition!r}")
         joint = get_decomposition(decomposition).joint_head
         cfg = ModelConfig(base.cfg.dit, decomposition, rank if joint else 1, head, dict(base.cfg.extra),
-                          base.cfg.backbone)
+                          base.cfg.backbone, base.cfg.latent_draw)
         model = cls(cfg).to(next(base.parameters()))  # same device and dtype
         state = {k: v for k, v in base.state_dict().items() if model.output_layer.linear is not None
                  or not k.startswith("output_layer.linear")}

@@ -3,6 +3,7 @@
 import torch
 
 from ttcore.losses import mdlm_loss, vadd_loss
+from ttcore.models.vadd import prior_sample
 
 
 def pick_device(name: str) -> torch.device:
@@ -25,7 +26,10 @@ def evaluate_loss(model, tokens: torch.Tensor, mask_id: int, *, batch_size: int,
     one-sample estimate, nats per position, padding included; comparable across ranks)."""
     model.eval()
     g = torch.Generator(device).manual_seed(1234)
-    vadd = bool(getattr(model, "latent_dim", 0))
+    vadd = getattr(model, "recognition", None) is not None
+    mixture = bool(getattr(model, "latent_dim", 0)) and not vadd  # a Di4C student (``ModelConfig.latent_draw``)
+    # a mixture E_z prod_i p(x^i | x_t, z): its terms for one z ~ p(z) a sequence, so ``nll`` is then an estimate
+    # of E_z[-log p(x | x_t, z)] per masked token, an upper bound (Jensen) on the mixture's own NLL
     # a VADD model: Eq. 21's terms instead (``vadd_loss``): ``nll`` given z ~ r_phi, ``kl``, and ``objective``,
     # the Eq. 21 estimate at lambda = ``kl_weight``, nats per token: the training objective, NOT a bound on
     # -log p(x) (z is drawn given x at every t and its KL weighted by 1/t there; measured below the data
@@ -39,7 +43,8 @@ def evaluate_loss(model, tokens: torch.Tensor, mask_id: int, *, batch_size: int,
                 out = vadd_loss(model, x0, mask_id, kl_weight, eps, generator=g)
                 out["objective"] = out["loss"] - out["lc"]
             else:
-                out = mdlm_loss(model, x0, mask_id, eps, generator=g)
+                z = prior_sample(len(x0), model.latent_dim, g, device) if mixture else None
+                out = mdlm_loss(model, x0, mask_id, eps, generator=g, z=z)
         for key in totals:
             totals[key] += out[key].item() / n
     model.train()

@@ -59,9 +59,10 @@ class GenerationRun:
         length = model.cfg.dit.length
         self.seed = seed if seed is not None else int(torch.randint(0, SEED_LIMIT - 1, (1,)))
         self.streams = Streams.of_request(self.seed, num_samples, device=self.device)
-        # a VADD model: z ~ p(z) once per sequence, from its own stream, fixed through the steps
+        # a latent model: z ~ p(z) per sequence from its own stream, once (VADD) or at every step (Di4C: ``latent``)
         latent_dim = getattr(model.cfg.dit, "latent_dim", 0)
         self.latent = prior_sample(num_samples, latent_dim, self.streams, self.device) if latent_dim else None
+        self.latent_per_step = bool(latent_dim) and getattr(model.cfg, "latent_draw", "run") == "step"
         if prompt is None:
             self.tokens = torch.full((num_samples, length), self.mask_id, dtype=torch.long, device=self.device)
         else:
@@ -76,6 +77,15 @@ class GenerationRun:
         self.masked_left = int(self.n_initial.sum())  # kept on the host: ``done`` never waits on the device
         self.plan = self.sampler.plan(self)  # what the step keeps for the run (a predetermined order's priorities)
         self.step_index, self.model_calls = 0, 0
+
+    def step_latent(self) -> torch.Tensor | None:
+        """The sequences' latent z for the coming step: VADD's, drawn once per run (``ModelConfig.latent_draw``
+        ``run``); a Di4C student's, drawn again at every step from that step's streams (``step``), so each step
+        draws from its mixture E_z prod_i p(x^i | x_t, z). None: no latent."""
+        if not self.latent_per_step:
+            return self.latent
+        streams = Streams(self.streams.seed, self.streams.row, torch.full_like(self.streams.step, self.step_index))
+        return prior_sample(self.tokens.shape[0], self.latent.shape[1], streams, self.device)
 
     @property
     def done(self) -> bool:
@@ -245,7 +255,7 @@ def batch_step(model, runs: list[GenerationRun], forward=None) -> BatchStep:
     forward_s, forward_rows, values, spent = 0.0, 0, None, [0.0] * len(runs)
     if fwd:
         x = _take(batch.tokens, batch.rows_of(fwd))
-        latent = _cat([runs[i].latent for i in fwd]) if runs[0].latent is not None else None
+        latent = _cat([runs[i].step_latent() for i in fwd]) if runs[0].latent is not None else None
         if x.is_cuda:  # the forward's own time: what was queued before it finishes first
             torch.cuda.synchronize(x.device)
         t1 = time.perf_counter()
