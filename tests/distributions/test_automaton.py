@@ -1,0 +1,103 @@
+"""A chain joint times a deterministic automaton (``ttcore.distributions.automaton``) against brute-force
+enumeration: every sequence's probability from the dense joint, the automaton run on it token by token."""
+
+import numpy as np
+import pytest
+import torch
+from brute import all_sequences, chi_square_pvalue, dense_cp, dense_tt
+
+from ttcore.distributions import Streams, tt_cores_from_logits
+from ttcore.distributions.automaton import (
+    constrained_marginals,
+    constrained_sample,
+    log_acceptance,
+)
+
+L, V, R, Q = 4, 3, 2, 3
+
+
+def _automaton(seed: int):
+    """A random partial DFA on V tokens with Q states (about a third of the transitions reject), start 0,
+    accepting {1, 2} at random but never empty."""
+    g = torch.Generator().manual_seed(seed)
+    delta = torch.randint(0, Q, (Q, V), generator=g)
+    delta[torch.rand(Q, V, generator=g) < 0.3] = -1
+    accepting = torch.rand(Q, generator=g) < 0.5
+    accepting[1] = True
+    return delta, accepting
+
+
+def _accepted(delta, accepting, seqs) -> np.ndarray:
+    out = []
+    for s in seqs.tolist():
+        q = 0
+        for x in s:
+            q = int(delta[q, x]) if q >= 0 else -1
+        out.append(q >= 0 and bool(accepting[q]))
+    return np.array(out)
+
+
+def _chains(kind: str, seed: int):
+    """(start [1, r], cores, diagonal, dense p over all V^L sequences) for a TT, a CP and a rank-1 chain, with
+    position 2 known (token 1) as a served step's chain has it."""
+    g = torch.Generator().manual_seed(seed)
+    seqs = all_sequences(L, V).numpy()
+    if kind == "tt":
+        cores = tt_cores_from_logits(torch.randn(1, L, V, R, R, generator=g, dtype=torch.float64))
+        cores[0, 2] = 0
+        cores[0, 2, 1] = torch.eye(R, dtype=torch.float64)
+        return torch.full((1, R), 1 / R, dtype=torch.float64), cores, False, dense_tt(cores[0].numpy(), seqs)
+    r = R if kind == "cp" else 1
+    weights = torch.rand(1, r, generator=g, dtype=torch.float64) + 0.2
+    weights /= weights.sum()
+    factors = torch.randn(1, L, r, V, generator=g, dtype=torch.float64).softmax(-1)
+    factors[0, 2] = torch.tensor([0.0, 1.0, 0.0], dtype=torch.float64)
+    p = dense_cp(weights[0].numpy(), factors[0].numpy(), seqs)
+    return weights, factors.transpose(2, 3).contiguous(), True, p
+
+
+@pytest.mark.parametrize("kind", ["tt", "cp", "rank1"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_acceptance_and_marginals_against_enumeration(kind, seed):
+    start, cores, diagonal, p = _chains(kind, seed)
+    delta, accepting = _automaton(seed)
+    seqs = all_sequences(L, V).numpy()
+    keep = _accepted(delta, accepting, seqs)
+    z = p[keep].sum()
+    assert z > 0
+    args = (start, cores, delta[None], accepting[None], torch.zeros(1, dtype=torch.long))
+    assert log_acceptance(*args, diagonal=diagonal).item() == pytest.approx(np.log(z), abs=1e-10)
+    marginals = constrained_marginals(*args, diagonal=diagonal)[0].numpy()
+    for i in range(L):
+        want = np.array([p[keep & (seqs[:, i] == x)].sum() for x in range(V)]) / z
+        np.testing.assert_allclose(marginals[i], want, atol=1e-10)
+
+
+@pytest.mark.parametrize("kind", ["tt", "cp"])
+def test_draws_follow_the_joint_restricted_to_the_language(kind):
+    """20,000 draws of the whole sequence (chi-square against p(x | x in L)); none rejected; the same uniforms
+    give the same draws row by row whatever the batch (rows are independent)."""
+    start, cores, diagonal, p = _chains(kind, 3)
+    delta, accepting = _automaton(3)
+    seqs = all_sequences(L, V).numpy()
+    keep = _accepted(delta, accepting, seqs)
+    n = 20_000
+    u = Streams.of_request(5, n).uniform(4, L + 1)
+    draws = constrained_sample(start.expand(n, -1), cores.expand(n, *cores.shape[1:]), delta.expand(n, -1, -1),
+                               accepting.expand(n, -1), torch.zeros(n, dtype=torch.long), u, diagonal)
+    assert _accepted(delta, accepting, draws.numpy()).all()
+    assert chi_square_pvalue(draws.numpy(), np.where(keep, p, 0) / p[keep].sum(), seqs) > 1e-3
+    few = constrained_sample(start.expand(3, -1), cores.expand(3, *cores.shape[1:]), delta.expand(3, -1, -1),
+                             accepting.expand(3, -1), torch.zeros(3, dtype=torch.long), u[-3:], diagonal)
+    assert torch.equal(few, draws[-3:])
+
+
+def test_a_language_the_chain_cannot_reach_gives_zero_and_no_draw():
+    """Only token 0 at every position is accepted, but position 2 is known to be token 1: Z = 0, -inf, -1s."""
+    start, cores, diagonal, _ = _chains("tt", 0)
+    delta = torch.tensor([[0, -1, -1]])
+    accepting = torch.tensor([True])
+    args = (start, cores, delta[None], accepting[None], torch.zeros(1, dtype=torch.long))
+    assert log_acceptance(*args) == -np.inf
+    u = torch.rand(1, L + 1, dtype=torch.float64)
+    assert (constrained_sample(*args, u) == -1).all()
