@@ -101,3 +101,56 @@ def test_a_language_the_chain_cannot_reach_gives_zero_and_no_draw():
     assert log_acceptance(*args) == -np.inf
     u = torch.rand(1, L + 1, dtype=torch.float64)
     assert (constrained_sample(*args, u) == -1).all()
+
+
+def _joint(kind: str, seed: int):
+    """A format's joint object on L positions (no position known) and its dense p over all V^L sequences."""
+    from ttcore.distributions import CP, Factorized, TensorTrain
+
+    g = torch.Generator().manual_seed(seed)
+    seqs = all_sequences(L, V).numpy()
+    if kind == "tt":
+        tt = TensorTrain.from_logits(torch.randn(1, L, V, R, R, generator=g, dtype=torch.float64))
+        return tt, dense_tt(tt.cores[0].numpy(), seqs)
+    if kind == "cp":
+        cp = CP.from_logits(torch.randn(1, R, generator=g, dtype=torch.float64),
+                            torch.randn(1, L, R, V, generator=g, dtype=torch.float64))
+        return cp, dense_cp(cp.weights[0].numpy(), cp.factors[0].numpy(), seqs)
+    f = Factorized.from_logits(torch.randn(1, L, V, generator=g, dtype=torch.float64))
+    return f, dense_cp(np.ones(1), f.probs[0, :, None].numpy(), seqs)
+
+
+@pytest.mark.parametrize("kind", ["tt", "cp", "rank1"])
+def test_the_constrained_joint_conditions_scores_and_draws_a_set_as_enumeration_says(kind):
+    """``Constrained``: log_prob sums to 1 over the accepted sequences (-inf elsewhere); marginals given x_S
+    (position 1 known) are the enumerated p(x^i | x_S, x in L); 20,000 draws of T = {0, 3} follow
+    p(x_T | x in L) with positions 1 and 2 summed out (chi-square); the normalizer given x_S is
+    p(x_S, x in L)."""
+    from ttcore.distributions.automaton import Constrained
+
+    joint, p = _joint(kind, 4)
+    delta, accepting = _automaton(4)
+    seqs = all_sequences(L, V)
+    keep = _accepted(delta, accepting, seqs.numpy())
+    c = Constrained(joint, delta[None], accepting[None])
+    lp = torch.stack([c.log_prob(s[None])[0] for s in seqs]).numpy()
+    assert np.isneginf(lp[~keep]).all() and np.exp(lp[keep]).sum() == pytest.approx(1.0, abs=1e-10)
+    x_cond = torch.tensor([[-1, 2, -1, -1]])
+    agree = keep & (seqs[:, 1] == 2).numpy()
+    assert c.log_normalizer(x_cond).item() == pytest.approx(np.log(p[agree].sum()), abs=1e-10)
+    marg = c.marginals(x_cond)[0].numpy()
+    for i in range(L):
+        want = np.array([p[agree & (seqs[:, i] == x).numpy()].sum() for x in range(V)]) / p[agree].sum()
+        np.testing.assert_allclose(marg[i], want, atol=1e-10)
+    n = 20_000
+    big = type(joint)  # the same joint repeated for n rows
+    rows = {"tt": lambda: big(joint.cores.expand(n, -1, -1, -1, -1), validate=False),
+            "cp": lambda: big(joint.weights.expand(n, -1), joint.factors.expand(n, -1, -1, -1), validate=False),
+            "rank1": lambda: big(joint.probs.expand(n, -1, -1), validate=False)}[kind]()
+    many = Constrained(rows, delta.expand(n, -1, -1), accepting.expand(n, -1))
+    chosen = torch.tensor([[True, False, False, True]]).expand(n, -1)
+    drawn = many.sample(chosen, Streams.of_request(11, n))
+    assert (drawn[:, [1, 2]] == -1).all()
+    outcomes = np.array([(a, b) for a in range(V) for b in range(V)])
+    want = np.array([p[keep & (seqs[:, 0] == a).numpy() & (seqs[:, 3] == b).numpy()].sum() for a, b in outcomes])
+    assert chi_square_pvalue(drawn[:, [0, 3]].numpy(), want / want.sum(), outcomes) > 1e-3

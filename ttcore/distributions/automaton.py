@@ -26,6 +26,7 @@ import torch
 
 from ._precision import own_precision
 from .categorical import sample_categorical
+from .streams import Site, uniforms
 
 
 def _gather_ahead(beta: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
@@ -131,3 +132,68 @@ def constrained_sample(start: torch.Tensor, cores: torch.Tensor, delta: torch.Te
         out[:, i] = x
         q, a = nxt[rows, x].clamp_min(0), c
     return torch.where(ok[:, None], out, torch.full_like(out, -1))
+
+
+def as_chain(joint) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """A format's joint as a chain s^T G_1(x^1) ... G_l(x^l) 1: (start [b, r], cores, diagonal). A Tensor-Train
+    (``cores`` [b, l, v, r, r]: s = 1/r, dense), CP (``weights`` [b, r], ``factors`` [b, l, r, v]: diagonal
+    cores [b, l, v, r]) or factorized (``probs`` [b, l, v]: r = 1)."""
+    if hasattr(joint, "cores"):
+        b, r = joint.cores.shape[0], joint.cores.shape[-1]
+        return joint.cores.new_full((b, r), 1.0 / r), joint.cores, False
+    if hasattr(joint, "factors"):
+        return joint.weights, joint.factors.transpose(2, 3), True
+    return joint.probs.new_ones(joint.probs.shape[0], 1), joint.probs[..., None], True
+
+
+class Constrained:
+    """p(x | x in L): a joint (``Factorized``, ``CP``, ``TensorTrain``) restricted to the sequences a deterministic
+    automaton accepts, per row (``delta`` [b, Q, v] long with -1 for rejection, ``accepting`` [b, Q] bool, start
+    state 0), normalized exactly; a ``JointDistribution`` itself, so the samplers' chain rule and joint draws run on
+    it unchanged. Conditioning on x_S multiplies each conditioned position's core by the indicator of its token."""
+
+    def __init__(self, joint, delta: torch.Tensor, accepting: torch.Tensor):
+        self.joint = joint
+        self.start, self.cores, self.diagonal = as_chain(joint)
+        self.delta, self.accepting = delta, accepting
+        self.b, self.l, self.v = self.cores.shape[0], self.cores.shape[1], self.cores.shape[2]
+        self.initial = torch.zeros(self.b, dtype=torch.long, device=delta.device)
+
+    def _conditioned(self, x_cond: torch.Tensor) -> torch.Tensor:
+        """The cores with each conditioned position's other tokens zeroed."""
+        keep = torch.nn.functional.one_hot(x_cond.clamp_min(0), self.v).to(torch.bool) | (x_cond < 0)[..., None]
+        shape = keep.shape + (1,) * (self.cores.dim() - 3)
+        return self.cores * keep.view(shape).to(self.cores.dtype)
+
+    def log_prob(self, x: torch.Tensor) -> torch.Tensor:
+        """log p(x | x in L) of complete sequences x [b, l]: log p(x) - log Z where accepted, -inf elsewhere."""
+        accepted = self.accepts(x)
+        z = log_acceptance(self.start, self.cores, self.delta, self.accepting, self.initial, self.diagonal)
+        lp = self.joint.log_prob(x).to(z.dtype) - z
+        return torch.where(accepted, lp, torch.full_like(lp, -torch.inf))
+
+    def accepts(self, x: torch.Tensor) -> torch.Tensor:
+        """Whether the automaton of each row accepts its complete sequence x [b, l]. -> [b] bool."""
+        rows = torch.arange(self.b, device=x.device)
+        q = self.initial.clone()
+        for i in range(self.l):
+            q = torch.where(q >= 0, self.delta[rows, q.clamp_min(0), x[:, i]], q)
+        return (q >= 0) & self.accepting[rows, q.clamp_min(0)]
+
+    def log_normalizer(self, x_cond: torch.Tensor | None = None) -> torch.Tensor:
+        """log p(x in L, x_S) [b]: -inf where no accepted sequence agrees with x_cond (None: nothing known)."""
+        cores = self.cores if x_cond is None else self._conditioned(x_cond)
+        return log_acceptance(self.start, cores, self.delta, self.accepting, self.initial, self.diagonal)
+
+    def marginals(self, x_cond: torch.Tensor) -> torch.Tensor:
+        """p(x^i | x_S, x in L) [b, l, v], one-hot at the conditioned positions."""
+        return constrained_marginals(self.start, self._conditioned(x_cond), self.delta, self.accepting,
+                                     self.initial, self.diagonal)
+
+    def sample(self, positions: torch.Tensor | None = None, generator=None) -> torch.Tensor:
+        """One draw of x_T from p(x_T | x in L), T = ``positions`` [b, l] (all when None), the other positions
+        summed out (a whole accepted sequence is drawn, its T kept); uniforms: lanes 0..l of ``Site.draw``.
+        -> [b, l], -1 off T (and in rows where nothing is accepted)."""
+        u = uniforms(generator, self.b, self.l + 1, self.cores.device, Site.draw)
+        x = constrained_sample(self.start, self.cores, self.delta, self.accepting, self.initial, u, self.diagonal)
+        return x if positions is None else torch.where(positions, x, torch.full_like(x, -1))
