@@ -18,6 +18,7 @@ from ttcore.distributions import Streams
 from ttcore.models.vadd import prior_sample
 
 from .config import SamplerConfig
+from .constrained import batch_automaton, check_constraint
 from .steps.base import Rows
 
 SEED_LIMIT = 2**63  # seeds are nonnegative int64: the streams' key is the seed's two 32-bit halves
@@ -36,11 +37,15 @@ class GenerationRun:
     """One generation request: its sampler (``SamplerConfig``), its random streams and the partially unmasked
     sequences. ``seed``: the key of the run's counter-based streams (nonnegative, < 2^63; None: a random one);
     ``prompt`` [l] or [b, l]: known tokens, [MASK] elsewhere; ``max_rows_per_pass``: micro-batches of
-    sequences bound a step's memory (the choice and the draw; not the backbone call)."""
+    sequences bound a step's memory (the choice and the draw; not the backbone call); ``constraint``: a
+    ``ttcore.constraints.TokenDFA`` every sequence must be accepted by: each step draws from the model's joint
+    restricted to its language (``constrained_step``), so the finished sequences are accepted (raises
+    ``ConstraintError`` when no accepted sequence agrees with the prompt)."""
 
     def __init__(self, model, num_samples: int, steps: int, config: SamplerConfig | None = None, *,
                  seed: int | None = None, prompt: torch.Tensor | None = None,
-                 device: str | torch.device | None = None, max_rows_per_pass: int | None = None):
+                 device: str | torch.device | None = None, max_rows_per_pass: int | None = None,
+                 constraint=None):
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
         if num_samples < 1:
@@ -72,6 +77,9 @@ class GenerationRun:
             if int(prompt.min()) < 0 or int(prompt.max()) > self.mask_id:
                 raise ValueError(f"prompt ids must lie in [0, {self.mask_id}]")
             self.tokens = prompt.expand(num_samples, length).clone() if prompt.dim() == 1 else prompt.clone()
+        self.constraint = constraint
+        if constraint is not None:
+            check_constraint(constraint, self.sampler, model, self.tokens, self.mask_id)
         self.n_initial = (self.tokens == self.mask_id).sum(1)
         self._active: list[int] | None = None  # ``skip_idle_steps``: the steps that unmask something (once)
         self.masked_left = int(self.n_initial.sum())  # kept on the host: ``done`` never waits on the device
@@ -166,7 +174,8 @@ def _groups(model, batch: _Batch) -> tuple[list, torch.Tensor]:
     n_initial = _cat([run.n_initial for run in runs])
     groups: dict[tuple, list[int]] = {}  # equal settings (the temperature per sequence) -> their runs
     for i, run in enumerate(runs):
-        groups.setdefault((run.config.batch_key, i if run.sampler.adaptive else -1), []).append(i)
+        groups.setdefault((run.config.batch_key, i if run.sampler.adaptive else -1, run.constraint is not None),
+                          []).append(i)
     counts, parts = None, []
     for members in groups.values():
         index, config = batch.rows_of(members), runs[members[0]].config
@@ -175,8 +184,10 @@ def _groups(model, batch: _Batch) -> tuple[list, torch.Tensor]:
         if temperature != 1.0 and any(runs[i].config.temperature != temperature for i in members):
             temperature = torch.tensor([runs[i].config.temperature for i in members for _ in range(sizes[i])],
                                        dtype=torch.float64, device=device)
+        automaton = None if runs[members[0]].constraint is None else \
+            batch_automaton([runs[i].constraint for i in members], [sizes[i] for i in members], device)
         rows = Rows(model, config, streams.rows(index) if index is not None else streams, _take(n_initial, index),
-                    _take(step, index), _take(steps, index), plan, length, temperature)
+                    _take(step, index), _take(steps, index), plan, length, temperature, automaton)
         c = config.step.counts(rows, _take(n_current, index))
         parts.append((config, members, index, rows))
         if index is None:
@@ -296,7 +307,7 @@ def features(model, tokens: torch.Tensor, latent: torch.Tensor | None) -> torch.
     return model.features(tokens) if latent is None else model.features(tokens, z=latent)
 
 
-RUN_SETTINGS = ("seed", "prompt", "device", "max_rows_per_pass")  # a run's own; the rest are the sampler's
+RUN_SETTINGS = ("seed", "prompt", "device", "max_rows_per_pass", "constraint")  # a run's own; the rest: the sampler's
 
 
 def make_run(model, num_samples: int, steps: int, **settings) -> GenerationRun:

@@ -42,6 +42,7 @@ class Rows:
     plan: torch.Tensor | None
     length: int  # l, positions per sequence
     temperature: float | torch.Tensor = 1.0  # one for all, or each sequence's [b] (float64): what the draws use
+    automaton: tuple | None = None  # constrained rows: (delta [b, Q, V], accepting [b, Q]) (``constrained``)
 
     def __len__(self) -> int:
         return self.n_initial.shape[0]
@@ -49,7 +50,8 @@ class Rows:
     def __getitem__(self, index) -> "Rows":
         return Rows(self.model, self.config, self.streams.rows(index), self.n_initial[index], self.step[index],
                     self.steps[index], None if self.plan is None else self.plan[index], self.length,
-                    self.temperature[index] if torch.is_tensor(self.temperature) else self.temperature)
+                    self.temperature[index] if torch.is_tensor(self.temperature) else self.temperature,
+                    None if self.automaton is None else tuple(t[index] for t in self.automaton))
 
     @property
     def last(self) -> torch.Tensor:
@@ -66,10 +68,12 @@ class Step(Protocol):
 
     ``adaptive``: it picks positions by the chain rule over the model's full outputs (so it holds every
     position's full head outputs per sequence: admission's memory and compute rule); ``chooses``: it chooses
-    its set from a cheap marginal pass over every masked position, then draws like a predetermined step."""
+    its set from a cheap marginal pass over every masked position, then draws like a predetermined step.
+    ``constrains``: it draws constrained rows (``Rows.automaton``) from the joint restricted to the language."""
 
     adaptive: bool
     chooses: bool
+    constrains: bool
 
     def __init__(self, config) -> None: ...
 
@@ -107,7 +111,7 @@ class ConfiguredStep:
     """What every step class starts from: the run's ``SamplerConfig``, the schedule's counts, a predetermined
     ordering's priorities when the configured ordering is one, and the work kind by the class's flags."""
 
-    adaptive = chooses = False
+    adaptive = chooses = constrains = False
 
     def __init__(self, config):
         self.config = config

@@ -9,6 +9,7 @@ from .base import ConfiguredStep
 
 class ChainRuleStep(ConfiguredStep):
     adaptive = True
+    constrains = True
 
     @classmethod
     def accepts(cls, config) -> bool:
@@ -17,4 +18,4 @@ class ChainRuleStep(ConfiguredStep):
     def draw(self, rows, h, tokens, masked, chosen, counts):
         c = self.config
         return chain_rule_step(rows.model, h, tokens, masked, counts, ADAPTIVE[c.ordering], rows.temperature,
-                               rows.streams)
+                               rows.streams, automaton=rows.automaton)

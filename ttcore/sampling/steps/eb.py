@@ -9,6 +9,7 @@ from .base import ConfiguredStep, eb_counts
 
 class EBStep(ConfiguredStep):
     adaptive = True
+    constrains = True
 
     @classmethod
     def accepts(cls, config) -> bool:
@@ -23,4 +24,4 @@ class EBStep(ConfiguredStep):
     def draw(self, rows, h, tokens, masked, chosen, counts):
         c = self.config  # counts -1: EB's bound decides; else a last step, which takes every masked position
         return chain_rule_step(rows.model, h, tokens, masked, counts, eb_score(c.eb_proxy), rows.temperature,
-                               rows.streams, c.eb_gamma)
+                               rows.streams, c.eb_gamma, rows.automaton)

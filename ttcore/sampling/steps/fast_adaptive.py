@@ -44,6 +44,7 @@ import torch
 
 from ttcore.distributions import entry_rows, tempered
 
+from ..constrained import constrained_joint, constrained_step
 from ..eb import eb_accepts, eb_score
 from ..joint_step import predetermined_step
 from ..orderings import ADAPTIVE, entropy
@@ -92,6 +93,7 @@ class FastAdaptiveStep(ConfiguredStep):
     EB's (``eb_gamma``: the largest prefix within the bound, decided by the choice)."""
 
     chooses = True  # holds c outputs per position, not the full joint
+    constrains = True  # constrained rows: chosen by the constrained joint's exact marginals, drawn from it
 
     @classmethod
     def accepts(cls, config) -> bool:
@@ -109,6 +111,9 @@ class FastAdaptiveStep(ConfiguredStep):
 
     def draw(self, rows, h, tokens, masked, chosen, counts):
         c = self.config
+        if rows.automaton is not None:
+            return constrained_step(rows.model, h, tokens, masked, chosen, rows.temperature, rows.streams,
+                                    rows.automaton)
         return predetermined_step(rows.model, h, tokens, masked, chosen, rows.temperature, rows.streams, c.contraction)
 
     def choose(self, rows, h, tokens, masked, counts) -> torch.Tensor:
@@ -116,7 +121,12 @@ class FastAdaptiveStep(ConfiguredStep):
         ``counts`` best, or EB's prefix where the count is -1)."""
         c = self.config
         b, l = tokens.shape
-        marg = chooser_marginals(rows.model, h, masked, rows.temperature, c.chooser_outputs, c.contraction)  # [m, v]
+        if rows.automaton is not None:  # the exact marginals of the constrained joint
+            x_cond = torch.where(masked, torch.full_like(tokens, -1), tokens)
+            marg = constrained_joint(rows.model, h, tokens, masked, rows.temperature, rows.automaton
+                                     ).marginals(x_cond)[masked].float()
+        else:
+            marg = chooser_marginals(rows.model, h, masked, rows.temperature, c.chooser_outputs, c.contraction)
         score_fn = ADAPTIVE[c.ordering] if c.eb_gamma is None else eb_score(c.eb_proxy)
         score = torch.full((b, l), -float("inf"), dtype=torch.float64, device=tokens.device)
         score[masked] = score_fn(marg).double()

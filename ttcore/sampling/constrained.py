@@ -1,0 +1,76 @@
+"""Constrained steps: a run with a ``constraint`` (a ``ttcore.constraints.TokenDFA``) draws every step from the
+model's joint over the whole sequence restricted to the automaton's language, p(x | x_t, x in L), exactly
+(``ttcore.distributions.automaton.Constrained``): the step's set T is drawn jointly with the other masked positions
+summed out through the automaton, by the same step classes (a predetermined set, the fast path's choice by the
+constrained marginals, the chain rule and EB on the constrained joint). Every state a step reaches can still be
+completed inside the language, so a run never dead-ends, and its finished sequences are accepted.
+
+What "the model's joint" is here: the format's joint with every masked position's full head outputs (for TT its
+cores, as ``contraction="exact"`` sums them; the contracted-core head has no per-token values to run the automaton
+on), at the run's temperature."""
+
+import torch
+
+from ttcore.constraints import ConstraintError
+from ttcore.distributions import Site, uniforms
+from ttcore.distributions.automaton import Constrained, constrained_sample
+
+from .joint_step import joint_distribution
+
+
+def check_constraint(constraint, sampler, model, tokens: torch.Tensor, mask_id: int) -> None:
+    """Raise ``ConstraintError`` unless the run's step class draws constrained rows, the automaton reads the
+    model's tokens, and some accepted sequence agrees with every row of ``tokens`` (its prompt)."""
+    vocab = model.cfg.dit.vocab_size - 1
+    if constraint.vocab_size != vocab:
+        raise ConstraintError(f"the automaton reads {constraint.vocab_size} tokens, the model has {vocab}")
+    if not getattr(sampler, "constrains", False):
+        raise ConstraintError(f"the {type(sampler).__name__} sampler does not draw constrained steps (joint: false "
+                              "draws each position alone, which no automaton can steer)")
+    template = torch.where(tokens == mask_id, torch.full_like(tokens, -1), tokens).cpu()
+    if not constraint.satisfiable(template[:1] if (template == template[:1]).all() else template).all():
+        raise ConstraintError("no sequence of the model's length that agrees with the prompt is in the language")
+
+
+def batch_automaton(constraints: list, sizes: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The automata of runs stepped together, one row per sequence: (delta [B, Q, V], accepting [B, Q]) with Q
+    the largest, the smaller padded with rejecting states (never entered)."""
+    q = max(c.num_states for c in constraints)
+    deltas, accepting = [], []
+    for c, n in zip(constraints, sizes):
+        pad = q - c.num_states
+        d = torch.cat([c.delta, torch.full((pad, c.vocab_size), -1, dtype=torch.long)]) if pad else c.delta
+        a = torch.cat([c.accepting, torch.zeros(pad, dtype=torch.bool)]) if pad else c.accepting
+        deltas.append(d.to(device).expand(n, -1, -1))
+        accepting.append(a.to(device).expand(n, -1))
+    return torch.cat(deltas), torch.cat(accepting)
+
+
+def constrained_joint(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, temperature, automaton
+                      ) -> Constrained:
+    """p(x | x_t, x in L) of these rows: the format's joint (``joint_step.joint_distribution``) times the rows'
+    automata."""
+    return Constrained(joint_distribution(model, h, x, masked, temperature), *automaton)
+
+
+def constrained_step(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, chosen: torch.Tensor,
+                     temperature, generator, automaton) -> torch.Tensor:
+    """A joint draw of x_T, T = ``chosen``, from p(x_T | x_t, x in L) (one accepted completion of every masked
+    position drawn, T kept). A row whose every accepted completion underflows the model's float64 weights (its
+    normalizer 0, which the known tokens' feasibility rules out exactly) draws from the automaton alone: a uniform
+    path among the accepted completions, so even then the run does not dead-end. -> [b, l], -1 off T."""
+    if not chosen.any():
+        return torch.full_like(x, -1)
+    dist = constrained_joint(model, h, x, masked, temperature, automaton)
+    values = dist.sample(chosen, generator)
+    lost = (values == -1).all(1) & chosen.any(1)
+    if lost.any():
+        known = torch.where(masked, torch.full_like(x, -1), x)[lost]
+        ones = torch.ones_like(dist.cores[lost])  # every token allowed where free
+        keep = torch.nn.functional.one_hot(known.clamp_min(0), dist.v).bool() | (known < 0)[..., None]
+        ones = ones * keep.view(keep.shape + (1,) * (ones.dim() - 3)).to(ones.dtype)
+        u = uniforms(generator, x.shape[0], x.shape[1] + 1, x.device, Site.draw)[lost]
+        path = constrained_sample(dist.start[lost], ones, automaton[0][lost], automaton[1][lost],
+                                  dist.initial[lost], u, dist.diagonal)
+        values[lost] = torch.where(chosen[lost], path, torch.full_like(path, -1))
+    return values
