@@ -8,6 +8,8 @@ from brute import all_sequences, chi_square_pvalue, dense_cp, dense_tt
 
 from ttcore.distributions import Streams, tt_cores_from_logits
 from ttcore.distributions.automaton import (
+    Automata,
+    class_sums,
     constrained_marginals,
     constrained_sample,
     log_acceptance,
@@ -25,6 +27,12 @@ def _automaton(seed: int):
     accepting = torch.rand(Q, generator=g) < 0.5
     accepting[1] = True
     return delta, accepting
+
+
+def _rows(delta, accepting, n: int = 1) -> Automata:
+    """One automaton (token-level delta [Q, V]) for n rows, its token classes computed once."""
+    one = Automata.of_tokens(delta[None], accepting[None])
+    return Automata(one.delta.expand(n, -1, -1), one.accepting.expand(n, -1), one.token_class.expand(n, -1))
 
 
 def _accepted(delta, accepting, seqs) -> np.ndarray:
@@ -65,9 +73,10 @@ def test_acceptance_and_marginals_against_enumeration(kind, seed):
     keep = _accepted(delta, accepting, seqs)
     z = p[keep].sum()
     assert z > 0
-    args = (start, cores, delta[None], accepting[None], torch.zeros(1, dtype=torch.long))
-    assert log_acceptance(*args, diagonal=diagonal).item() == pytest.approx(np.log(z), abs=1e-10)
-    marginals = constrained_marginals(*args, diagonal=diagonal)[0].numpy()
+    automata = _rows(delta, accepting)
+    assert log_acceptance(start, class_sums(cores, automata), automata, diagonal).item() == \
+        pytest.approx(np.log(z), abs=1e-10)
+    marginals = constrained_marginals(start, cores, automata, diagonal)[0].numpy()
     for i in range(L):
         want = np.array([p[keep & (seqs[:, i] == x)].sum() for x in range(V)]) / z
         np.testing.assert_allclose(marginals[i], want, atol=1e-10)
@@ -82,13 +91,13 @@ def test_draws_follow_the_joint_restricted_to_the_language(kind):
     seqs = all_sequences(L, V).numpy()
     keep = _accepted(delta, accepting, seqs)
     n = 20_000
-    u = Streams.of_request(5, n).uniform(4, L + 1)
-    draws = constrained_sample(start.expand(n, -1), cores.expand(n, *cores.shape[1:]), delta.expand(n, -1, -1),
-                               accepting.expand(n, -1), torch.zeros(n, dtype=torch.long), u, diagonal)
+    u = Streams.of_request(5, n).uniform(4, 2 * L + 1)
+    draws = constrained_sample(start.expand(n, -1), cores.expand(n, *cores.shape[1:]), _rows(delta, accepting, n), u,
+                               diagonal)
     assert _accepted(delta, accepting, draws.numpy()).all()
     assert chi_square_pvalue(draws.numpy(), np.where(keep, p, 0) / p[keep].sum(), seqs) > 1e-3
-    few = constrained_sample(start.expand(3, -1), cores.expand(3, *cores.shape[1:]), delta.expand(3, -1, -1),
-                             accepting.expand(3, -1), torch.zeros(3, dtype=torch.long), u[-3:], diagonal)
+    few = constrained_sample(start.expand(3, -1), cores.expand(3, *cores.shape[1:]), _rows(delta, accepting, 3),
+                             u[-3:], diagonal)
     assert torch.equal(few, draws[-3:])
 
 
@@ -97,10 +106,10 @@ def test_a_language_the_chain_cannot_reach_gives_zero_and_no_draw():
     start, cores, diagonal, _ = _chains("tt", 0)
     delta = torch.tensor([[0, -1, -1]])
     accepting = torch.tensor([True])
-    args = (start, cores, delta[None], accepting[None], torch.zeros(1, dtype=torch.long))
-    assert log_acceptance(*args) == -np.inf
-    u = torch.rand(1, L + 1, dtype=torch.float64)
-    assert (constrained_sample(*args, u) == -1).all()
+    automata = _rows(delta, accepting)
+    assert log_acceptance(start, class_sums(cores, automata), automata) == -np.inf
+    u = torch.rand(1, 2 * L + 1, dtype=torch.float64)
+    assert (constrained_sample(start, cores, automata, u) == -1).all()
 
 
 def _joint(kind: str, seed: int):
@@ -132,7 +141,7 @@ def test_the_constrained_joint_conditions_scores_and_draws_a_set_as_enumeration_
     delta, accepting = _automaton(4)
     seqs = all_sequences(L, V)
     keep = _accepted(delta, accepting, seqs.numpy())
-    c = Constrained(joint, delta[None], accepting[None])
+    c = Constrained(joint, _rows(delta, accepting))
     lp = torch.stack([c.log_prob(s[None])[0] for s in seqs]).numpy()
     assert np.isneginf(lp[~keep]).all() and np.exp(lp[keep]).sum() == pytest.approx(1.0, abs=1e-10)
     x_cond = torch.tensor([[-1, 2, -1, -1]])
@@ -147,10 +156,43 @@ def test_the_constrained_joint_conditions_scores_and_draws_a_set_as_enumeration_
     rows = {"tt": lambda: big(joint.cores.expand(n, -1, -1, -1, -1), validate=False),
             "cp": lambda: big(joint.weights.expand(n, -1), joint.factors.expand(n, -1, -1, -1), validate=False),
             "rank1": lambda: big(joint.probs.expand(n, -1, -1), validate=False)}[kind]()
-    many = Constrained(rows, delta.expand(n, -1, -1), accepting.expand(n, -1))
+    many = Constrained(rows, _rows(delta, accepting, n))
     chosen = torch.tensor([[True, False, False, True]]).expand(n, -1)
     drawn = many.sample(chosen, Streams.of_request(11, n))
     assert (drawn[:, [1, 2]] == -1).all()
     outcomes = np.array([(a, b) for a in range(V) for b in range(V)])
     want = np.array([p[keep & (seqs[:, 0] == a).numpy() & (seqs[:, 3] == b).numpy()].sum() for a, b in outcomes])
     assert chi_square_pvalue(drawn[:, [0, 3]].numpy(), want / want.sum(), outcomes) > 1e-3
+
+
+@pytest.mark.parametrize("kind", ["tt", "cp"])
+def test_tokens_that_move_the_automaton_alike_share_a_class_and_keep_their_own_probabilities(kind):
+    """Six tokens whose transitions repeat three columns (two tokens a class): the messages run over 3 classes,
+    and the marginals per token and 20,000 draws still follow the enumerated p(x | x in L), on 3 positions."""
+    from ttcore.distributions import CP, TensorTrain
+
+    l, v = 3, 6
+    delta3, accepting = _automaton(5)
+    delta = torch.cat([delta3, delta3], 1)  # token x + 3 moves like token x
+    automata = _rows(delta, accepting)
+    assert automata.num_classes <= 3
+    g = torch.Generator().manual_seed(6)
+    seqs = all_sequences(l, v).numpy()
+    if kind == "tt":
+        joint = TensorTrain.from_logits(torch.randn(1, l, v, R, R, generator=g, dtype=torch.float64))
+        p = dense_tt(joint.cores[0].numpy(), seqs)
+        start, cores, diagonal = torch.full((1, R), 1 / R, dtype=torch.float64), joint.cores, False
+    else:
+        joint = CP.from_logits(torch.randn(1, R, generator=g, dtype=torch.float64),
+                               torch.randn(1, l, R, v, generator=g, dtype=torch.float64))
+        p = dense_cp(joint.weights[0].numpy(), joint.factors[0].numpy(), seqs)
+        start, cores, diagonal = joint.weights, joint.factors.transpose(2, 3), True
+    keep = _accepted(delta, accepting, seqs)
+    want = np.where(keep, p, 0) / p[keep].sum()
+    marg = constrained_marginals(start, cores, automata, diagonal)[0].numpy()
+    for i in range(l):
+        np.testing.assert_allclose(marg[i], [want[seqs[:, i] == x].sum() for x in range(v)], atol=1e-10)
+    n = 20_000
+    draws = constrained_sample(start.expand(n, -1), cores.expand(n, *cores.shape[1:]), _rows(delta, accepting, n),
+                               Streams.of_request(2, n).uniform(4, 2 * l + 1), diagonal)
+    assert chi_square_pvalue(draws.numpy(), want, seqs) > 1e-3

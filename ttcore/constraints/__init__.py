@@ -5,5 +5,6 @@ constrained step draws from the model's joint restricted to the automaton's lang
 
 from .dfa import MAX_STATES, ConstraintError, TokenDFA
 from .regex import regex_dfa
+from .smiles import smiles_dfa
 
-__all__ = ["MAX_STATES", "ConstraintError", "TokenDFA", "regex_dfa"]
+__all__ = ["MAX_STATES", "ConstraintError", "TokenDFA", "regex_dfa", "smiles_dfa"]

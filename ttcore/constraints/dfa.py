@@ -4,6 +4,7 @@ joint by (``ttcore.distributions.automaton``). Built from a regular expression (
 reach acceptance removed, the size bound checked."""
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -27,6 +28,14 @@ class TokenDFA:
     @property
     def vocab_size(self) -> int:
         return self.delta.shape[1]
+
+    @cached_property
+    def classes(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokens that move every state alike, as one class: (token_class [V], the transitions over the classes
+        [Q, C]). A constrained step's messages run over the classes (``ttcore.distributions.automaton``)."""
+        from ttcore.distributions.automaton import token_classes
+
+        return token_classes(self.delta)
 
     def run(self, ids) -> int:
         """The state after reading ``ids`` from the start (-1: rejected on the way)."""

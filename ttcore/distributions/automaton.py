@@ -17,10 +17,15 @@ the whole sequence from p(x | x in L) by ancestral sampling of the product chain
 set T is a draw of x_T with the other positions summed out). Since every step of the path keeps a positive
 message ahead, every prefix it draws can still be completed to an accepted sequence.
 
-The transitions are per row (``delta`` [b, Q, V]: a batch mixes automata, padded to one Q with rejecting
-states); the work is O(l V r^2 |Q|) a sequence (dense cores; O(l V r |Q|) diagonal), in float64, each message
-scaled to max 1 with its log scale carried.
+Tokens that move every state alike form a class (``Automata``: an automaton's transitions over C classes, and
+each token's class): the messages need only the class sums of the cores, sum_{x in k} G_i(x), so their work is
+O(l C r^2 |Q|) a sequence (dense cores; O(l C r |Q|) diagonal) plus O(l V r^2) for the sums, in float64, each
+message scaled to max 1 with its log scale carried; a draw picks the class and the next rank state from the
+messages, then the token within the class from its own core. A batch mixes automata, padded to one Q (rejecting
+states) and one C (classes no token is in).
 """
+
+from dataclasses import dataclass
 
 import torch
 
@@ -29,20 +34,61 @@ from .categorical import sample_categorical
 from .streams import Site, uniforms
 
 
+@dataclass
+class Automata:
+    """One automaton per row over token classes: ``delta`` [b, Q, C] long (the next state, -1: rejected; start
+    state 0), ``accepting`` [b, Q] bool, ``token_class`` [b, V] long (each token's class)."""
+    delta: torch.Tensor
+    accepting: torch.Tensor
+    token_class: torch.Tensor
+
+    @classmethod
+    def of_tokens(cls, delta: torch.Tensor, accepting: torch.Tensor) -> "Automata":
+        """From transitions over the tokens themselves, delta [b, Q, V]: each row's classes are its distinct columns
+        (``token_classes``), padded to the batch's largest count."""
+        parts = [token_classes(d) for d in delta]
+        c = max(p[1].shape[1] for p in parts)
+        pad = [torch.cat([d, d.new_full((d.shape[0], c - d.shape[1]), -1)], 1) for _, d in parts]
+        return cls(torch.stack(pad), accepting, torch.stack([k for k, _ in parts]))
+
+    def __getitem__(self, index) -> "Automata":
+        return Automata(self.delta[index], self.accepting[index], self.token_class[index])
+
+    @property
+    def num_classes(self) -> int:
+        return self.delta.shape[-1]
+
+
+def token_classes(delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The classes of an automaton's tokens (tokens whose columns of delta [Q, V] are equal): -> (token_class [V],
+    the transitions over the classes [Q, C])."""
+    columns, token_class = torch.unique(delta.T, dim=0, return_inverse=True)
+    return token_class, columns.T.contiguous()
+
+
+def class_sums(cores: torch.Tensor, automata: Automata) -> torch.Tensor:
+    """sum_{x in k} G_i(x) per class k: cores [b, l, V, ...] -> [b, l, C, ...]."""
+    b, l, v = cores.shape[:3]
+    index = automata.token_class.view(b, 1, v, *([1] * (cores.dim() - 3))).expand_as(cores)
+    out = cores.new_zeros(b, l, automata.num_classes, *cores.shape[3:])
+    return out.scatter_add_(2, index, cores)
+
+
 def _gather_ahead(beta: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-    """beta [b, r, Q] at delta(q, x): [b, r, Q, V], 0 where delta rejects (-1)."""
+    """beta [b, r, Q] at delta(q, k): [b, r, Q, C], 0 where delta rejects (-1)."""
     b, r, q_n = beta.shape
     padded = torch.cat([beta, beta.new_zeros(b, r, 1)], -1)  # column Q: the rejecting sink, mass 0
-    idx = torch.where(delta < 0, q_n, delta)  # [b, Q, V]
-    v = delta.shape[-1]
-    return padded.gather(2, idx.reshape(b, 1, q_n * v).expand(b, r, q_n * v)).view(b, r, q_n, v)
+    idx = torch.where(delta < 0, q_n, delta)  # [b, Q, C]
+    c = delta.shape[-1]
+    return padded.gather(2, idx.reshape(b, 1, q_n * c).expand(b, r, q_n * c)).view(b, r, q_n, c)
 
 
 def _step_back(core: torch.Tensor, ahead: torch.Tensor, diagonal: bool) -> torch.Tensor:
-    """sum_x G(x) beta(delta(q, x)): core [b, V, r, r] (diagonal: [b, V, r]), ahead [b, r, Q, V] -> [b, r, Q]."""
+    """sum_k G(k) beta(delta(q, k)): class cores [b, C, r, r] (diagonal: [b, C, r]), ahead [b, r, Q, C] -> [b, r,
+    Q]."""
     if diagonal:
-        return torch.einsum("nva,naqv->naq", core, ahead)
-    return torch.einsum("nvac,ncqv->naq", core, ahead)
+        return torch.einsum("nka,naqk->naq", core, ahead)
+    return torch.einsum("nkac,ncqk->naq", core, ahead)
 
 
 def _scaled(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,85 +98,99 @@ def _scaled(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @own_precision
-def backward_messages(cores: torch.Tensor, delta: torch.Tensor, accepting: torch.Tensor, diagonal: bool = False
+def backward_messages(summed: torch.Tensor, automata: Automata, diagonal: bool = False
                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """beta_i[a, q] for i = 0..l: beta_l = 1[q in F], beta_{i-1}[a, q] = sum_x sum_c G_i(x)[a, c] beta_i[c,
-    delta(q, x)] (0-based: beta_i is what lies after position i - 1). cores [b, l, V, r, r] (diagonal: [b, l, V,
-    r]), delta [b, Q, V] long, accepting [b, Q] bool -> (beta [b, l + 1, r, Q] each scaled to max 1, log scales
-    [b, l + 1]: the true message is beta_i exp(sum of the scales from i to l))."""
-    b, l, _, r = cores.shape[:4]
-    beta = accepting[:, None, :].to(cores.dtype).expand(b, r, -1)
-    out, scales = [beta], [cores.new_zeros(b)]
+    """beta_i[a, q] for i = 0..l: beta_l = 1[q in F], beta_{i-1}[a, q] = sum_k sum_c G_i(k)[a, c] beta_i[c,
+    delta(q, k)] (0-based: beta_i is what lies after position i - 1). ``summed``: the class sums of the cores
+    (``class_sums``) [b, l, C, r, r] (diagonal: [b, l, C, r]) -> (beta [b, l + 1, r, Q] each scaled to max 1, log
+    scales [b, l + 1]: the true message is beta_i exp(sum of the scales from i to l))."""
+    b, l, _, r = summed.shape[:4]
+    beta = automata.accepting[:, None, :].to(summed.dtype).expand(b, r, -1)
+    out, scales = [beta], [summed.new_zeros(b)]
     for i in range(l - 1, -1, -1):
-        beta, scale = _scaled(_step_back(cores[:, i], _gather_ahead(beta, delta), diagonal))
+        beta, scale = _scaled(_step_back(summed[:, i], _gather_ahead(beta, automata.delta), diagonal))
         out.append(beta)
         scales.append(scale)
     return torch.stack(out[::-1], 1), torch.stack(scales[::-1], 1)
 
 
-def log_acceptance(start: torch.Tensor, cores: torch.Tensor, delta: torch.Tensor, accepting: torch.Tensor,
-                   initial: torch.Tensor, diagonal: bool = False) -> torch.Tensor:
-    """log Z = log p(x in L) = log sum_a s_a beta_0[a, q_0]: start [b, r], initial q_0 [b] -> [b] (-inf: no
+def log_acceptance(start: torch.Tensor, summed: torch.Tensor, automata: Automata, diagonal: bool = False
+                   ) -> torch.Tensor:
+    """log Z = log p(x in L) = log sum_a s_a beta_0[a, q_0]: start [b, r], the class sums -> [b] (-inf: no
     sequence the chain can emit is accepted)."""
-    beta, scales = backward_messages(cores, delta, accepting, diagonal)
-    first = beta[:, 0].gather(2, initial.view(-1, 1, 1).expand(-1, beta.shape[2], 1))[..., 0]  # [b, r]
-    return (start.to(beta.dtype) * first).sum(1).log() + scales.sum(1)
+    beta, scales = backward_messages(summed, automata, diagonal)
+    return (start.to(beta.dtype) * beta[:, 0, :, 0]).sum(1).log() + scales.sum(1)
 
 
 @own_precision
-def constrained_marginals(start: torch.Tensor, cores: torch.Tensor, delta: torch.Tensor, accepting: torch.Tensor,
-                          initial: torch.Tensor, diagonal: bool = False) -> torch.Tensor:
+def constrained_marginals(start: torch.Tensor, cores: torch.Tensor, automata: Automata, diagonal: bool = False
+                          ) -> torch.Tensor:
     """p(x^i = x | x in L) for every position: the forward messages F_i[a, q] (the prefix's mass ending in rank
-    state a, automaton state q) times each token's core and the backward message after it, normalized over x.
-    -> [b, l, V] (rows of zeros where nothing is accepted)."""
+    state a, automaton state q), W_i[k][a, c] = sum_q F_i[a, q] beta_{i+1}[c, delta(q, k)] per class, and each
+    token's p(x) ~ sum_{a, c} G_i(x)[a, c] W_i[class(x)][a, c], normalized over x. cores [b, l, V, r, r]
+    (diagonal [b, l, V, r]) -> [b, l, V] (rows of zeros where nothing is accepted)."""
     b, l, v, r = cores.shape[:4]
-    q_n = delta.shape[1]
-    beta, _ = backward_messages(cores, delta, accepting, diagonal)
+    q_n, c_n = automata.delta.shape[1:]
+    summed = class_sums(cores, automata)
+    beta, _ = backward_messages(summed, automata, diagonal)
     fwd = torch.zeros(b, r, q_n, dtype=cores.dtype, device=cores.device)
-    fwd[torch.arange(b), :, initial] = start.to(cores.dtype)
+    fwd[:, :, 0] = start.to(cores.dtype)
     out = []
-    idx = torch.where(delta < 0, q_n, delta).reshape(b, 1, q_n * v)
+    idx = torch.where(automata.delta < 0, q_n, automata.delta).reshape(b, 1, q_n * c_n)
+    tiny = torch.finfo(cores.dtype).tiny
     for i in range(l):
-        if diagonal:  # contribution[n, c, q, x]: into rank state c and automaton state delta(q, x) by token x
-            contribution = torch.einsum("naq,nva->naqv", fwd, cores[:, i])
+        ahead = _gather_ahead(beta[:, i + 1], automata.delta)  # [b, r, Q, C]
+        if diagonal:  # W[n, k, a]; each token's weight sum_a G(x)[a] W[class(x)][a]
+            w = torch.einsum("naq,naqk->nka", fwd, ahead)
+            joint = (cores[:, i] * w.gather(1, automata.token_class[..., None].expand(b, v, r))).sum(-1)
+            contribution = torch.einsum("naq,nka->naqk", fwd, summed[:, i])  # into rank a, state delta(q, k)
         else:
-            contribution = torch.einsum("naq,nvac->ncqv", fwd, cores[:, i])
-        joint = (contribution * _gather_ahead(beta[:, i + 1], delta)).sum((1, 2))  # [b, V]
-        out.append(joint / joint.sum(-1, keepdim=True).clamp_min(torch.finfo(joint.dtype).tiny))
+            w = torch.einsum("naq,ncqk->nkac", fwd, ahead)
+            per_token = w.gather(1, automata.token_class[..., None, None].expand(b, v, r, r))
+            joint = (cores[:, i] * per_token).sum((-2, -1))
+            contribution = torch.einsum("naq,nkac->ncqk", fwd, summed[:, i])
+        out.append(joint / joint.sum(-1, keepdim=True).clamp_min(tiny))
         moved = torch.zeros(b, r, q_n + 1, dtype=cores.dtype, device=cores.device)
-        moved.scatter_add_(2, idx.expand(b, r, -1), contribution.reshape(b, r, q_n * v))
+        moved.scatter_add_(2, idx.expand(b, r, -1), contribution.reshape(b, r, q_n * c_n))
         fwd = _scaled(moved[..., :q_n])[0]
     return torch.stack(out, 1)
 
 
 @own_precision
-def constrained_sample(start: torch.Tensor, cores: torch.Tensor, delta: torch.Tensor, accepting: torch.Tensor,
-                       initial: torch.Tensor, u: torch.Tensor, diagonal: bool = False) -> torch.Tensor:
+def constrained_sample(start: torch.Tensor, cores: torch.Tensor, automata: Automata, u: torch.Tensor,
+                       diagonal: bool = False, summed: torch.Tensor | None = None) -> torch.Tensor:
     """One draw of the whole sequence from p(x | x in L) per row, by the product chain's path: the rank state
-    a_0 ~ s_a beta_0[a, q_0], then at each position i the token and next rank state (x, c) ~ G_i(x)[a, c]
-    beta_{i+1}[c, delta(q, x)] (diagonal: c = a), q <- delta(q, x). u [b, l + 1] float64 uniforms (lane 0 the
-    start, lane i + 1 position i). -> [b, l] long; -1 in rows where nothing is accepted (Z = 0)."""
+    a_0 ~ s_a beta_0[a, q_0]; at each position i the class and next rank state (k, c) ~ G_i(k)[a, c]
+    beta_{i+1}[c, delta(q, k)] (diagonal: c = a), then the token x ~ G_i(x)[a, c] among the class's tokens;
+    q <- delta(q, k). cores [b, l, V, r, r] (diagonal [b, l, V, r]), ``summed`` their class sums (computed when
+    None), u [b, 2 l + 1] float64 uniforms (lane 0 the start, lanes 2i + 1 and 2i + 2 position i's class and
+    token). -> [b, l] long; -1 in rows where nothing is accepted (Z = 0)."""
     b, l, v, r = cores.shape[:4]
-    beta, _ = backward_messages(cores, delta, accepting, diagonal)
+    c_n = automata.num_classes
+    summed = class_sums(cores, automata) if summed is None else summed
+    beta, _ = backward_messages(summed, automata, diagonal)
     rows = torch.arange(b, device=cores.device)
-    q = initial.clone()
-    w0 = start.to(cores.dtype) * beta[rows, 0, :, q]  # [b, r]
+    q = torch.zeros(b, dtype=torch.long, device=cores.device)
+    w0 = start.to(cores.dtype) * beta[:, 0, :, 0]  # [b, r]
     ok = w0.sum(1) > 0
     a = sample_categorical(w0, u=u[:, 0])
     out = torch.empty(b, l, dtype=torch.long, device=cores.device)
     for i in range(l):
-        nxt = delta[rows, q]  # [b, V]
+        nxt = automata.delta[rows, q]  # [b, C]
         ahead = torch.cat([beta[:, i + 1], beta.new_zeros(b, r, 1)], -1)  # [b, r, Q + 1]
-        at = ahead.gather(2, torch.where(nxt < 0, ahead.shape[-1] - 1, nxt)[:, None, :].expand(b, r, v))  # [b, r, V]
+        at = ahead.gather(2, torch.where(nxt < 0, ahead.shape[-1] - 1, nxt)[:, None, :].expand(b, r, c_n))  # [b, r, C]
         if diagonal:
-            w = cores[rows, i, :, a] * at[rows, a]  # [b, V]
-            x, c = sample_categorical(w, u=u[:, i + 1]), a
+            k, c = sample_categorical(summed[rows, i, :, a] * at[rows, a], u=u[:, 2 * i + 1]), a
+            weights = cores[rows, i, :, a]  # [b, V]
         else:
-            w = cores[rows, i, :, a, :] * at.transpose(1, 2)  # [b, V, r]: G_i(x)[a, c] beta(c, delta(q, x))
-            flat = sample_categorical(w.reshape(b, v * r), u=u[:, i + 1])
-            x, c = flat // r, flat % r
+            w = summed[rows, i, :, a, :] * at.transpose(1, 2)  # [b, C, r]: G_i(k)[a, c] beta(c, delta(q, k))
+            flat = sample_categorical(w.reshape(b, c_n * r), u=u[:, 2 * i + 1])
+            k, c = flat // r, flat % r
+            weights = cores[rows, i, :, a, c]  # [b, V]
+        inside = automata.token_class == k[:, None]
+        x = sample_categorical(torch.where(inside, weights, torch.zeros_like(weights)), u=u[:, 2 * i + 2])
         out[:, i] = x
-        q, a = nxt[rows, x].clamp_min(0), c
+        q, a = nxt[rows, k].clamp_min(0), c
     return torch.where(ok[:, None], out, torch.full_like(out, -1))
 
 
@@ -147,17 +207,16 @@ def as_chain(joint) -> tuple[torch.Tensor, torch.Tensor, bool]:
 
 
 class Constrained:
-    """p(x | x in L): a joint (``Factorized``, ``CP``, ``TensorTrain``) restricted to the sequences a deterministic
-    automaton accepts, per row (``delta`` [b, Q, v] long with -1 for rejection, ``accepting`` [b, Q] bool, start
-    state 0), normalized exactly; a ``JointDistribution`` itself, so the samplers' chain rule and joint draws run on
-    it unchanged. Conditioning on x_S multiplies each conditioned position's core by the indicator of its token."""
+    """p(x | x in L): a joint (``Factorized``, ``CP``, ``TensorTrain``) restricted to the sequences an automaton
+    accepts, per row (``Automata``), normalized exactly; a ``JointDistribution`` itself, so the samplers' chain rule
+    and joint draws run on it unchanged. Conditioning on x_S multiplies each conditioned position's core by the
+    indicator of its token."""
 
-    def __init__(self, joint, delta: torch.Tensor, accepting: torch.Tensor):
+    def __init__(self, joint, automata: Automata):
         self.joint = joint
         self.start, self.cores, self.diagonal = as_chain(joint)
-        self.delta, self.accepting = delta, accepting
+        self.automata = automata
         self.b, self.l, self.v = self.cores.shape[0], self.cores.shape[1], self.cores.shape[2]
-        self.initial = torch.zeros(self.b, dtype=torch.long, device=delta.device)
 
     def _conditioned(self, x_cond: torch.Tensor) -> torch.Tensor:
         """The cores with each conditioned position's other tokens zeroed."""
@@ -168,32 +227,31 @@ class Constrained:
     def log_prob(self, x: torch.Tensor) -> torch.Tensor:
         """log p(x | x in L) of complete sequences x [b, l]: log p(x) - log Z where accepted, -inf elsewhere."""
         accepted = self.accepts(x)
-        z = log_acceptance(self.start, self.cores, self.delta, self.accepting, self.initial, self.diagonal)
-        lp = self.joint.log_prob(x).to(z.dtype) - z
+        lp = self.joint.log_prob(x).to(self.cores.dtype) - self.log_normalizer()
         return torch.where(accepted, lp, torch.full_like(lp, -torch.inf))
 
     def accepts(self, x: torch.Tensor) -> torch.Tensor:
         """Whether the automaton of each row accepts its complete sequence x [b, l]. -> [b] bool."""
         rows = torch.arange(self.b, device=x.device)
-        q = self.initial.clone()
+        q = torch.zeros(self.b, dtype=torch.long, device=x.device)
         for i in range(self.l):
-            q = torch.where(q >= 0, self.delta[rows, q.clamp_min(0), x[:, i]], q)
-        return (q >= 0) & self.accepting[rows, q.clamp_min(0)]
+            k = self.automata.token_class[rows, x[:, i]]
+            q = torch.where(q >= 0, self.automata.delta[rows, q.clamp_min(0), k], q)
+        return (q >= 0) & self.automata.accepting[rows, q.clamp_min(0)]
 
     def log_normalizer(self, x_cond: torch.Tensor | None = None) -> torch.Tensor:
         """log p(x in L, x_S) [b]: -inf where no accepted sequence agrees with x_cond (None: nothing known)."""
         cores = self.cores if x_cond is None else self._conditioned(x_cond)
-        return log_acceptance(self.start, cores, self.delta, self.accepting, self.initial, self.diagonal)
+        return log_acceptance(self.start, class_sums(cores, self.automata), self.automata, self.diagonal)
 
     def marginals(self, x_cond: torch.Tensor) -> torch.Tensor:
         """p(x^i | x_S, x in L) [b, l, v], one-hot at the conditioned positions."""
-        return constrained_marginals(self.start, self._conditioned(x_cond), self.delta, self.accepting,
-                                     self.initial, self.diagonal)
+        return constrained_marginals(self.start, self._conditioned(x_cond), self.automata, self.diagonal)
 
     def sample(self, positions: torch.Tensor | None = None, generator=None) -> torch.Tensor:
         """One draw of x_T from p(x_T | x in L), T = ``positions`` [b, l] (all when None), the other positions
-        summed out (a whole accepted sequence is drawn, its T kept); uniforms: lanes 0..l of ``Site.draw``.
+        summed out (a whole accepted sequence is drawn, its T kept); uniforms: lanes 0..2l of ``Site.draw``.
         -> [b, l], -1 off T (and in rows where nothing is accepted)."""
-        u = uniforms(generator, self.b, self.l + 1, self.cores.device, Site.draw)
-        x = constrained_sample(self.start, self.cores, self.delta, self.accepting, self.initial, u, self.diagonal)
+        u = uniforms(generator, self.b, 2 * self.l + 1, self.cores.device, Site.draw)
+        x = constrained_sample(self.start, self.cores, self.automata, u, self.diagonal)
         return x if positions is None else torch.where(positions, x, torch.full_like(x, -1))

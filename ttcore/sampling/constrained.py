@@ -13,7 +13,7 @@ import torch
 
 from ttcore.constraints import ConstraintError
 from ttcore.distributions import Site, uniforms
-from ttcore.distributions.automaton import Constrained, constrained_sample
+from ttcore.distributions.automaton import Automata, Constrained, constrained_sample
 
 from .joint_step import joint_distribution
 
@@ -32,25 +32,28 @@ def check_constraint(constraint, sampler, model, tokens: torch.Tensor, mask_id: 
         raise ConstraintError("no sequence of the model's length that agrees with the prompt is in the language")
 
 
-def batch_automaton(constraints: list, sizes: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The automata of runs stepped together, one row per sequence: (delta [B, Q, V], accepting [B, Q]) with Q
-    the largest, the smaller padded with rejecting states (never entered)."""
+def batch_automaton(constraints: list, sizes: list[int], device) -> Automata:
+    """The automata of runs stepped together, one row per sequence, over each one's token classes
+    (``TokenDFA.classes``): Q and C the largest, the smaller padded with rejecting states and empty classes."""
     q = max(c.num_states for c in constraints)
-    deltas, accepting = [], []
+    k = max(c.classes[1].shape[1] for c in constraints)
+    deltas, accepting, token_class = [], [], []
     for c, n in zip(constraints, sizes):
-        pad = q - c.num_states
-        d = torch.cat([c.delta, torch.full((pad, c.vocab_size), -1, dtype=torch.long)]) if pad else c.delta
-        a = torch.cat([c.accepting, torch.zeros(pad, dtype=torch.bool)]) if pad else c.accepting
+        cls, d = c.classes
+        d = torch.cat([d, d.new_full((d.shape[0], k - d.shape[1]), -1)], 1)
+        d = torch.cat([d, d.new_full((q - d.shape[0], k), -1)])
+        a = torch.cat([c.accepting, torch.zeros(q - c.num_states, dtype=torch.bool)])
         deltas.append(d.to(device).expand(n, -1, -1))
         accepting.append(a.to(device).expand(n, -1))
-    return torch.cat(deltas), torch.cat(accepting)
+        token_class.append(cls.to(device).expand(n, -1))
+    return Automata(torch.cat(deltas), torch.cat(accepting), torch.cat(token_class))
 
 
 def constrained_joint(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, temperature, automaton
                       ) -> Constrained:
     """p(x | x_t, x in L) of these rows: the format's joint (``joint_step.joint_distribution``) times the rows'
     automata."""
-    return Constrained(joint_distribution(model, h, x, masked, temperature), *automaton)
+    return Constrained(joint_distribution(model, h, x, masked, temperature), automaton)
 
 
 def constrained_step(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, chosen: torch.Tensor,
@@ -69,8 +72,7 @@ def constrained_step(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Tens
         ones = torch.ones_like(dist.cores[lost])  # every token allowed where free
         keep = torch.nn.functional.one_hot(known.clamp_min(0), dist.v).bool() | (known < 0)[..., None]
         ones = ones * keep.view(keep.shape + (1,) * (ones.dim() - 3)).to(ones.dtype)
-        u = uniforms(generator, x.shape[0], x.shape[1] + 1, x.device, Site.draw)[lost]
-        path = constrained_sample(dist.start[lost], ones, automaton[0][lost], automaton[1][lost],
-                                  dist.initial[lost], u, dist.diagonal)
+        u = uniforms(generator, x.shape[0], 2 * x.shape[1] + 1, x.device, Site.draw)[lost]
+        path = constrained_sample(dist.start[lost], ones, automaton[lost], u, dist.diagonal)
         values[lost] = torch.where(chosen[lost], path, torch.full_like(path, -1))
     return values

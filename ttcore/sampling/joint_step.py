@@ -64,18 +64,18 @@ def marginal_step(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor,
 
 def chain_rule_step(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, count: torch.Tensor | None,
                     score_fn, temperature: float, generator: torch.Generator | None,
-                    eb_gamma: float | None = None, automaton: tuple | None = None) -> torch.Tensor:
+                    eb_gamma: float | None = None, automaton=None) -> torch.Tensor:
     """Pick-and-sample ``count`` [b] tokens one at a time (Sec. 4.3, chain rule), each time the
     free masked position with the highest ``score_fn(marginals)``. With ``eb_gamma`` the count of a
     sequence whose ``count`` is -1 is EB-Sampler's: picks go on while the entropies of this step's picks
     (each conditional on the earlier ones) satisfy the bound, at least one, up to every masked position;
     ``count`` (None: all masked) caps the others. The p-th pick draws at lane p of ``Site.chain``.
-    ``automaton`` (delta [b, Q, V], accepting [b, Q]): the chain rule on the joint restricted to its language
+    ``automaton`` (``Automata``, one per row): the chain rule on the joint restricted to its language
     (``ttcore.sampling.constrained``). -> [b, l], -1 where nothing was drawn."""
     b, l = x.shape
     dist = joint_distribution(model, h, x, masked, temperature)
     if automaton is not None:
-        dist = Constrained(dist, *automaton)
+        dist = Constrained(dist, automaton)
     x_cond = torch.where(masked, torch.full_like(x, -1), x)
     n_masked = masked.sum(1)
     count = n_masked if count is None else count

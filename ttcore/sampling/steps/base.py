@@ -42,7 +42,7 @@ class Rows:
     plan: torch.Tensor | None
     length: int  # l, positions per sequence
     temperature: float | torch.Tensor = 1.0  # one for all, or each sequence's [b] (float64): what the draws use
-    automaton: tuple | None = None  # constrained rows: (delta [b, Q, V], accepting [b, Q]) (``constrained``)
+    automaton: object = None  # constrained rows: their ``Automata`` (``ttcore.sampling.constrained``); None: free
 
     def __len__(self) -> int:
         return self.n_initial.shape[0]
@@ -51,7 +51,7 @@ class Rows:
         return Rows(self.model, self.config, self.streams.rows(index), self.n_initial[index], self.step[index],
                     self.steps[index], None if self.plan is None else self.plan[index], self.length,
                     self.temperature[index] if torch.is_tensor(self.temperature) else self.temperature,
-                    None if self.automaton is None else tuple(t[index] for t in self.automaton))
+                    None if self.automaton is None else self.automaton[index])
 
     @property
     def last(self) -> torch.Tensor:
