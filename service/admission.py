@@ -49,14 +49,28 @@ def _largest(fits, below: int) -> int:
     return lo
 
 
+def automaton_row_bytes(cfg, constraint) -> int:
+    """A constrained step's automaton memory per sequence: its backward messages (l + 1 of r x Q, float64) and
+    one position's gathered message (r x Q x C), r the format's rank."""
+    q, c = constraint.num_states, constraint.classes[1].shape[1]
+    return 8 * cfg.rank * q * (cfg.dit.length + 1 + c)
+
+
 def plan(model, speed: Speed, *, num_samples: int, steps: int, config: SamplerConfig, timeout_s: float,
-         memory_budget: int, step_limit_s: float) -> Plan:
-    """Micro-batching and compute estimate of a request sampled with ``config``, or TooLarge naming what to
-    lower."""
+         memory_budget: int, step_limit_s: float, constraint=None, constraint_field: str = "regex") -> Plan:
+    """Micro-batching and compute estimate of a request sampled with ``config`` (and within ``constraint``, a
+    ``TokenDFA``, named by the request's ``constraint_field``), or TooLarge naming what to lower."""
     cfg = model.cfg
     adaptive, exact = config.step_kind(cfg)
     chooses = config.step.chooses  # the fast path's choice (at temperature != 1 too)
     rows = cost.rows_per_pass(cfg, adaptive, memory_budget, exact, chooses, config.chooser_outputs)
+    if constraint is not None:  # every masked position's full outputs (as the chain rule holds) and the messages
+        row = cost.step_row_bytes(cfg, True, False, None) + automaton_row_bytes(cfg, constraint)
+        rows = max(0, memory_budget // row)
+        if rows == 0:
+            raise TooLarge(constraint_field, f"one sequence needs about {row >> 20} MB per step within this "
+                                             f"constraint, above the server's memory budget of "
+                                             f"{memory_budget >> 20} MB")
     if rows == 0:
         need = cost.step_row_bytes(cfg, adaptive, chooses, config.chooser_outputs) >> 20
         raise TooLarge("ordering", f"one sequence of this model needs about {need} MB per step with this "
@@ -68,7 +82,7 @@ def plan(model, speed: Speed, *, num_samples: int, steps: int, config: SamplerCo
         """(the whole run, its longest step) of n sequences at ``k`` steps, margin included; idle steps cost
         nothing; a step of more than ``rows`` sequences runs in passes, each with the step's overhead."""
         k = min(k, l)
-        work = work_of(cfg, config, k)
+        work = work_of(cfg, config, k, constraint)
         step = speed.step_seconds(work.kind, n, work.scale) + speed.overhead_seconds(work.kind, n) * (
             math.ceil(n / rows) - 1)
         chain = speed.chain_seconds(n) if adaptive else 0.0

@@ -46,7 +46,7 @@ from .openai_schema import (
 from .refusals import Refusal, Unsupported, failure_status
 from .registry import LoadedModel
 from .routes import current_serving
-from .schema import MAX_PROMPT_CHARS, MIN_TEMPERATURE, GenerateRequest, SamplerFields
+from .schema import MAX_PROMPT_CHARS, MIN_TEMPERATURE, ConstraintFields, GenerateRequest, SamplerFields
 from .security import clip
 from .serving import Failure, Serving
 
@@ -77,7 +77,8 @@ def _generate_request(req, prompt: str, checkpoints=()) -> GenerateRequest:
     if checkpoint is not None:
         family, decomposition, rank = None, None, None
     # the shared fields the client set (unset ones keep their defaults: a distilled checkpoint's own steps)
-    sampler = {name: getattr(req, name) for name in SamplerFields.model_fields if name in req.model_fields_set}
+    sampler = {name: getattr(req, name) for name in (*SamplerFields.model_fields, *ConstraintFields.model_fields)
+               if name in req.model_fields_set}
     return GenerateRequest(model=family, decomposition=decomposition, rank=rank, checkpoint=checkpoint,
                            num_samples=req.n,
                            temperature=max(req.temperature, MIN_TEMPERATURE), seed=req.seed,
@@ -146,6 +147,12 @@ async def _serve(serving: Serving, req, request: Request, text: str, shape):
     # a slot (and run the job) with no reader; a refusal is answered by the app's handler (``openai_refused``)
     lm = serving.resolve(gen)
     prompt = completion_prompt(serving, lm, text)
+    room = lm.model.cfg.dit.length - prompt.start
+    if (req.regex is not None or req.grammar is not None) and req.max_tokens is not None and req.max_tokens < room:
+        field = "regex" if req.regex is not None else "grammar"
+        raise Unsupported("max_tokens", f"with {field}, the whole completion ({room} tokens after this prompt) is "
+                                        f"what matches; a max_tokens cut would return part of it: leave max_tokens "
+                                        f"unset or at least {room}")
     job = await serving.admit(gen)
     try:
         if req.stream:

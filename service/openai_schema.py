@@ -7,12 +7,20 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool
 
-from .schema import MAX_PROMPT_CHARS, MAX_SAMPLES, MAX_SEED, MAX_STEPS, MIN_TEMPERATURE, SamplerFields
+from .schema import (
+    MAX_PROMPT_CHARS,
+    MAX_SAMPLES,
+    MAX_SEED,
+    MAX_STEPS,
+    MIN_TEMPERATURE,
+    ConstraintFields,
+    SamplerFields,
+)
 
 
-class _OpenAIRequest(SamplerFields):
+class _OpenAIRequest(SamplerFields, ConstraintFields):
     """What OpenAI's Completions and Chat Completions requests share; the sampler's fields (``SamplerFields``)
-    are extensions (``extra_body``)."""
+    and the constraint's (``ConstraintFields``: ``regex``, ``grammar``) are extensions (``extra_body``)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 

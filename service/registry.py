@@ -11,6 +11,7 @@ import torch
 from ttcore.metrics.kinds import MetricsKind, default_metrics, get_metrics_kind
 from ttcore.models import CheckpointError, load_for_inference, resolve_precision
 
+from .constraints import Constraints, grammars_of
 from .refusals import ModelNotFound, PromptError
 from .speed import Speed
 
@@ -39,6 +40,7 @@ class ModelFacts:
     base: str
     latent_dim: int
     distilled: dict | None = None  # teacher, objective and the step count it was distilled for (``distill.py``)
+    grammars: tuple[str, ...] = ()  # what a request's ``grammar`` may name (``service.constraints``)
 
     @property
     def default_steps(self) -> int | None:
@@ -56,6 +58,11 @@ class LoadedModel:
     info: ModelFacts
     speed: Speed  # this machine's timings of the model (admission's compute estimates)
     card: str | None = None  # the model card's markdown (GET /models/{checkpoint}/card)
+    constraints: Constraints | None = None  # its requests' automata, built once each (``service.constraints``)
+
+    def __post_init__(self):
+        if self.constraints is None:
+            self.constraints = Constraints(self.tokenizer)
 
     @property
     def metrics(self) -> MetricsKind:
@@ -144,7 +151,7 @@ class ModelRegistry:
                          card_url=f"/models/{d.name}/card" if card is not None else None,
                          summary=tuple(line[2:] for line in (card or "").splitlines() if line.startswith("- "))[:8],
                          base=_base(cfg), latent_dim=cfg.dit.latent_dim,
-                         distilled=_distilled(cfg.extra.get("distilled")))
+                         distilled=_distilled(cfg.extra.get("distilled")), grammars=grammars_of(tok))
         log.info("loaded %s: %s %s r=%d (admission times each kind of work when a request first needs it)",
                  d.name, family, cfg.decomposition, cfg.rank)
         speed = Speed.lazy()

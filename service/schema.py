@@ -5,6 +5,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
+from ttcore.constraints import MAX_STATES
+from ttcore.constraints.regex import MAX_PATTERN
 from ttcore.decompositions import CONTRACTIONS, DECOMPOSITIONS
 from ttcore.sampling import ADAPTIVE, EB_PROXIES, PREDETERMINED, SCHEDULES, SamplerConfig
 from ttcore.sampling.steps import named_sampler, sampler_names
@@ -108,11 +110,32 @@ class SamplerFields(BaseModel):
                              **named_sampler(self.sampler, self.eb_gamma))
 
 
-class GenerateRequest(SamplerFields):
+class ConstraintFields(BaseModel):
+    """What a generation's output must be: a regular expression or a grammar (``POST /generate`` and the
+    ``/v1`` completions take them; docs: structured output)."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    regex: str | None = Field(
+        None, min_length=1, max_length=MAX_PATTERN,
+        description="A regular expression (Python syntax, no look-around or back-references) the decoded text "
+                    "must match whole: after a prefix prompt, the completion; with a template or no prompt, the "
+                    "whole sequence. Every step draws from the model's joint restricted to the sequences the "
+                    "expression accepts (exact, the other masked positions summed out), so every sample matches. "
+                    f"At most {MAX_PATTERN} characters and {MAX_STATES} automaton states over the model's tokens.",
+        examples=["[0-9]{4}-[0-9]{2}-[0-9]{2}"])
+    grammar: Literal["smiles"] | None = Field(
+        None, description="A grammar the sequence must be in (`GET /models` lists each checkpoint's): `smiles`, "
+                          "for molecule families: balanced, non-empty branches, paired ring closures, bonds "
+                          "followed by atoms (what a regular language can check of SMILES: valences and "
+                          "aromaticity it cannot).", examples=["smiles"])
+
+
+class GenerateRequest(SamplerFields, ConstraintFields):
     model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [
         {"model": "qm9", "decomposition": "tt", "num_samples": 4, "steps": 8, "ordering": "random", "seed": 0},
         {"model": "qm9", "num_samples": 2, "steps": 32, "sampler": "eb", "eb_gamma": 0.5, "stream": True},
         {"model": "qm9", "num_samples": 2, "steps": 8, "prompt": "c1ccccc1[MASK][MASK]", "ordering": "top_prob"},
+        {"model": "qm9", "num_samples": 4, "steps": 4, "grammar": "smiles"},
     ]})
 
     model: str | None = Field(None, description="Model family, e.g. `qm9` or `text`. Default: the first loaded.",
@@ -319,6 +342,8 @@ class ModelInfo(BaseModel):
         "fixed through the steps; paper Sec. 4.4) or `di4c` (a distilled mixture: z ~ N(0, I) drawn again at every "
         "step, so each step draws from E_z prod_i p(x^i | x_t, z); Hayakawa et al. 2025).")
     latent_dim: int = Field(0, description="VADD / Di4C: the dimension of z (0 for mdlm).")
+    grammars: list[str] = Field([], description="The grammars `grammar` may name for this checkpoint (`smiles` for "
+                                                "SMILES tokens); any checkpoint takes `regex`.")
     domain: str = Field(description="The tokenizer's kind: `smiles`, `char` or `text` (BPE).")
     metrics: str = Field(
         "none", description="What its family is measured by, a registered kind (`ttcore.metrics.kinds`): "

@@ -7,6 +7,9 @@ import logging
 import time
 from dataclasses import dataclass
 
+import torch
+
+from ttcore.constraints import ConstraintError
 from ttcore.sampling import GenerationRun, InvalidSampler
 
 from . import admission
@@ -92,7 +95,8 @@ class Serving:
         lm = self.resolve(request)
         request = self.with_defaults(request, lm)
         try:
-            kind = request.to_sampler_config().work_kind(lm.model.cfg)
+            config = request.to_sampler_config()
+            kind = work_of(lm.model.cfg, config, request.steps, self.constraint(lm, request, config)[0]).kind
         except InvalidSampler:
             kind = None  # submit refuses it
         if kind is not None and lm.speed.needs(kind):
@@ -131,6 +135,26 @@ class Serving:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    @staticmethod
+    def constraint(lm, request, config):
+        """The request's automaton (``service.constraints``; None: unconstrained) and the field that asked for it.
+        Raises Unsupported: a bad or empty language, one no sequence of the model's length is in, or settings that
+        cannot draw within it (``joint: false``; the exact chain rule, which re-runs the automaton's messages every
+        pick: ``adaptive_path: fast`` draws the same constrained joint)."""
+        field = "grammar" if request.grammar is not None else "regex"
+        constraint = lm.constraints.of(request.regex, request.grammar, request.prompt)
+        if constraint is None:
+            return None, field
+        if not config.joint:
+            raise Unsupported("joint", f"{field} needs the joint draw: joint false draws each position alone")
+        if config.step.adaptive:
+            raise Unsupported("adaptive_path", f"{field} is served with adaptive_path fast (the exact chain rule "
+                                               "re-runs the automaton at every pick)")
+        length = lm.model.cfg.dit.length
+        if not constraint.satisfiable(torch.full((1, length), -1)).item():
+            raise Unsupported(field, f"{field}: no sequence of this model's {length} tokens is in the language")
+        return constraint, field
+
     def submit(self, request: GenerateRequest) -> Ticket:
         """Admit a request (raises ModelNotFound, PromptError, Unsupported, TooLarge, Overloaded). Must run on
         the event loop."""
@@ -148,13 +172,18 @@ class Serving:
         if request.stream:
             admission.check_stream(request.num_samples, request.steps, lm.model.cfg.dit.length, request.step_tokens,
                                    MAX_VALID_ROUNDS if request.valid_only else 1, self.max_stream_bytes)
-        work = work_of(lm.model.cfg, config, request.steps)
+        constraint, field = self.constraint(lm, request, config)
+        work = work_of(lm.model.cfg, config, request.steps, constraint)
         lm.speed.ensure(lm.model, work.kind)  # ``admit`` timed it on the worker already
         plan = admission.plan(lm.model, lm.speed, num_samples=request.num_samples, steps=request.steps,
                               config=config, timeout_s=timeout, memory_budget=self.memory_budget,
-                              step_limit_s=self.max_step_s)
-        run = GenerationRun(lm.model, request.num_samples, request.steps, config, seed=request.seed, prompt=prompt,
-                            device=self.registry.device, max_rows_per_pass=plan.max_rows_per_pass)
+                              step_limit_s=self.max_step_s, constraint=constraint, constraint_field=field)
+        try:
+            run = GenerationRun(lm.model, request.num_samples, request.steps, config, seed=request.seed,
+                                prompt=prompt, device=self.registry.device,
+                                max_rows_per_pass=plan.max_rows_per_pass, constraint=constraint)
+        except ConstraintError as e:  # no accepted sequence agrees with the prompt
+            raise Unsupported("prompt" if request.prompt else field, f"{field}: {e}") from None
         return Ticket(self.engine.submit(lm, run, plan.seconds, timeout, work=work))
 
     async def events(self, job: Ticket, steps: bool = True, request: GenerateRequest | None = None):

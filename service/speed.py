@@ -35,6 +35,22 @@ WALL_HEADROOM = 1.25  # a deadline holds this much more than the estimate: the w
 # decoding, the event loop: 4-7% measured) and the model's error (a step of 3x the timed rows: up to 1.2x the model)
 
 
+REFERENCE_STATES, REFERENCE_CLASSES = 128, 16  # the automaton a constrained step is timed with
+
+
+def reference_automaton(vocab: int):
+    """An automaton of ``REFERENCE_STATES`` states over ``REFERENCE_CLASSES`` token classes (fewer when the
+    vocabulary is smaller), accepting every sequence: what ``constrained_step`` is timed with."""
+    import torch
+
+    from ttcore.constraints import TokenDFA
+
+    classes = min(REFERENCE_CLASSES, vocab)
+    q = torch.arange(REFERENCE_STATES)[:, None]
+    delta = (7 * q + torch.arange(vocab)[None] % classes + 1) % REFERENCE_STATES
+    return TokenDFA(delta, torch.ones(REFERENCE_STATES, dtype=torch.bool))
+
+
 @dataclass(frozen=True)
 class Work:
     """A request's kind of work and ``scale``, its settings' per-sequence step cost relative to the timed
@@ -43,13 +59,18 @@ class Work:
     scale: float = 1.0
 
 
-def work_of(model_cfg, config: SamplerConfig, steps: int) -> Work:
+def work_of(model_cfg, config: SamplerConfig, steps: int, constraint=None) -> Work:
     """The work of a run with ``config`` at ``steps`` steps: its kind, scaled up by the chooser outputs it asks
     beyond the default (the fast step's choice evaluates c head outputs per position): an upper bound, since the
     backbone's share of a step does not grow with c. The step count needs no scale: the timing's run takes one
-    step, the most positions a step can draw (``CALIBRATION_STEPS``)."""
+    step, the most positions a step can draw (``CALIBRATION_STEPS``). A constrained run (``constraint``, a
+    ``TokenDFA``) is a ``constrained_step``, scaled by its automaton's states x token classes over the timing's
+    (``reference_automaton``) when larger: the messages' work is proportional to them (an upper bound again)."""
     from ttcore.sampling.steps.fast_adaptive import chooser_outputs  # the step module owns c
 
+    if constraint is not None:
+        size = constraint.num_states * constraint.classes[1].shape[1]
+        return Work(WorkKind.constrained_step, max(1.0, size / (REFERENCE_STATES * REFERENCE_CLASSES)))
     kind, scale = config.work_kind(model_cfg), 1.0
     if kind in (WorkKind.chooser_step, WorkKind.tempered_chooser_step) and config.chooser_outputs is not None:
         e, v = model_cfg.format.outputs_per_position(model_cfg.rank), model_cfg.dit.out_vocab
@@ -184,12 +205,12 @@ class Speed:
                 self.timing[k] = timing
 
 
-def _best(model, n: int, steps: int, repeats: int = CALIBRATION_REPEATS, **settings) -> float:
+def _best(model, n: int, steps: int, repeats: int = CALIBRATION_REPEATS, constraint=None, **settings) -> float:
     """The shortest of up to ``repeats`` timings of one step of a fresh run of ``n`` sequences (the shortest: a
     busy machine only ever slows a timing down); one only when a step takes ``CALIBRATION_SLOW_S`` or more."""
     times = []
     for _ in range(repeats):
-        run = GenerationRun(model, n, steps, SamplerConfig(**settings), seed=0)
+        run = GenerationRun(model, n, steps, SamplerConfig(**settings), seed=0, constraint=constraint)
         t0 = time.perf_counter()
         with model.compute_context():
             run.step()
@@ -235,6 +256,8 @@ def calibrate_kinds(model, kinds) -> dict[WorkKind, tuple[float, float, float]]:
         out[WorkKind.tempered_step] = _affine(model, 2, temperature=0.5)
     if WorkKind.tempered_chooser_step in kinds:
         out[WorkKind.tempered_chooser_step] = _affine(model, 2, temperature=0.5, **fast)
+    if WorkKind.constrained_step in kinds:
+        out[WorkKind.constrained_step] = _affine(model, 2, constraint=reference_automaton(model.cfg.dit.out_vocab))
     if WorkKind.chain_rule in kinds:
         l = model.cfg.dit.length
         step = _best(model, 1, l, CALIBRATION_REPEATS)  # a predetermined step of an l-step run: one position

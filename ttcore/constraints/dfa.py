@@ -66,6 +66,14 @@ class TokenDFA:
         delta[torch.cat([self.accepting, torch.tensor([True])]), pad_id] = q
         return TokenDFA(delta, torch.cat([self.accepting, torch.tensor([True])]))
 
+    def with_prefix(self, ids) -> "TokenDFA":
+        """``ids`` exactly, then the language: len(ids) new states read the prefix, the old start follows."""
+        n, v = len(ids), self.vocab_size
+        chain = torch.full((n, v), -1, dtype=torch.long)
+        chain[torch.arange(n), torch.tensor(ids, dtype=torch.long)] = torch.arange(1, n + 1)
+        delta = torch.cat([chain, torch.where(self.delta >= 0, self.delta + n, self.delta)])
+        return TokenDFA(delta, torch.cat([torch.zeros(n, dtype=torch.bool), self.accepting]))
+
     def trimmed(self) -> "TokenDFA":
         """Only the states reachable from the start that can still reach acceptance (the others are rejection in
         disguise), renumbered with the start first. Raises ``ConstraintError`` for an empty language."""

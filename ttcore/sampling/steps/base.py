@@ -23,6 +23,7 @@ class WorkKind(StrEnum):
     tempered_step = "tempered_step"  # a joint head's step at a temperature other than 1: every masked position summed
     tempered_chooser_step = "tempered_chooser_step"  # that, choosing by the tempered joint's exact marginals first
     chain_rule = "chain_rule"  # adaptive picks over every position's full head outputs
+    constrained_step = "constrained_step"  # a step within an automaton's language: full outputs and its messages
 
 
 @dataclass
