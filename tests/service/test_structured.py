@@ -1,0 +1,86 @@
+"""Structured output through a real server: ``regex`` and ``grammar`` on /generate and /v1/completions, every
+sample inside its language, and what a stranger sends refused with a 422 naming the field (never a 500)."""
+
+import re
+
+import httpx
+import pytest
+
+from ttcore.constraints import smiles_dfa
+from ttcore.tokenizers import load_tokenizer
+
+pytestmark = pytest.mark.slow  # a real server
+
+
+def _grammar(checkpoints, name):
+    tok = load_tokenizer(checkpoints / name)
+    return tok, smiles_dfa(tok.pieces(range(tok.vocab_size)), tok.pad_id)
+
+
+@pytest.mark.parametrize("checkpoint", ["qm9-base", "qm9-cp-r3", "qm9-tt-r2"])
+def test_every_sample_is_in_the_grammar_and_matches_the_regex(server, checkpoints, checkpoint):
+    tok, grammar = _grammar(checkpoints, checkpoint)
+    for body in ({"grammar": "smiles", "steps": 4}, {"grammar": "smiles", "steps": 2, "ordering": "top_prob"},
+                 {"grammar": "smiles", "steps": 8, "sampler": "eb"}, {"regex": "C+(O|N)C*", "steps": 3}):
+        r = httpx.post(server + "/generate", json={"checkpoint": checkpoint, "num_samples": 24, "seed": 5, **body},
+                       timeout=120)
+        assert r.status_code == 200, r.text
+        texts = [s["text"] for s in r.json()["samples"]]
+        if "grammar" in body:
+            assert all(grammar.accepts(tok.encode(t)) for t in texts), texts
+        else:
+            assert all(re.fullmatch(body["regex"], t) for t in texts), texts
+    infos = {m["checkpoint"]: m for m in httpx.get(server + "/models").json()["models"]}
+    assert infos[checkpoint]["grammars"] == ["smiles"] and infos["text-base"]["grammars"] == []
+
+
+def test_a_streamed_constrained_run_and_a_completion_after_a_prefix(server):
+    pattern = r"[0-9]{2}-[0-9]{2}"
+    with httpx.stream("POST", server + "/generate", json={"model": "text", "num_samples": 2, "steps": 4, "seed": 1,
+                                                          "regex": pattern, "stream": True}, timeout=120) as r:
+        assert r.status_code == 200
+        done = [line for line in r.iter_lines() if line.startswith("data:") and '"samples"' in line]
+    assert done and all(re.fullmatch(pattern, t) for t in re.findall(r'"text":\s*"([^"]*)"', done[-1]))
+    c = httpx.post(server + "/v1/completions", json={"model": "text", "prompt": "Born in ", "n": 2, "seed": 2,
+                                                     "regex": " [0-9]{4}\\."}, timeout=120)
+    assert c.status_code == 200, c.text
+    assert all(re.fullmatch(r" [0-9]{4}\.", ch["text"]) for ch in c.json()["choices"]), c.json()
+    body = {"model": "text", "num_samples": 2, "steps": 4, "seed": 1, "regex": pattern}
+    once, twice = (httpx.post(server + "/generate", json=body, timeout=120).json()["samples"] for _ in range(2))
+    assert once == twice  # seeded
+
+
+BAD = [
+    ({"regex": "(ab"}, "regex", "not a regular expression"),
+    ({"regex": "(?=C)C"}, None, None),  # interegular reads a look-ahead that keeps the language regular
+    ({"regex": "(C)\\1"}, "regex", "not a regular expression"),
+    ({"regex": ""}, "regex", ""),
+    ({"regex": "x" * 1001}, "regex", ""),
+    ({"regex": "é+"}, "regex", "empty"),
+    ({"regex": "C{30}"}, "regex", "tokens is in the language"),
+    ({"regex": "[CO]{1,9}[CN]{1,9}[CF]{1,9}[C=]{1,9}"}, None, None),  # fine: many states, still satisfiable
+    ({"regex": "C", "grammar": "smiles"}, "grammar", "not both"),
+    ({"grammar": "json"}, "grammar", ""),
+    ({"grammar": "smiles", "model": "text"}, "grammar", "not offered"),
+    ({"regex": "C+", "prompt": "O[MASK]"}, "prompt", "agrees with the prompt"),
+    ({"grammar": "smiles", "joint": False}, "joint", "joint draw"),
+    ({"grammar": "smiles", "ordering": "top_prob", "adaptive_path": "exact"}, "adaptive_path", "fast"),
+    ({"regex": 5}, "regex", ""),
+]
+
+
+@pytest.mark.parametrize("extra,field,says", BAD, ids=[str(b[0])[:40] for b in BAD])
+def test_what_a_stranger_sends_is_refused_naming_the_field(server, extra, field, says):
+    r = httpx.post(server + "/generate", json={"model": "qm9", "num_samples": 2, "steps": 2, **extra}, timeout=120)
+    if field is None:
+        assert r.status_code == 200, r.text
+        return
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"]
+    assert any(d["loc"][-1] == field and says in d["msg"] for d in detail), detail
+
+
+def test_a_completion_cut_by_max_tokens_is_refused_with_a_constraint(server):
+    r = httpx.post(server + "/v1/completions", json={"model": "text", "prompt": "Hi", "max_tokens": 3,
+                                                     "regex": "[a-z ]+"}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text  # OpenAI's invalid request
