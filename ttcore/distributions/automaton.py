@@ -97,18 +97,48 @@ def _scaled(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return m / top.view(-1, *([1] * (m.dim() - 1))), top.log()
 
 
+def _back(summed_i: torch.Tensor, beta: torch.Tensor, idx: torch.Tensor, diagonal: bool) -> torch.Tensor:
+    """sum_k sum_c G(k)[a, c] beta[delta(q, k), c]: class sums [n, C, r, r] (diagonal [n, C, r]), beta [n, Q, r],
+    ``idx`` [n, Q C] the rows of beta padded with a zero row (Q: rejected) that delta leads to -> [n, Q, r]: one
+    gather of whole rank vectors and one batched matmul over (k, c)."""
+    n, q_n, r = beta.shape
+    c_n = summed_i.shape[1]
+    padded = torch.cat([beta, beta.new_zeros(n, 1, r)], 1)
+    ahead = padded[torch.arange(n, device=beta.device)[:, None], idx]  # [n, Q C, r]: beta[delta(q, k), c]
+    if diagonal:  # c = a
+        return (ahead.view(n, q_n, c_n, r) * summed_i[:, None]).sum(2)
+    return torch.bmm(ahead.view(n, q_n, c_n * r), summed_i.permute(0, 1, 3, 2).reshape(n, c_n * r, r))
+
+
 @own_precision
-def backward_messages(summed: torch.Tensor, automata: Automata, diagonal: bool = False
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """beta_i[a, q] for i = 0..l: beta_l = 1[q in F], beta_{i-1}[a, q] = sum_k sum_c G_i(k)[a, c] beta_i[c,
-    delta(q, k)] (0-based: beta_i is what lies after position i - 1). ``summed``: the class sums of the cores
-    (``class_sums``) [b, l, C, r, r] (diagonal: [b, l, C, r]) -> (beta [b, l + 1, r, Q] each scaled to max 1, log
-    scales [b, l + 1]: the true message is beta_i exp(sum of the scales from i to l))."""
+def backward_messages(summed: torch.Tensor, automata: Automata, diagonal: bool = False,
+                      known: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """beta_i[q, a] for i = 0..l: beta_l = 1[q in F], beta_{i-1}[q, a] = sum_k sum_c G_i(k)[a, c]
+    beta_i[delta(q, k), c] (0-based: beta_i is what lies after position i - 1). ``summed``: the class sums of the
+    cores (``class_sums``) [b, l, C, r, r] (diagonal: [b, l, C, r]); ``known`` [b, l] (optional): the token of each
+    position whose core is delta(x = token) I (-1 elsewhere), whose message is a gather, no matmul. -> (beta
+    [b, l + 1, Q, r] each scaled to max 1, log scales [b, l + 1]: the true message is beta_i exp(sum of the scales
+    from i to l))."""
     b, l, _, r = summed.shape[:4]
-    beta = automata.accepting[:, None, :].to(summed.dtype).expand(b, r, -1)
+    q_n = automata.delta.shape[1]
+    idx = torch.where(automata.delta < 0, q_n, automata.delta).reshape(b, -1)  # [b, Q C]
+    rows = torch.arange(b, device=summed.device)
+    beta = automata.accepting[:, :, None].to(summed.dtype).expand(b, -1, r).contiguous()
     out, scales = [beta], [summed.new_zeros(b)]
     for i in range(l - 1, -1, -1):
-        beta, scale = _scaled(_step_back(summed[:, i], _gather_ahead(beta, automata.delta), diagonal))
+        fixed = None if known is None else known[:, i] >= 0
+        if fixed is None or not fixed.any():
+            new = _back(summed[:, i], beta, idx, diagonal)
+        else:
+            new = torch.empty_like(beta)
+            f = rows[fixed]  # a known token moves every state by its class: a gather of rows
+            dest = automata.delta[f, :, automata.token_class[f, known[f, i]]]  # [f, Q]
+            padded = torch.cat([beta[f], beta.new_zeros(len(f), 1, r)], 1)
+            new[f] = padded[torch.arange(len(f), device=beta.device)[:, None], torch.where(dest < 0, q_n, dest)]
+            m = rows[~fixed]
+            if len(m):
+                new[m] = _back(summed[m, i], beta[m], idx[m], diagonal)
+        beta, scale = _scaled(new)
         out.append(beta)
         scales.append(scale)
     return torch.stack(out[::-1], 1), torch.stack(scales[::-1], 1)
@@ -119,7 +149,7 @@ def log_acceptance(start: torch.Tensor, summed: torch.Tensor, automata: Automata
     """log Z = log p(x in L) = log sum_a s_a beta_0[a, q_0]: start [b, r], the class sums -> [b] (-inf: no
     sequence the chain can emit is accepted)."""
     beta, scales = backward_messages(summed, automata, diagonal)
-    return (start.to(beta.dtype) * beta[:, 0, :, 0]).sum(1).log() + scales.sum(1)
+    return (start.to(beta.dtype) * beta[:, 0, 0]).sum(1).log() + scales.sum(1)
 
 
 @own_precision
@@ -139,7 +169,7 @@ def constrained_marginals(start: torch.Tensor, cores: torch.Tensor, automata: Au
     idx = torch.where(automata.delta < 0, q_n, automata.delta).reshape(b, 1, q_n * c_n)
     tiny = torch.finfo(cores.dtype).tiny
     for i in range(l):
-        ahead = _gather_ahead(beta[:, i + 1], automata.delta)  # [b, r, Q, C]
+        ahead = _gather_ahead(beta[:, i + 1].transpose(1, 2), automata.delta)  # [b, r, Q, C]
         if diagonal:  # W[n, k, a]; each token's weight sum_a G(x)[a] W[class(x)][a]
             w = torch.einsum("naq,naqk->nka", fwd, ahead)
             joint = (cores[:, i] * w.gather(1, automata.token_class[..., None].expand(b, v, r))).sum(-1)
@@ -158,27 +188,29 @@ def constrained_marginals(start: torch.Tensor, cores: torch.Tensor, automata: Au
 
 @own_precision
 def constrained_sample(start: torch.Tensor, cores: torch.Tensor, automata: Automata, u: torch.Tensor,
-                       diagonal: bool = False, summed: torch.Tensor | None = None) -> torch.Tensor:
+                       diagonal: bool = False, summed: torch.Tensor | None = None,
+                       known: torch.Tensor | None = None) -> torch.Tensor:
     """One draw of the whole sequence from p(x | x in L) per row, by the product chain's path: the rank state
     a_0 ~ s_a beta_0[a, q_0]; at each position i the class and next rank state (k, c) ~ G_i(k)[a, c]
     beta_{i+1}[c, delta(q, k)] (diagonal: c = a), then the token x ~ G_i(x)[a, c] among the class's tokens;
     q <- delta(q, k). cores [b, l, V, r, r] (diagonal [b, l, V, r]), ``summed`` their class sums (computed when
     None), u [b, 2 l + 1] float64 uniforms (lane 0 the start, lanes 2i + 1 and 2i + 2 position i's class and
-    token). -> [b, l] long; -1 in rows where nothing is accepted (Z = 0)."""
+    token), ``known`` as ``backward_messages`` takes it. -> [b, l] long; -1 in rows where nothing is accepted
+    (Z = 0)."""
     b, l, v, r = cores.shape[:4]
     c_n = automata.num_classes
     summed = class_sums(cores, automata) if summed is None else summed
-    beta, _ = backward_messages(summed, automata, diagonal)
+    beta, _ = backward_messages(summed, automata, diagonal, known)
     rows = torch.arange(b, device=cores.device)
     q = torch.zeros(b, dtype=torch.long, device=cores.device)
-    w0 = start.to(cores.dtype) * beta[:, 0, :, 0]  # [b, r]
+    w0 = start.to(cores.dtype) * beta[:, 0, 0]  # [b, r]
     ok = w0.sum(1) > 0
     a = sample_categorical(w0, u=u[:, 0])
     out = torch.empty(b, l, dtype=torch.long, device=cores.device)
     for i in range(l):
         nxt = automata.delta[rows, q]  # [b, C]
-        ahead = torch.cat([beta[:, i + 1], beta.new_zeros(b, r, 1)], -1)  # [b, r, Q + 1]
-        at = ahead.gather(2, torch.where(nxt < 0, ahead.shape[-1] - 1, nxt)[:, None, :].expand(b, r, c_n))  # [b, r, C]
+        ahead = torch.cat([beta[:, i + 1], beta.new_zeros(b, 1, r)], 1)  # [b, Q + 1, r]
+        at = ahead[rows[:, None], torch.where(nxt < 0, ahead.shape[1] - 1, nxt)].transpose(1, 2)  # [b, r, C]
         if diagonal:
             k, c = sample_categorical(summed[rows, i, :, a] * at[rows, a], u=u[:, 2 * i + 1]), a
             weights = cores[rows, i, :, a]  # [b, V]
@@ -212,10 +244,14 @@ class Constrained:
     and joint draws run on it unchanged. Conditioning on x_S multiplies each conditioned position's core by the
     indicator of its token."""
 
-    def __init__(self, joint, automata: Automata):
+    def __init__(self, joint, automata: Automata, known: torch.Tensor | None = None,
+                 dtype: torch.dtype | None = None):
         self.joint = joint
         self.start, self.cores, self.diagonal = as_chain(joint)
+        if dtype is not None:  # the served step's messages in float32 (each scaled to max 1); draws in float64
+            self.start, self.cores = self.start.to(dtype), self.cores.to(dtype)
         self.automata = automata
+        self.known = known  # [b, l]: the tokens whose cores are delta(x = token) I (x_t's), -1 elsewhere
         self.b, self.l, self.v = self.cores.shape[0], self.cores.shape[1], self.cores.shape[2]
 
     def _conditioned(self, x_cond: torch.Tensor) -> torch.Tensor:
@@ -242,7 +278,8 @@ class Constrained:
     def log_normalizer(self, x_cond: torch.Tensor | None = None) -> torch.Tensor:
         """log p(x in L, x_S) [b]: -inf where no accepted sequence agrees with x_cond (None: nothing known)."""
         cores = self.cores if x_cond is None else self._conditioned(x_cond)
-        return log_acceptance(self.start, class_sums(cores, self.automata), self.automata, self.diagonal)
+        beta, scales = backward_messages(class_sums(cores, self.automata), self.automata, self.diagonal, self.known)
+        return (self.start.to(beta.dtype) * beta[:, 0, 0]).sum(1).log() + scales.sum(1)
 
     def marginals(self, x_cond: torch.Tensor) -> torch.Tensor:
         """p(x^i | x_S, x in L) [b, l, v], one-hot at the conditioned positions."""
@@ -253,5 +290,5 @@ class Constrained:
         summed out (a whole accepted sequence is drawn, its T kept); uniforms: lanes 0..2l of ``Site.draw``.
         -> [b, l], -1 off T (and in rows where nothing is accepted)."""
         u = uniforms(generator, self.b, 2 * self.l + 1, self.cores.device, Site.draw)
-        x = constrained_sample(self.start, self.cores, self.automata, u, self.diagonal)
+        x = constrained_sample(self.start, self.cores, self.automata, u, self.diagonal, known=self.known)
         return x if positions is None else torch.where(positions, x, torch.full_like(x, -1))

@@ -52,8 +52,9 @@ def batch_automaton(constraints: list, sizes: list[int], device) -> Automata:
 def constrained_joint(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, temperature, automaton
                       ) -> Constrained:
     """p(x | x_t, x in L) of these rows: the format's joint (``joint_step.joint_distribution``) times the rows'
-    automata."""
-    return Constrained(joint_distribution(model, h, x, masked, temperature), automaton)
+    automata, its messages in float32 (each scaled to max 1; the draws' probabilities are float64)."""
+    known = torch.where(masked, torch.full_like(x, -1), x)
+    return Constrained(joint_distribution(model, h, x, masked, temperature), automaton, known, torch.float32)
 
 
 def constrained_step(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, chosen: torch.Tensor,
@@ -73,6 +74,6 @@ def constrained_step(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Tens
         keep = torch.nn.functional.one_hot(known.clamp_min(0), dist.v).bool() | (known < 0)[..., None]
         ones = ones * keep.view(keep.shape + (1,) * (ones.dim() - 3)).to(ones.dtype)
         u = uniforms(generator, x.shape[0], 2 * x.shape[1] + 1, x.device, Site.draw)[lost]
-        path = constrained_sample(dist.start[lost], ones, automaton[lost], u, dist.diagonal)
+        path = constrained_sample(dist.start[lost], ones, automaton[lost], u, dist.diagonal, known=dist.known[lost])
         values[lost] = torch.where(chosen[lost], path, torch.full_like(path, -1))
     return values

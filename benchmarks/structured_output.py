@@ -1,0 +1,185 @@
+"""Structured output (``regex`` / ``grammar``): what a constrained step costs, side by side with the same run
+unconstrained, and what the SMILES grammar does for the served QM9 TT through HTTP.
+
+    python benchmarks/structured_output.py speed      # QM9 TT r = 16 with the grammar, text TT r = 4 with a regex
+    python benchmarks/structured_output.py quality    # QM9 TT r = 16 over HTTP, K = 4 and 8, 1,024 molecules a cell
+    python benchmarks/structured_output.py speed --checkpoints DIR --samples 2 --steps 2 --repeats 1     # smoke
+    python benchmarks/structured_output.py quality --checkpoints DIR --samples 8 --steps 2                # smoke
+
+``speed`` runs, in process, a whole generation of ``--samples`` sequences at ``--steps`` steps with and without
+the constraint, alternating ``--repeats`` times, and prints the median seconds per step of each and their ratio
+(constrained / free), with the automaton's states and token classes. ``quality`` serves the checkpoints on an
+embedded server (uvicorn) and asks ``/generate`` for ``--samples`` molecules a cell (random order), with and
+without ``grammar: smiles``: validity (one molecule), uniqueness, novelty, FCD to QM9's held-out split, and of
+the invalid molecules the share RDKit rejects for each reason (syntax, valence, aromaticity, other): a regular
+language can remove syntax errors only.
+"""
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "training"))
+
+TEXT_REGEX = r"[A-Z][a-z]{1,12}( [a-z]{1,12}){0,4}, [0-9]{4}\."  # a 64-state automaton over the text tokens
+
+
+def _automaton(name: str, tok):
+    from service.constraints import Constraints
+
+    if tok.kind == "smiles":
+        return "grammar smiles", Constraints(tok).of(None, "smiles", None)
+    return f"regex {TEXT_REGEX}", Constraints(tok).of(TEXT_REGEX, None, None)
+
+
+def _run_seconds(model, n: int, steps: int, constraint) -> float:
+    from ttcore.sampling import GenerationRun, batch_step
+
+    run = GenerationRun(model, n, steps, seed=0, constraint=constraint)
+    t0 = time.perf_counter()
+    with model.compute_context():
+        while not run.done:
+            batch_step(model, [run])
+    return time.perf_counter() - t0
+
+
+def speed(args) -> None:
+    from ttcore.models import load_for_inference
+
+    print(f"{'checkpoint':>14} | {'constraint':<44} | {'states':>6} {'classes':>7} | {'free s/step':>11} "
+          f"{'constrained':>11} | {'ratio':>6}")
+    for path in args.paths:
+        model, tok, _ = load_for_inference(path, "cpu", args.precision)
+        label, dfa = _automaton(path.name, tok)
+        _run_seconds(model, 1, 1, None), _run_seconds(model, 1, 1, dfa)  # warm-up
+        free, bound = [], []
+        for _ in range(args.repeats):  # alternating: load moves both alike
+            free.append(_run_seconds(model, args.samples, args.steps, None) / args.steps)
+            bound.append(_run_seconds(model, args.samples, args.steps, dfa) / args.steps)
+        f, b = statistics.median(free), statistics.median(bound)
+        print(f"{path.name:>14} | {label[:44]:<44} | {dfa.num_states:>6} {dfa.classes[1].shape[1]:>7} | "
+              f"{f:>11.4f} {b:>11.4f} | {b / f:>5.2f}x")
+
+
+def _why_invalid(smiles: str) -> str:
+    """RDKit's reason for rejecting a SMILES string: syntax (it does not parse), valence, aromaticity (kekulize),
+    fragments (parses and sanitizes, but is several molecules) or other."""
+    from rdkit import Chem, RDLogger
+
+    RDLogger.DisableLog("rdApp.*")
+    mol = Chem.MolFromSmiles(smiles, sanitize=False)
+    if mol is None:
+        return "syntax"
+    try:
+        Chem.SanitizeMol(mol)
+    except Chem.AtomValenceException:
+        return "valence"
+    except Chem.KekulizeException:
+        return "aromaticity"
+    except Exception:  # noqa: BLE001 (RDKit's other sanitization errors)
+        return "other"
+    return "fragments" if len(Chem.GetMolFrags(mol)) > 1 else "valid"
+
+
+def _serve(checkpoints: Path) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "service", "--checkpoints", str(checkpoints), "--port", str(port),
+                             "--log-level", "warning"], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        try:
+            if httpx.get(url + "/ready", timeout=5).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            break
+        time.sleep(0.3)
+    proc.kill()
+    raise SystemExit("the server did not start")
+
+
+def quality(args) -> None:
+    from _common import dataset
+
+    from ttcore.metrics import molecule_metrics
+    from ttcore.metrics.distribution import Reference
+    from ttcore.recipes import TrainConfig
+
+    ds = dataset(TrainConfig())  # QM9: the training split for novelty, the held-out split for FCD
+    training = set(ds.train)
+    reference = Reference(next(iter(ds.references.values())), "cpu")
+    proc, url = _serve(args.checkpoints)
+    print(f"{'checkpoint':>14} | {'K':>3} | {'grammar':>7} | {'valid %':>7} {'unique %':>8} {'novel %':>7} "
+          f"{'FCD':>6} | invalid: {'syntax':>6} {'valence':>7} {'aromatic':>8} {'other':>5} | {'s':>5}")
+    try:
+        checkpoint = args.checkpoint or next(m["checkpoint"] for m in httpx.get(url + "/models").json()["models"]
+                                             if m["model"] == "qm9" and m["decomposition"] == "tt")
+        for k in args.steps:
+            for grammar in (None, "smiles"):
+                texts, t0, batch = [], time.perf_counter(), min(args.samples, 256)
+                for seed in range(0, args.samples, batch):
+                    body = {"checkpoint": checkpoint, "num_samples": batch, "steps": k, "seed": seed,
+                            "timeout_s": 600, **({"grammar": grammar} if grammar else {})}
+                    r = httpx.post(url + "/generate", json=body, timeout=900)
+                    if r.status_code != 200:
+                        raise SystemExit(f"{body}: {r.status_code} {r.text[:300]}")
+                    texts += [s["text"] for s in r.json()["samples"]]
+                seconds = time.perf_counter() - t0
+                m = molecule_metrics(texts, training)
+                fcd = reference.compare(texts)["fcd"]
+                why = [_why_invalid(t) for t in texts]
+                bad = [w for w in why if w != "valid"]
+
+                def share(reason, bad=bad):
+                    return f"{100 * bad.count(reason) / max(1, len(bad)):.0f}%"
+                print(f"{checkpoint:>14} | {k:>3} | {grammar or '-':>7} | {100 * m['validity']:>7.1f} "
+                      f"{100 * m['uniqueness']:>8.1f} {100 * m['novelty']:>7.1f} "
+                      f"{'-' if fcd is None else f'{fcd:.3f}':>6} | {len(bad):>5} of {len(texts)}: "
+                      f"{share('syntax'):>6} {share('valence'):>7} {share('aromaticity'):>8} "
+                      f"{share('other'):>5} | {seconds:>5.1f}")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("part", choices=["speed", "quality"])
+    ap.add_argument("--checkpoints", type=Path, default=ROOT / "checkpoints")
+    ap.add_argument("--checkpoint", help="quality: the checkpoint to ask for (default: the first QM9 TT)")
+    ap.add_argument("--samples", type=int, help="speed: sequences a run (64); quality: molecules a cell (1024)")
+    ap.add_argument("--steps", type=int, nargs="*", help="speed: steps a run (4); quality: K values (4 8)")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--precision", default="auto")
+    args = ap.parse_args()
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    if args.part == "speed":
+        names = ("qm9-tt-r16", "text-tt-r4")
+        found = [args.checkpoints / n for n in names if (args.checkpoints / n).is_dir()]
+        args.paths = found or sorted(p for p in args.checkpoints.iterdir() if (p / "config.json").is_file()
+                                     and p.name != "broken")
+        args.samples = args.samples or 64
+        args.steps = (args.steps or [4])[0]
+        speed(args)
+    else:
+        args.samples = args.samples or 1024
+        args.steps = args.steps or [4, 8]
+        quality(args)
+
+
+if __name__ == "__main__":
+    main()
