@@ -197,3 +197,16 @@ def test_serving_benchmark_smoke(tmp_path):
         assert all(float(r[1]) > 0 and float(r[2]) > 0 and float(r[3]) == 0 for r in rows), out
         saved = json.loads((tmp_path / route / "serving.json").read_text())
         assert len(saved["text"]) == 2 and all(r["errors"] == 0 for r in saved["text"])
+
+
+def test_structured_output_smoke(checkpoints):
+    """Both parts at their smallest: the constrained / free ratio of each tiny checkpoint (grammar for SMILES,
+    the regex for text), and the served QM9 TT with and without the grammar through HTTP."""
+    out = _bench(ROOT / "benchmarks" / "structured_output.py", "speed", "--checkpoints", checkpoints, "--samples", 2,
+                 "--steps", 2, "--repeats", 1)
+    rows = [line for line in out.splitlines() if re.search(r"\|\s+\d+\s+\d+ \|.*\|\s+[\d.]+x$", line)]
+    assert any("grammar smiles" in r for r in rows) and any("regex" in r for r in rows), out
+    out = _bench(ROOT / "benchmarks" / "structured_output.py", "quality", "--checkpoints", checkpoints, "--samples", 8,
+                 "--steps", 2, timeout=900)
+    rows = [line for line in out.splitlines() if re.match(r"\s*qm9-tt-r2 \|\s+2 \|", line)]
+    assert len(rows) == 2 and "smiles" in rows[1], out
