@@ -11,8 +11,8 @@ the constraint, alternating ``--repeats`` times, and prints the median seconds p
 (constrained / free), with the automaton's states and token classes. ``quality`` serves the checkpoints on an
 embedded server (uvicorn) and asks ``/generate`` for ``--samples`` molecules a cell (random order), with and
 without ``grammar: smiles``: validity (one molecule), uniqueness, novelty, FCD to QM9's held-out split, and of
-the invalid molecules the share RDKit rejects for each reason (syntax, valence, aromaticity, other): a regular
-language can remove syntax errors only.
+the invalid molecules the share RDKit rejects for each reason (parse, valence, aromaticity, other): a regular
+language can remove parse errors only, and not all of them (``_why_invalid``).
 """
 
 import argparse
@@ -71,14 +71,15 @@ def speed(args) -> None:
 
 
 def _why_invalid(smiles: str) -> str:
-    """RDKit's reason for rejecting a SMILES string: syntax (it does not parse), valence, aromaticity (kekulize),
-    fragments (parses and sanitizes, but is several molecules) or other."""
+    """RDKit's reason for rejecting a SMILES string: parse (it does not parse: with the grammar, what is left is
+    a ring closed onto an atom already bonded to the opener, a duplicate bond the grammar does not track), valence,
+    aromaticity (kekulize), fragments (parses and sanitizes, but is several molecules) or other."""
     from rdkit import Chem, RDLogger
 
     RDLogger.DisableLog("rdApp.*")
     mol = Chem.MolFromSmiles(smiles, sanitize=False)
     if mol is None:
-        return "syntax"
+        return "parse"
     try:
         Chem.SanitizeMol(mol)
     except Chem.AtomValenceException:
@@ -124,7 +125,7 @@ def quality(args) -> None:
     reference = Reference(next(iter(ds.references.values())), "cpu")
     proc, url = _serve(args.checkpoints)
     print(f"{'checkpoint':>14} | {'K':>3} | {'grammar':>7} | {'valid %':>7} {'unique %':>8} {'novel %':>7} "
-          f"{'FCD':>6} | invalid: {'syntax':>6} {'valence':>7} {'aromatic':>8} {'other':>5} | {'s':>5}")
+          f"{'FCD':>6} | invalid: {'parse':>6} {'valence':>7} {'aromatic':>8} {'other':>5} | {'s':>5}")
     try:
         checkpoint = args.checkpoint or next(m["checkpoint"] for m in httpx.get(url + "/models").json()["models"]
                                              if m["model"] == "qm9" and m["decomposition"] == "tt")
@@ -149,7 +150,7 @@ def quality(args) -> None:
                 print(f"{checkpoint:>14} | {k:>3} | {grammar or '-':>7} | {100 * m['validity']:>7.1f} "
                       f"{100 * m['uniqueness']:>8.1f} {100 * m['novelty']:>7.1f} "
                       f"{'-' if fcd is None else f'{fcd:.3f}':>6} | {len(bad):>5} of {len(texts)}: "
-                      f"{share('syntax'):>6} {share('valence'):>7} {share('aromaticity'):>8} "
+                      f"{share('parse'):>6} {share('valence'):>7} {share('aromaticity'):>8} "
                       f"{share('other'):>5} | {seconds:>5.1f}")
     finally:
         proc.terminate()

@@ -25,7 +25,7 @@ def _quick_start() -> tuple[list[str], str]:
 
 def test_the_readme_quick_start_runs_on_the_bundled_checkpoints(capfd):
     curls, python = _quick_start()
-    assert len(curls) == 2 and "localhost:8000" in curls[0] and "127.0.0.1:8000" in python
+    assert len(curls) == 3 and "localhost:8000" in curls[0] and "127.0.0.1:8000" in python
     proc, url = start_uvicorn(ROOT / "checkpoints", "--precision", "bf16")
     try:
         port = url.rsplit(":", 1)[1]
@@ -35,6 +35,9 @@ def test_the_readme_quick_start_runs_on_the_bundled_checkpoints(capfd):
         text = subprocess.run(shlex.split(curls[1].replace("localhost:8000", f"localhost:{port}")),
                               capture_output=True, text=True, timeout=120)
         assert text.returncode == 0 and "event: step" in text.stdout and "event: done" in text.stdout
+        grammar = subprocess.run(shlex.split(curls[2].replace("localhost:8000", f"localhost:{port}")),
+                                 capture_output=True, text=True, timeout=300)
+        assert grammar.returncode == 0 and '"samples"' in grammar.stdout, grammar.stdout[-500:]
         exec(compile(python.replace("127.0.0.1:8000", f"127.0.0.1:{port}"), "README", "exec"), {})
         printed = capfd.readouterr().out.strip()
         molecules = ast.literal_eval(printed)  # the example prints a list of strings
