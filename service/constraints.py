@@ -3,14 +3,18 @@
 prompt (no [MASK]) is followed by text matching the regex: the automaton reads the prompt's tokens first; a
 template's whole text (and no prompt's) must match it."""
 
+import threading
 from collections import OrderedDict
 
 from ttcore.constraints import ConstraintError, regex_dfa, smiles_dfa
 from ttcore.tokenizers.symbols import MASK
 
-from .refusals import Unsupported
+from .refusals import Overloaded, Unsupported
 
 CACHE_SIZE = 64  # automata kept per checkpoint (a regex's over a text vocabulary takes ~0.1 s to build)
+BUILDS = threading.BoundedSemaphore(2)  # automata built at once, server-wide: a regex's is a child process of up
+# to 3 s and 1 GB (``ttcore.constraints.regex``), so many strangers' patterns cannot exhaust the machine
+BUILD_WAIT_S = 5.0  # a request whose build cannot start within this is refused 503 (Retry-After)
 GRAMMARS = {"smiles": smiles_dfa}  # grammar name -> builder over a tokenizer's pieces; for the kinds below
 GRAMMAR_KINDS = {"smiles": ("smiles",)}  # grammar name -> the tokenizer kinds it reads
 
@@ -27,6 +31,7 @@ class Constraints:
         self.tokenizer = tokenizer
         self._pieces = None
         self._cache: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()  # ``Serving.admit`` builds on a thread; ``submit`` reads on the loop
 
     @property
     def pieces(self) -> list[str]:
@@ -47,17 +52,23 @@ class Constraints:
                                          f"{self.tokenizer.kind} tokens (offered: {offered})")
         prefix = () if not prompt or MASK in prompt else tuple(self.tokenizer.tokenize(prompt))
         key = (field, regex if regex is not None else grammar, prefix)
-        if key in self._cache:
-            self._cache.move_to_end(key)
-            return self._cache[key]
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
         pad = self.tokenizer.pad_id
+        if not BUILDS.acquire(timeout=BUILD_WAIT_S):
+            raise Overloaded("other constraints are being built; try again shortly", retry_after_s=2)
         try:
             dfa = regex_dfa(regex, self.pieces, pad) if regex is not None else GRAMMARS[grammar](self.pieces, pad)
             if prefix:
                 dfa = dfa.with_prefix(prefix)
         except ConstraintError as e:
             raise Unsupported(field, f"{field}: {e}") from None
-        self._cache[key] = dfa
-        if len(self._cache) > CACHE_SIZE:
-            self._cache.popitem(last=False)
+        finally:
+            BUILDS.release()
+        with self._lock:
+            self._cache[key] = dfa
+            if len(self._cache) > CACHE_SIZE:
+                self._cache.popitem(last=False)
         return dfa

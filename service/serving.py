@@ -94,6 +94,9 @@ class Serving:
         no client waits for it. Must run on the event loop."""
         lm = self.resolve(request)
         request = self.with_defaults(request, lm)
+        if request.regex is not None or request.grammar is not None:  # built off the event loop (a child
+            # process for a regex, up to its time limit), then found in the checkpoint's cache by ``submit``
+            await asyncio.to_thread(lm.constraints.of, request.regex, request.grammar, request.prompt)
         try:
             config = request.to_sampler_config()
             kind = work_of(lm.model.cfg, config, request.steps, self.constraint(lm, request, config)[0]).kind

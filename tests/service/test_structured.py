@@ -80,6 +80,25 @@ def test_what_a_stranger_sends_is_refused_naming_the_field(server, extra, field,
     assert any(d["loc"][-1] == field and says in d["msg"] for d in detail), detail
 
 
+def test_a_pattern_whose_automaton_explodes_is_refused_and_the_server_goes_on(server):
+    """A nested counted repetition (interegular takes minutes) and an exponential subset construction: each
+    refused 422 after the build's time limit, two at once, while a plain request is answered meanwhile."""
+    import concurrent.futures
+    import time  # the builds' head start only: nothing here compares durations
+
+    slow = ["((C{1,50}){1,50}){1,50}", "(C|O)*C(C|O){20}"]
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        sent = [pool.submit(httpx.post, server + "/generate", json={"model": "qm9", "num_samples": 2, "regex": p},
+                            timeout=60) for p in slow]
+        time.sleep(0.5)
+        plain = httpx.post(server + "/generate", json={"model": "qm9", "num_samples": 2, "steps": 2}, timeout=60)
+        pending = sum(not f.done() for f in sent)  # the builds run to their limit: still going
+        answers = [f.result() for f in sent]
+    assert plain.status_code == 200 and pending == 2, pending  # answered while both builds went on
+    for r in answers:
+        assert r.status_code == 422 and "to build" in r.text, r.text
+
+
 def test_a_completion_cut_by_max_tokens_is_refused_with_a_constraint(server):
     r = httpx.post(server + "/v1/completions", json={"model": "text", "prompt": "Hi", "max_tokens": 3,
                                                      "regex": "[a-z ]+"}, timeout=60)
