@@ -74,8 +74,8 @@ def chain_rule_step(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Tenso
     (``ttcore.sampling.constrained``). -> [b, l], -1 where nothing was drawn."""
     b, l = x.shape
     dist = joint_distribution(model, h, x, masked, temperature)
-    if automaton is not None:
-        dist = Constrained(dist, automaton)
+    if automaton is not None:  # x_t's known tokens move the automaton by a gather (``backward_messages``)
+        dist = Constrained(dist, automaton, torch.where(masked, torch.full_like(x, -1), x))
     x_cond = torch.where(masked, torch.full_like(x, -1), x)
     n_masked = masked.sum(1)
     count = n_masked if count is None else count
