@@ -5,6 +5,8 @@ unconstrained, and what the SMILES grammar does for the served QM9 TT through HT
     python benchmarks/structured_output.py quality    # QM9 TT r = 16 over HTTP, K = 4 and 8, 1,024 molecules a cell
     python benchmarks/structured_output.py speed --checkpoints DIR --samples 2 --steps 2 --repeats 1     # smoke
     python benchmarks/structured_output.py quality --checkpoints DIR --samples 8 --steps 2                # smoke
+    python benchmarks/structured_output.py violations # 20 regexes on text, the grammar on QM9 and MOSES
+    python benchmarks/structured_output.py violations --checkpoints DIR --samples 2 --steps 2             # smoke
 
 ``speed`` runs, in process, a whole generation of ``--samples`` sequences at ``--steps`` steps with and without
 the constraint, alternating ``--repeats`` times, and prints the median seconds per step of each and their ratio
@@ -12,7 +14,10 @@ the constraint, alternating ``--repeats`` times, and prints the median seconds p
 embedded server (uvicorn) and asks ``/generate`` for ``--samples`` molecules a cell (random order), with and
 without ``grammar: smiles``: validity (one molecule), uniqueness, novelty, FCD to QM9's held-out split, and of
 the invalid molecules the share RDKit rejects for each reason (parse, valence, aromaticity, other): a regular
-language can remove parse errors only, and not all of them (``_why_invalid``).
+language can remove parse errors only, and not all of them (``_why_invalid``). ``violations`` samples, in
+process, ``--samples`` sequences per regex of ``REGEXES`` on each text checkpoint and per grammar on each SMILES
+checkpoint, and counts the samples outside their language (each checked by Python's ``re.fullmatch`` on the
+decoded text, or by the grammar's automaton on the tokens).
 """
 
 import argparse
@@ -39,6 +44,43 @@ def _automaton(name: str, tok):
     if tok.kind == "smiles":
         return "grammar smiles", Constraints(tok).of(None, "smiles", None)
     return f"regex {TEXT_REGEX}", Constraints(tok).of(TEXT_REGEX, None, None)
+
+
+REGEXES = [r"[0-9]{4}-[0-9]{2}-[0-9]{2}", r"[A-Z][a-z]+", r"(yes|no)", r"[a-z]+( [a-z]+){0,3}\.",
+           r"[0-9]+(\.[0-9]{1,2})?", r"\([0-9]{3}\) [0-9]{3}-[0-9]{4}", r"[a-z]{3,8}@[a-z]{3,8}\.(com|org)",
+           r"The [a-z]+ of [A-Z][a-z]+\.", r"[A-Z]{2,4}", r"[a-z ]{10,40}", r"#[0-9a-f]{6}",
+           r"(Mon|Tues|Wednes|Thurs|Fri|Satur|Sun)day", r"[0-9]{1,2}:[0-9]{2} (am|pm)", r"\{\"a\": [0-9]+\}",
+           r"[a-z]+, [a-z]+ and [a-z]+", r"v[0-9]+\.[0-9]+\.[0-9]+", r"(the|a|an) [a-z]+",
+           r"[A-Z][a-z]+ [A-Z][a-z]+", r"-?[0-9]{1,5}", r"[a-z]+ing"]  # 20: dates, words, JSON-ish, numbers
+
+
+def violations(args) -> None:
+    import re
+
+    from service.constraints import Constraints
+    from ttcore.models import load_for_inference
+    from ttcore.sampling import GenerationRun, batch_step
+
+    print(f"{'checkpoint':>14} | {'constraint':<44} | {'samples':>7} | {'violations':>10} | {'s':>6}")
+    for path in args.paths:
+        model, tok, _ = load_for_inference(path, "cpu", args.precision)
+        if tok.kind == "smiles":
+            cases = [("grammar smiles", None, "smiles")]
+        else:
+            cases = [(f"regex {r}", r, None) for r in REGEXES]
+        for label, regex, grammar in cases:
+            dfa = Constraints(tok).of(regex, grammar, None)
+            t0, bad, n = time.perf_counter(), 0, 0
+            for seed in range(0, args.samples, 64):
+                run = GenerationRun(model, min(64, args.samples - seed), args.steps, seed=seed, constraint=dfa)
+                with model.compute_context():
+                    while not run.done:
+                        batch_step(model, [run])
+                for row in run.tokens:
+                    ok = dfa.accepts(row.tolist()) if grammar else re.fullmatch(regex, tok.decode(row.tolist()))
+                    bad, n = bad + (not ok), n + 1
+            print(f"{path.name:>14} | {label[:44]:<44} | {n:>7} | {bad:>10} | {time.perf_counter() - t0:>6.1f}",
+                  flush=True)
 
 
 def _run_seconds(model, n: int, steps: int, constraint) -> float:
@@ -159,10 +201,11 @@ def quality(args) -> None:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("part", choices=["speed", "quality"])
+    ap.add_argument("part", choices=["speed", "quality", "violations"])
     ap.add_argument("--checkpoints", type=Path, default=ROOT / "checkpoints")
     ap.add_argument("--checkpoint", help="quality: the checkpoint to ask for (default: the first QM9 TT)")
-    ap.add_argument("--samples", type=int, help="speed: sequences a run (64); quality: molecules a cell (1024)")
+    ap.add_argument("--samples", type=int, help="speed: sequences a run (64); quality: molecules a cell (1024); "
+                                                "violations: samples a constraint (500)")
     ap.add_argument("--steps", type=int, nargs="*", help="speed: steps a run (4); quality: K values (4 8)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--precision", default="auto")
@@ -176,6 +219,14 @@ def main():
         args.samples = args.samples or 64
         args.steps = (args.steps or [4])[0]
         speed(args)
+    elif args.part == "violations":
+        names = ("qm9-tt-r16", "moses-tt-r8", "text-tt-r4")
+        found = [args.checkpoints / n for n in names if (args.checkpoints / n).is_dir()]
+        args.paths = found or sorted(p for p in args.checkpoints.iterdir() if (p / "config.json").is_file()
+                                     and p.name != "broken")
+        args.samples = args.samples or 500
+        args.steps = (args.steps or [4])[0]
+        violations(args)
     else:
         args.samples = args.samples or 1024
         args.steps = args.steps or [4, 8]

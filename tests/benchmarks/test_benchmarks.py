@@ -210,3 +210,7 @@ def test_structured_output_smoke(checkpoints):
                  "--steps", 2, timeout=900)
     rows = [line for line in out.splitlines() if re.match(r"\s*qm9-tt-r2 \|\s+2 \|", line)]
     assert len(rows) == 2 and "smiles" in rows[1], out
+    out = _bench(ROOT / "benchmarks" / "structured_output.py", "violations", "--checkpoints", checkpoints,
+                 "--samples", 2, "--steps", 2, timeout=900)
+    rows = [line for line in out.splitlines() if re.search(r"\|\s+2 \|\s+0 \|", line)]  # 2 samples, 0 outside
+    assert sum("regex" in r for r in rows) == 20 and any("grammar" in r for r in rows), out
