@@ -103,3 +103,32 @@ def test_a_completion_cut_by_max_tokens_is_refused_with_a_constraint(server):
     r = httpx.post(server + "/v1/completions", json={"model": "text", "prompt": "Hi", "max_tokens": 3,
                                                      "regex": "[a-z ]+"}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text  # OpenAI's invalid request
+
+
+def test_every_bundled_checkpoint_generates_inside_its_constraint_through_both_apis():
+    """The bundled checkpoints as served (bf16): each SMILES one with its grammar, the text one with a regex, on
+    /generate and on /v1/completions."""
+    from pathlib import Path
+
+    from servers import start_uvicorn
+
+    root = Path(__file__).resolve().parents[2] / "checkpoints"
+    proc, url = start_uvicorn(root, "--precision", "bf16")
+    try:
+        for info in httpx.get(url + "/models").json()["models"]:
+            name = info["checkpoint"]
+            constraint = {"grammar": "smiles"} if info["grammars"] else {"regex": "[a-z]+( [a-z]+)?\\."}
+            gen = httpx.post(url + "/generate", json={"checkpoint": name, "num_samples": 2, "steps": 2, "seed": 0,
+                                                      **constraint}, timeout=300)
+            v1 = httpx.post(url + "/v1/completions", json={"model": name, "prompt": "", "n": 2, "seed": 0,
+                                                           "steps": 2, **constraint}, timeout=300)
+            assert gen.status_code == 200 and v1.status_code == 200, (name, gen.text[:300], v1.text[:300])
+            texts = [s["text"] for s in gen.json()["samples"]] + [c["text"] for c in v1.json()["choices"]]
+            if "regex" in constraint:
+                assert all(re.fullmatch(constraint["regex"], t) for t in texts), (name, texts)
+            else:
+                tok, grammar = _grammar(root, name)
+                assert all(grammar.accepts(tok.encode(t)) for t in texts), (name, texts)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
