@@ -100,3 +100,23 @@ def test_an_unsatisfiable_prompt_and_a_sampler_that_cannot_constrain_are_refused
         GenerationRun(model, 2, 2, prompt=torch.tensor([2, 2, mask_id, mask_id, mask_id]), constraint=_parity())
     with pytest.raises(ConstraintError, match="joint: false"):
         GenerationRun(model, 2, 2, SamplerConfig(joint=False), constraint=_parity())
+
+
+def test_a_row_whose_joint_underflows_on_the_whole_language_is_rescued_inside_it():
+    """At temperature 0.01 a tiny TT's tempered cores G^100 round the unlikely tokens to 0 in float64, and a
+    language of only such sequences then has no mass: the step draws again with those zeros floored, and the run
+    still finishes inside the language (no dead end, no [MASK] left)."""
+    model = tiny_model("tt", V, L, 2, perturb=3.0, noise=3.0)
+    mask_id = model.cfg.dit.vocab_size - 1
+    with torch.no_grad():
+        h = model.features(torch.full((1, L), mask_id)).float()
+        probs = joint_distribution(model, h, torch.full((1, L), mask_id), torch.ones(1, L, dtype=torch.bool),
+                                   1.0).marginals(torch.full((1, L), -1))[0]  # [L, V]
+    rare = int(probs.mean(0).argmin())
+    delta = torch.full((1, V), -1)
+    delta[0, rare] = 0
+    only = TokenDFA(delta, torch.tensor([True]))  # the rare token everywhere
+    with torch.no_grad():
+        done = run_together(model, [GenerationRun(model, 4, 2, SamplerConfig(temperature=0.01), seed=0,
+                                                  constraint=only)])[0]
+    assert (done.tokens == rare).all()

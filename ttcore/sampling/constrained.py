@@ -51,29 +51,34 @@ def batch_automaton(constraints: list, sizes: list[int], device) -> Automata:
 
 def constrained_joint(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, temperature, automaton
                       ) -> Constrained:
-    """p(x | x_t, x in L) of these rows: the format's joint (``joint_step.joint_distribution``) times the rows'
-    automata, its messages in float32 (each scaled to max 1; the draws' probabilities are float64)."""
+    """p(x | x_t, x in L) of these rows: the format's joint (``joint_step.joint_distribution``: a TT's and CP's in
+    float32, a rank-1 model's in float64) times the rows' automata (known tokens move them by a gather)."""
     known = torch.where(masked, torch.full_like(x, -1), x)
-    return Constrained(joint_distribution(model, h, x, masked, temperature), automaton, known, torch.float32)
+    return Constrained(joint_distribution(model, h, x, masked, temperature), automaton, known)
+
+
+FLOOR = 1e-300  # the float64 weight a rescued row gives a value its joint rounded to 0 (``constrained_step``)
 
 
 def constrained_step(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, chosen: torch.Tensor,
                      temperature, generator, automaton) -> torch.Tensor:
     """A joint draw of x_T, T = ``chosen``, from p(x_T | x_t, x in L) (one accepted completion of every masked
-    position drawn, T kept). A row whose every accepted completion underflows the model's float64 weights (its
-    normalizer 0, which the known tokens' feasibility rules out exactly) draws from the automaton alone: a uniform
-    path among the accepted completions, so even then the run does not dead-end. -> [b, l], -1 off T."""
+    position drawn, T kept). A row whose joint gives every accepted completion zero mass (the text TT's float32
+    cores round end-of-text mid-sequence, about 1e-50, to 0, and a short regex needs padding there) draws again
+    in float64 with the joint's zeros raised to ``FLOOR``: the model's own weights wherever it has any, so the run
+    neither dead-ends nor leaves its language (the known tokens' feasibility was checked when the run began).
+    -> [b, l], -1 off T."""
     if not chosen.any():
         return torch.full_like(x, -1)
     dist = constrained_joint(model, h, x, masked, temperature, automaton)
     values = dist.sample(chosen, generator)
     lost = (values == -1).all(1) & chosen.any(1)
     if lost.any():
-        known = torch.where(masked, torch.full_like(x, -1), x)[lost]
-        ones = torch.ones_like(dist.cores[lost])  # every token allowed where free
+        known = dist.known[lost]
         keep = torch.nn.functional.one_hot(known.clamp_min(0), dist.v).bool() | (known < 0)[..., None]
-        ones = ones * keep.view(keep.shape + (1,) * (ones.dim() - 3)).to(ones.dtype)
+        cores = dist.cores[lost].double().clamp_min(FLOOR)
+        cores = cores * keep.view(keep.shape + (1,) * (cores.dim() - 3)).double()
         u = uniforms(generator, x.shape[0], 2 * x.shape[1] + 1, x.device, Site.draw)[lost]
-        path = constrained_sample(dist.start[lost], ones, automaton[lost], u, dist.diagonal, known=dist.known[lost])
+        path = constrained_sample(dist.start[lost].double(), cores, automaton[lost], u, dist.diagonal, known=known)
         values[lost] = torch.where(chosen[lost], path, torch.full_like(path, -1))
     return values
