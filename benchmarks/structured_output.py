@@ -11,20 +11,18 @@ unconstrained, and what the SMILES grammar does for the served QM9 TT through HT
 ``speed`` runs, in process, a whole generation of ``--samples`` sequences at ``--steps`` steps with and without
 the constraint, alternating ``--repeats`` times, and prints the median seconds per step of each and their ratio
 (constrained / free), with the automaton's states and token classes. ``quality`` serves the checkpoints on an
-embedded server (uvicorn) and asks ``/generate`` for ``--samples`` molecules a cell (random order), with and
-without ``grammar: smiles``: validity (one molecule), uniqueness, novelty, FCD to QM9's held-out split, and of
-the invalid molecules the share RDKit rejects for each reason (parse, valence, aromaticity, other): a regular
-language can remove parse errors only, and not all of them (``_why_invalid``). ``violations`` samples, in
-process, ``--samples`` sequences per regex of ``REGEXES`` on each text checkpoint and per grammar on each SMILES
-checkpoint, and counts the samples outside their language (each checked by Python's ``re.fullmatch`` on the
-decoded text, or by the grammar's automaton on the tokens).
+embedded server (uvicorn, one thread: ``served_overhead``'s) and asks ``/generate`` for ``--samples`` molecules
+a cell (random order), with and without ``grammar: smiles``: validity (one molecule), uniqueness, novelty, FCD
+to QM9's held-out split, and of the invalid molecules the share RDKit rejects for each reason (parse, valence,
+aromaticity, other): a regular language can remove parse errors only, and not all of them (``_why_invalid``).
+``violations`` samples, in process, ``--samples`` sequences per regex of ``REGEXES`` on each text checkpoint and
+per grammar on each SMILES checkpoint, and counts the samples outside their language (each checked by Python's
+``re.fullmatch`` on the decoded text, or by the grammar's automaton on the tokens).
 """
 
 import argparse
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,6 +32,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "training"))
+from served_overhead import _start as start_server  # noqa: E402 (benchmarks/ is this script's own path)
 
 TEXT_REGEX = r"[A-Z][a-z]{1,12}( [a-z]{1,12}){0,4}, [0-9]{4}\."  # a 64-state automaton over the text tokens
 
@@ -133,28 +132,6 @@ def _why_invalid(smiles: str) -> str:
     return "fragments" if len(Chem.GetMolFrags(mol)) > 1 else "valid"
 
 
-def _serve(checkpoints: Path) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "service", "--checkpoints", str(checkpoints), "--port", str(port),
-                             "--log-level", "warning"], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        try:
-            if httpx.get(url + "/ready", timeout=5).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            break
-        time.sleep(0.3)
-    proc.kill()
-    raise SystemExit("the server did not start")
-
-
 def quality(args) -> None:
     from _common import dataset
 
@@ -165,7 +142,7 @@ def quality(args) -> None:
     ds = dataset(TrainConfig())  # QM9: the training split for novelty, the held-out split for FCD
     training = set(ds.train)
     reference = Reference(next(iter(ds.references.values())), "cpu")
-    proc, url = _serve(args.checkpoints)
+    proc, url = start_server(ROOT, args.checkpoints, "auto")  # served_overhead's: the embedded server, ready
     print(f"{'checkpoint':>14} | {'K':>3} | {'grammar':>7} | {'valid %':>7} {'unique %':>8} {'novel %':>7} "
           f"{'FCD':>6} | invalid: {'parse':>6} {'valence':>7} {'aromatic':>8} {'other':>5} | {'s':>5}")
     try:
@@ -199,6 +176,12 @@ def quality(args) -> None:
         proc.wait(timeout=60)
 
 
+def _checkpoints(root: Path, names: tuple[str, ...]) -> list[Path]:
+    """The bundled checkpoints a part measures, or every loadable one under ``root`` when none is there."""
+    found = [root / n for n in names if (root / n).is_dir()]
+    return found or sorted(p for p in root.iterdir() if (p / "config.json").is_file() and p.name != "broken")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("part", choices=["speed", "quality", "violations"])
@@ -212,18 +195,12 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     if args.part == "speed":
-        names = ("qm9-tt-r16", "text-tt-r4")
-        found = [args.checkpoints / n for n in names if (args.checkpoints / n).is_dir()]
-        args.paths = found or sorted(p for p in args.checkpoints.iterdir() if (p / "config.json").is_file()
-                                     and p.name != "broken")
+        args.paths = _checkpoints(args.checkpoints, ("qm9-tt-r16", "text-tt-r4"))
         args.samples = args.samples or 64
         args.steps = (args.steps or [4])[0]
         speed(args)
     elif args.part == "violations":
-        names = ("qm9-tt-r16", "moses-tt-r8", "text-tt-r4")
-        found = [args.checkpoints / n for n in names if (args.checkpoints / n).is_dir()]
-        args.paths = found or sorted(p for p in args.checkpoints.iterdir() if (p / "config.json").is_file()
-                                     and p.name != "broken")
+        args.paths = _checkpoints(args.checkpoints, ("qm9-tt-r16", "moses-tt-r8", "text-tt-r4"))
         args.samples = args.samples or 500
         args.steps = (args.steps or [4])[0]
         violations(args)
