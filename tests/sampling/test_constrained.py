@@ -2,12 +2,15 @@
 joint restricted to the language and enumerated, alone and batched with unconstrained runs; every step kind's
 finished samples accepted; unconstrained runs unchanged beside constrained ones."""
 
+import functools
 import itertools
 
 import numpy as np
 import pytest
 import torch
 from brute import chi_square_pvalue
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tiny import run_together, tiny_model
 
 from ttcore.constraints import ConstraintError, TokenDFA
@@ -120,3 +123,39 @@ def test_a_row_whose_joint_underflows_on_the_whole_language_is_rescued_inside_it
         done = run_together(model, [GenerationRun(model, 4, 2, SamplerConfig(temperature=0.01), seed=0,
                                                   constraint=only)])[0]
     assert (done.tokens == rare).all()
+
+
+PIECES = ["a", "b", "ab"]  # the tiny model's three tokens read as text (no padding: every position is text)
+_atoms = st.sampled_from(["a", "b", "ab", "[ab]", "(a|bb)", "b?", "."])
+_regexes = st.recursive(_atoms, lambda inner: st.one_of(
+    st.tuples(inner, inner).map("".join),
+    st.tuples(inner, st.sampled_from(["*", "+", "?", "{1,3}"])).map(lambda t: f"({t[0]}){t[1]}"),
+    st.tuples(inner, inner).map(lambda t: f"({t[0]}|{t[1]})")), max_leaves=5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(pattern=_regexes, adaptive=st.booleans(), seed=st.integers(0, 1000))
+def test_every_sample_of_a_fuzzed_regex_matches_it(pattern, adaptive, seed):
+    """Fuzzed regexes over the tokens' texts: whenever some 5-token sequence matches, every sample of a TT run
+    constrained by it (random order or the fast adaptive path) matches it whole."""
+    import re
+
+    from ttcore.constraints import regex_dfa
+
+    model = _fuzz_model()
+    try:
+        dfa = regex_dfa(pattern, PIECES, None)
+    except ConstraintError:
+        return  # no token string matches at all
+    if not dfa.satisfiable(torch.full((1, L), -1)).item():
+        return  # none of length 5
+    config = SamplerConfig(ordering="top_prob", adaptive_path="fast") if adaptive else SamplerConfig()
+    with torch.no_grad():
+        done = run_together(model, [GenerationRun(model, 8, 3, config, seed=seed, constraint=dfa)])[0]
+    for row in done.tokens.tolist():
+        assert re.fullmatch(pattern, "".join(PIECES[i] for i in row)), (pattern, row)
+
+
+@functools.cache
+def _fuzz_model():
+    return tiny_model("tt", V, L, 2, perturb=0.5, noise=0.5)
