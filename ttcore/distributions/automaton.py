@@ -19,7 +19,7 @@ message ahead, every prefix it draws can still be completed to an accepted seque
 
 Tokens that move every state alike form a class (``Automata``: an automaton's transitions over C classes, and
 each token's class): the messages need only the class sums of the cores, sum_{x in k} G_i(x), so their work is
-O(l C r^2 |Q|) a sequence (dense cores; O(l C r |Q|) diagonal) plus O(l V r^2) for the sums, in float64, each
+O(l C r^2 |Q|) a sequence (dense cores; O(l C r |Q|) diagonal) plus O(l V r^2) for the sums, in the cores' dtype, each
 message scaled to max 1 with its log scale carried; a draw picks the class and the next rank state from the
 messages, then the token within the class from its own core. A batch mixes automata, padded to one Q (rejecting
 states) and one C (classes no token is in).
@@ -248,7 +248,7 @@ class Constrained:
                  dtype: torch.dtype | None = None):
         self.joint = joint
         self.start, self.cores, self.diagonal = as_chain(joint)
-        if dtype is not None:  # the served step's messages in float32 (each scaled to max 1); draws in float64
+        if dtype is not None:  # the messages' dtype (each message scaled to max 1); draws are float64 whatever it is
             self.start, self.cores = self.start.to(dtype), self.cores.to(dtype)
         self.automata = automata
         self.known = known  # [b, l]: the tokens whose cores are delta(x = token) I (x_t's), -1 elsewhere
