@@ -244,12 +244,9 @@ class Constrained:
     and joint draws run on it unchanged. Conditioning on x_S multiplies each conditioned position's core by the
     indicator of its token."""
 
-    def __init__(self, joint, automata: Automata, known: torch.Tensor | None = None,
-                 dtype: torch.dtype | None = None):
+    def __init__(self, joint, automata: Automata, known: torch.Tensor | None = None):
         self.joint = joint
-        self.start, self.cores, self.diagonal = as_chain(joint)
-        if dtype is not None:  # the messages' dtype (each message scaled to max 1); draws are float64 whatever it is
-            self.start, self.cores = self.start.to(dtype), self.cores.to(dtype)
+        self.start, self.cores, self.diagonal = as_chain(joint)  # the messages run in the cores' dtype
         self.automata = automata
         self.known = known  # [b, l]: the tokens whose cores are delta(x = token) I (x_t's), -1 elsewhere
         self.b, self.l, self.v = self.cores.shape[0], self.cores.shape[1], self.cores.shape[2]
