@@ -97,17 +97,60 @@ def _scaled(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return m / top.view(-1, *([1] * (m.dim() - 1))), top.log()
 
 
-def _back(summed_i: torch.Tensor, beta: torch.Tensor, idx: torch.Tensor, diagonal: bool) -> torch.Tensor:
+def _back(summed_i: torch.Tensor, beta: torch.Tensor, idx: torch.Tensor, diagonal: bool,
+          live: torch.Tensor | None = None) -> torch.Tensor:
     """sum_k sum_c G(k)[a, c] beta[delta(q, k), c]: class sums [n, C, r, r] (diagonal [n, C, r]), beta [n, Q, r],
-    ``idx`` [n, Q C] the rows of beta padded with a zero row (Q: rejected) that delta leads to -> [n, Q, r]: one
-    gather of whole rank vectors and one batched matmul over (k, c)."""
+    ``idx`` [n, Q, C] the rows of beta padded with a zero row (Q: rejected) that delta leads to -> [n, Q, r]: one
+    gather of whole rank vectors and one batched matmul over (k, c), for the ``live`` states only (the others 0)."""
     n, q_n, r = beta.shape
     c_n = summed_i.shape[1]
     padded = torch.cat([beta, beta.new_zeros(n, 1, r)], 1)
-    ahead = padded[torch.arange(n, device=beta.device)[:, None], idx]  # [n, Q C, r]: beta[delta(q, k), c]
+    at = idx if live is None else idx[:, live]  # [n, Ql, C]
+    q_l = at.shape[1]
+    ahead = padded[torch.arange(n, device=beta.device)[:, None], at.reshape(n, -1)]  # [n, Ql C, r]
     if diagonal:  # c = a
-        return (ahead.view(n, q_n, c_n, r) * summed_i[:, None]).sum(2)
-    return torch.bmm(ahead.view(n, q_n, c_n * r), summed_i.permute(0, 1, 3, 2).reshape(n, c_n * r, r))
+        out = (ahead.view(n, q_l, c_n, r) * summed_i[:, None]).sum(2)
+    else:
+        out = torch.bmm(ahead.view(n, q_l, c_n * r), summed_i.permute(0, 1, 3, 2).reshape(n, c_n * r, r))
+    if live is None:
+        return out
+    full = beta.new_zeros(n, q_n, r)
+    full[:, live] = out
+    return full
+
+
+def live_states(automata: Automata, known: torch.Tensor | None, l: int) -> torch.Tensor:
+    """[l + 1, Q] bool: the states some row's automaton can be in after i tokens that agree with its known tokens
+    and from which it can still accept in the l - i tokens left (agreeing with them too); the messages of every
+    other state are unused (the path never visits them) or zero (they cannot accept), so ``backward_messages``
+    computes these only. Boolean reachability, O(l Q C) a row."""
+    b, q_n, c_n = automata.delta.shape
+    to = torch.where(automata.delta < 0, q_n, automata.delta).reshape(b, -1)  # [b, Q C]
+    rows = torch.arange(b, device=to.device)
+    allowed = []  # [b, C] per position: the classes its token may take
+    for i in range(l):
+        every = torch.ones(b, c_n, dtype=torch.bool, device=to.device)
+        if known is not None and (known[:, i] >= 0).any():
+            fixed = known[:, i] >= 0
+            one = torch.zeros_like(every)
+            one[rows, automata.token_class[rows, known[:, i].clamp_min(0)]] = True
+            every = torch.where(fixed[:, None], one, every)
+        allowed.append(every)
+    reach = torch.zeros(b, q_n + 1, device=to.device)
+    reach[:, 0] = 1
+    forward = [reach[:, :q_n] > 0]
+    for i in range(l):
+        hit = (forward[-1][:, :, None] & allowed[i][:, None, :]).reshape(b, -1)
+        reach = torch.zeros(b, q_n + 1, device=to.device).scatter_add_(1, to, hit.float())
+        forward.append(reach[:, :q_n] > 0)
+    co = automata.accepting.clone()
+    backward = [co]
+    for i in range(l - 1, -1, -1):
+        ahead = torch.cat([co, torch.zeros(b, 1, dtype=torch.bool, device=co.device)], 1).gather(1, to)
+        co = (ahead.view(b, q_n, c_n) & allowed[i][:, None, :]).any(2)
+        backward.append(co)
+    backward = backward[::-1]
+    return torch.stack([(f & c).any(0) for f, c in zip(forward, backward)])
 
 
 @own_precision
@@ -121,14 +164,15 @@ def backward_messages(summed: torch.Tensor, automata: Automata, diagonal: bool =
     from i to l))."""
     b, l, _, r = summed.shape[:4]
     q_n = automata.delta.shape[1]
-    idx = torch.where(automata.delta < 0, q_n, automata.delta).reshape(b, -1)  # [b, Q C]
+    idx = torch.where(automata.delta < 0, q_n, automata.delta)  # [b, Q, C]
+    live = live_states(automata, known, l)  # [l + 1, Q]: the states whose messages anything reads
     rows = torch.arange(b, device=summed.device)
     beta = automata.accepting[:, :, None].to(summed.dtype).expand(b, -1, r).contiguous()
     out, scales = [beta], [summed.new_zeros(b)]
     for i in range(l - 1, -1, -1):
         fixed = None if known is None else known[:, i] >= 0
         if fixed is None or not fixed.any():
-            new = _back(summed[:, i], beta, idx, diagonal)
+            new = _back(summed[:, i], beta, idx, diagonal, live[i])
         else:
             new = torch.empty_like(beta)
             f = rows[fixed]  # a known token moves every state by its class: a gather of rows
@@ -137,7 +181,7 @@ def backward_messages(summed: torch.Tensor, automata: Automata, diagonal: bool =
             new[f] = padded[torch.arange(len(f), device=beta.device)[:, None], torch.where(dest < 0, q_n, dest)]
             m = rows[~fixed]
             if len(m):
-                new[m] = _back(summed[m, i], beta[m], idx[m], diagonal)
+                new[m] = _back(summed[m, i], beta[m], idx[m], diagonal, live[i])
         beta, scale = _scaled(new)
         out.append(beta)
         scales.append(scale)
