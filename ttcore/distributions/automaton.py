@@ -83,14 +83,6 @@ def _gather_ahead(beta: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
     return padded.gather(2, idx.reshape(b, 1, q_n * c).expand(b, r, q_n * c)).view(b, r, q_n, c)
 
 
-def _step_back(core: torch.Tensor, ahead: torch.Tensor, diagonal: bool) -> torch.Tensor:
-    """sum_k G(k) beta(delta(q, k)): class cores [b, C, r, r] (diagonal: [b, C, r]), ahead [b, r, Q, C] -> [b, r,
-    Q]."""
-    if diagonal:
-        return torch.einsum("nka,naqk->naq", core, ahead)
-    return torch.einsum("nkac,ncqk->naq", core, ahead)
-
-
 def _scaled(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """m / max per row (rows of zeros stay zero) -> (scaled, log max [b])."""
     top = m.flatten(1).amax(1).clamp_min(torch.finfo(m.dtype).tiny)
@@ -270,6 +262,13 @@ def constrained_sample(start: torch.Tensor, cores: torch.Tensor, automata: Autom
     return torch.where(ok[:, None], out, torch.full_like(out, -1))
 
 
+def conditioned_cores(cores: torch.Tensor, x_cond: torch.Tensor) -> torch.Tensor:
+    """cores [b, l, V, ...] with every token but x_cond's zeroed where x_cond [b, l] is known (>= 0)."""
+    v = cores.shape[2]
+    keep = torch.nn.functional.one_hot(x_cond.clamp_min(0), v).to(torch.bool) | (x_cond < 0)[..., None]
+    return cores * keep.view(keep.shape + (1,) * (cores.dim() - 3)).to(cores.dtype)
+
+
 def as_chain(joint) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """A format's joint as a chain s^T G_1(x^1) ... G_l(x^l) 1: (start [b, r], cores, diagonal). A Tensor-Train
     (``cores`` [b, l, v, r, r]: s = 1/r, dense), CP (``weights`` [b, r], ``factors`` [b, l, r, v]: diagonal
@@ -296,10 +295,8 @@ class Constrained:
         self.b, self.l, self.v = self.cores.shape[0], self.cores.shape[1], self.cores.shape[2]
 
     def _conditioned(self, x_cond: torch.Tensor) -> torch.Tensor:
-        """The cores with each conditioned position's other tokens zeroed."""
-        keep = torch.nn.functional.one_hot(x_cond.clamp_min(0), self.v).to(torch.bool) | (x_cond < 0)[..., None]
-        shape = keep.shape + (1,) * (self.cores.dim() - 3)
-        return self.cores * keep.view(shape).to(self.cores.dtype)
+        """The cores with each conditioned position's other tokens zeroed (``conditioned_cores``)."""
+        return conditioned_cores(self.cores, x_cond)
 
     def log_prob(self, x: torch.Tensor) -> torch.Tensor:
         """log p(x | x in L) of complete sequences x [b, l]: log p(x) - log Z where accepted, -inf elsewhere."""

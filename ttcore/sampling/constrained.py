@@ -13,7 +13,7 @@ import torch
 
 from ttcore.constraints import ConstraintError
 from ttcore.distributions import Site, uniforms
-from ttcore.distributions.automaton import Automata, Constrained, constrained_sample
+from ttcore.distributions.automaton import Automata, Constrained, conditioned_cores, constrained_sample
 
 from .joint_step import joint_distribution
 
@@ -75,9 +75,7 @@ def constrained_step(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Tens
     lost = (values == -1).all(1) & chosen.any(1)
     if lost.any():
         known = dist.known[lost]
-        keep = torch.nn.functional.one_hot(known.clamp_min(0), dist.v).bool() | (known < 0)[..., None]
-        cores = dist.cores[lost].double().clamp_min(FLOOR)
-        cores = cores * keep.view(keep.shape + (1,) * (cores.dim() - 3)).double()
+        cores = conditioned_cores(dist.cores[lost].double().clamp_min(FLOOR), known)
         u = uniforms(generator, x.shape[0], 2 * x.shape[1] + 1, x.device, Site.draw)[lost]
         path = constrained_sample(dist.start[lost].double(), cores, automaton[lost], u, dist.diagonal, known=known)
         values[lost] = torch.where(chosen[lost], path, torch.full_like(path, -1))
