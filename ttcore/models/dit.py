@@ -32,6 +32,7 @@ class DiTConfig:
     time_conditioning: bool = False
     rotary_values: bool = True
     latent_dim: int = 0  # > 0: a VADD latent z (Sec. 4.4) enters the conditioning (adaLN) of every block
+    causal: bool = False  # an autoregressive model (``ttcore.models.ar``): causal attention, inputs shifted right
 
     def __post_init__(self):
         if self.time_conditioning:  # training, scoring and sampling would each feed the network another time
@@ -109,6 +110,7 @@ class DDiTBlock(nn.Module):
         super().__init__()
         d = cfg.hidden_dim
         self.n_heads, self.rotary_values, self.dropout = cfg.n_heads, cfg.rotary_values, cfg.dropout
+        self.causal = cfg.causal
         self.norm1 = LayerNorm(d)
         self.attn_qkv = nn.Linear(d, 3 * d, bias=False)
         self.attn_out = nn.Linear(d, d, bias=False)
@@ -130,7 +132,8 @@ class DDiTBlock(nn.Module):
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if self.rotary_values:  # App. C: positions must reach the values too
             v = apply_rotary(v, cos, sin)
-        att = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0)  # as MDLM: dropout on the residuals only
+        att = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, is_causal=self.causal)  # as MDLM: dropout
+        # on the residuals only
         att = att.transpose(1, 2).reshape(b, l, d)  # [b, l, d]
         x = x + gate_msa * F.dropout(self.attn_out(att), self.dropout, self.training)
         h = modulate(self.norm2(x), shift_mlp, scale_mlp)
@@ -138,7 +141,11 @@ class DDiTBlock(nn.Module):
 
 
 class DiT(nn.Module):
-    """x_t [b, l] -> final features [b, l, d] (``features``); the output layer lives in the heads."""
+    """x_t [b, l] -> final features [b, l, d] (``features``); the output layer lives in the heads.
+
+    ``causal``: the same blocks as an autoregressive model: attention only to earlier positions, and the input
+    shifted one position right with [MASK] as the start token, so position i's features see x^{<i} only and its
+    head predicts p(x^i | x^{<i}) (``ttcore.models.ar``)."""
 
     def __init__(self, cfg: DiTConfig):
         super().__init__()
@@ -171,6 +178,8 @@ class DiT(nn.Module):
         if z is not None:
             c = c + self.latent_map(z.to(self.latent_map.weight.dtype))
         c = F.silu(c)
+        if self.cfg.causal:  # position i reads x^{i-1}; position 0 the start token
+            x_t = torch.cat([torch.full_like(x_t[:, :1], self.cfg.vocab_size - 1), x_t[:, :-1]], 1)
         x = self.vocab_embed(x_t)  # [b, l, d]
         rotary = (self.rotary_cos[:l], self.rotary_sin[:l])
         for block in self.blocks:

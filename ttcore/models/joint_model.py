@@ -40,6 +40,8 @@ class ModelConfig:
             raise ValueError(f"rank must be >= 1, got {self.rank}")
         if self.latent_draw not in LATENT_DRAWS:
             raise ValueError(f"latent_draw must be one of {', '.join(LATENT_DRAWS)}, got {self.latent_draw!r}")
+        if self.dit.causal and (self.format.joint_head or self.dit.latent_dim or self.backbone is not None):
+            raise ValueError("an autoregressive model (dit.causal) is a DiT with the rank-1 head and no latent")
         if self.head not in HEAD_KINDS:
             raise ValueError(f"head must be one of {', '.join(HEAD_KINDS)}, got {self.head!r}")
 
@@ -50,7 +52,10 @@ class ModelConfig:
 
     @property
     def head_label(self) -> str:
-        """The head as model cards and /models name it: 1layer / 2layer, or ``base`` for rank 1 (the MDM's W)."""
+        """The head as model cards and /models name it: 1layer / 2layer, ``base`` for rank 1 (the MDM's W), ``ar``
+        for an autoregressive model's next-token head."""
+        if self.dit.causal:
+            return "ar"
         return self.head if self.format.joint_head else "base"
 
     def to_dict(self) -> dict:
@@ -86,6 +91,8 @@ class JointModel(nn.Module):
                   noise: float = 0.0, generator: torch.Generator | None = None) -> "JointModel":
         """Fine-tuning start (Sec. 4.5): the base model's weights, a joint head initialized to keep
         its marginals, plus ``noise`` (relative std) to break rank symmetry."""
+        if base.cfg.dit.causal:
+            raise ValueError("the base model must be a masked diffusion model, got an autoregressive one")
         if base.format.joint_head:
             raise ValueError(f"the base model must be rank 1 (decomposition 'none'), got {base.cfg.decomposition!r}")
         joint = get_decomposition(decomposition).joint_head

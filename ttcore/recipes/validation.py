@@ -23,8 +23,20 @@ def evaluate_loss(model, tokens: torch.Tensor, mask_id: int, *, batch_size: int,
     ``min(batches, len(tokens) // batch_size)`` batches of what ``mdlm_loss`` returns per batch:
     ``nll`` (joint NLL per masked token, the training objective), ``marginal_nll`` (per masked token,
     each scored by its exact single-position marginal) and ``nelbo`` (the continuous-time bound's
-    one-sample estimate, nats per position, padding included; comparable across ranks)."""
+    one-sample estimate, nats per position, padding included; comparable across ranks). An autoregressive model
+    (``ttcore.models.ar``): ``nll``, its exact -log p(x) per position, padding included (an upper bound's
+    counterpart: comparable with the diffusion models' ``nelbo``)."""
     model.eval()
+    if getattr(model.cfg.dit, "causal", False):  # an autoregressive model: its exact NLL, nothing drawn
+        from ttcore.models.ar import ar_loss
+
+        n = min(batches, max(1, len(tokens) // batch_size))
+        total = 0.0
+        for k in range(n):
+            with autocast(device, precision):
+                total += ar_loss(model, tokens[k * batch_size:(k + 1) * batch_size].to(device))["nll"].item() / n
+        model.train()
+        return {"nll": total}  # -log p(x) per position (padding included), exact: comparable with ``nelbo``
     g = torch.Generator(device).manual_seed(1234)
     vadd = getattr(model, "recognition", None) is not None
     mixture = bool(getattr(model, "latent_dim", 0)) and not vadd  # a Di4C student (``ModelConfig.latent_draw``)

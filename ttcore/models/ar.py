@@ -1,0 +1,60 @@
+"""The autoregressive model of a family: the DiT's blocks with causal attention and inputs shifted right
+(``DiTConfig.causal``), its rank-1 head predicting p(x^i | x^{<i}) at every position.
+
+It is a ``JointModel`` like the others (checkpoint, card, inference, serving): its exact log-likelihood is one
+forward pass over the clean sequence, log p(x) = sum_i log p(x^i | x^{<i}) (``ar_log_prob``), and it generates
+by the same denoising loop, one token a step, left to right (``check_ar_run``): at the leftmost masked position
+the rank-1 step draws from the head's softmax there, which is exactly p(x^i | x^{<i}) since that position sees
+only the tokens before it. It has no key-value cache: each step runs the whole sequence (l forward passes of
+length l for a sequence, where a cache would cost about one)."""
+
+import torch
+
+ORDERING = "left_to_right"
+
+
+def is_autoregressive(model) -> bool:
+    """Whether ``model`` (a JointModel) is a family's autoregressive model."""
+    return bool(getattr(model.cfg.dit, "causal", False))
+
+
+def ar_log_prob(model, x: torch.Tensor) -> torch.Tensor:
+    """log p(x) [b] (float32) of sequences x [b, l] under an autoregressive model: exact, one forward pass (every
+    position's p(x^i | x^{<i}) from the clean sequence, which causal attention and the shift make legitimate)."""
+    return model(x, torch.ones_like(x, dtype=torch.bool)).log_prob(x)
+
+
+def ar_conditionals(model, x: torch.Tensor) -> torch.Tensor:
+    """log p(x^i = v | x^{<i}) [b, l, V] (float32) for sequences x [b, l]: every position's next-token law given
+    the tokens before it (positions past a [MASK] read it as a token: callers use only the prefix's)."""
+    out = model(x, torch.ones_like(x, dtype=torch.bool))
+    return torch.log_softmax(out.logits.float(), -1).view(*x.shape, -1)
+
+
+def ar_loss(model, x0: torch.Tensor, generator=None, step: int = 0) -> dict:
+    """The autoregressive training objective: -log p(x0) per token (every position, padding included, as the
+    diffusion models' NELBO counts it). ``fit``'s ``objective`` contract (``generator`` and ``step`` unused: the
+    objective draws nothing)."""
+    nll = -ar_log_prob(model, x0)
+    per_token = nll.sum() / x0.numel()
+    zero = per_token.detach() * 0
+    return {"loss": per_token, "nll": per_token.detach(), "lc": zero}
+
+
+def check_ar_run(model, config, steps: int, tokens: torch.Tensor, mask_id: int) -> None:
+    """Refuse (ValueError) a generation an autoregressive model cannot make exactly: it draws one token a step,
+    left to right, after a known prefix."""
+    if config.ordering != ORDERING:
+        raise ValueError(f"an autoregressive model generates left to right: ordering must be {ORDERING!r}, "
+                         f"got {config.ordering!r}")
+    if config.sampler is not None or config.eb_gamma is not None:
+        raise ValueError("an autoregressive model draws one token a step: no sampler or eb_gamma")
+    masked = tokens == mask_id
+    n = int(masked.sum(1).max()) if masked.numel() else 0
+    if steps < n:
+        raise ValueError(f"an autoregressive model draws one token a step: steps must be >= {n} (the masked "
+                         f"positions), got {steps}")
+    after = masked.cumsum(1) > 0  # at or after the first masked position
+    if bool((after & ~masked).any()):
+        raise ValueError("an autoregressive model conditions on a prefix only: no known token may follow a "
+                         "masked one")
