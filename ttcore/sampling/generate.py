@@ -15,6 +15,7 @@ from functools import partial
 import torch
 
 from ttcore.distributions import Streams
+from ttcore.models.ar import check_ar_run, is_autoregressive
 from ttcore.models.vadd import prior_sample
 
 from .config import SamplerConfig
@@ -77,6 +78,11 @@ class GenerationRun:
             if int(prompt.min()) < 0 or int(prompt.max()) > self.mask_id:
                 raise ValueError(f"prompt ids must lie in [0, {self.mask_id}]")
             self.tokens = prompt.expand(num_samples, length).clone() if prompt.dim() == 1 else prompt.clone()
+        if is_autoregressive(model):
+            check_ar_run(model, config, steps, self.tokens, self.mask_id)
+            if constraint is not None:
+                raise ValueError("an autoregressive model takes no constraint here (its steps draw no joint of the "
+                                 "masked positions to restrict)")
         self.constraint = constraint
         if constraint is not None:
             check_constraint(constraint, self.sampler, model, self.tokens, self.mask_id)
