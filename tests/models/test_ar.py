@@ -4,8 +4,9 @@ loop, one token a step, left to right) draws exactly from it."""
 
 import pytest
 import torch
-
 from brute import all_sequences, chi_square_pvalue
+from tiny import tiny_ar
+
 from ttcore.models import DiTConfig, JointModel, ModelConfig
 from ttcore.models.ar import ar_conditionals, ar_log_prob
 from ttcore.sampling import generate
@@ -13,19 +14,8 @@ from ttcore.sampling import generate
 V, L = 3, 3
 
 
-def tiny_ar(v: int = V, l: int = L, perturb: float = 0.5) -> JointModel:
-    """A tiny causal model with every weight perturbed (seed 0), eval mode."""
-    torch.manual_seed(0)
-    model = JointModel(ModelConfig(DiTConfig(vocab_size=v + 1, out_vocab=v, length=l, hidden_dim=16, cond_dim=8,
-                                             n_blocks=2, n_heads=2, causal=True)))
-    with torch.no_grad():
-        for prm in model.parameters():
-            prm.add_(perturb * torch.randn_like(prm))
-    return model.eval()
-
-
 def test_likelihood_normalized_and_equal_to_its_conditionals():
-    model = tiny_ar()
+    model = tiny_ar(V, L)
     seqs = all_sequences(L, V)
     with torch.no_grad():
         logp = ar_log_prob(model, seqs).double()
@@ -41,7 +31,7 @@ def test_likelihood_normalized_and_equal_to_its_conditionals():
 
 
 def test_generation_draws_from_the_model():
-    model = tiny_ar()
+    model = tiny_ar(V, L)
     seqs = all_sequences(L, V)
     with torch.no_grad():
         p = ar_log_prob(model, seqs).double().exp().numpy()
@@ -64,11 +54,11 @@ def test_generation_draws_from_the_model():
 ])
 def test_refuses_what_it_cannot_draw_exactly(settings, steps, prompt, message):
     with pytest.raises(ValueError, match=message):
-        next(generate(tiny_ar(), 2, steps, prompt=prompt, **settings))
+        next(generate(tiny_ar(V, L), 2, steps, prompt=prompt, **settings))
 
 
 def test_finetuning_refuses_an_autoregressive_base():
     with pytest.raises(ValueError, match="autoregressive"):
-        JointModel.from_base(tiny_ar(), "tt", 2)
+        JointModel.from_base(tiny_ar(V, L), "tt", 2)
     with pytest.raises(ValueError, match="rank-1 head"):
         ModelConfig(DiTConfig(vocab_size=4, out_vocab=3, length=3, causal=True), decomposition="tt", rank=2)

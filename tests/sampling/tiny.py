@@ -19,6 +19,18 @@ def tiny_model(decomposition: str, v: int, l: int, rank: int, perturb: float, no
     return JointModel.from_base(base, decomposition, rank, noise=noise).eval()
 
 
+def tiny_ar(v: int, l: int, perturb: float = 0.5) -> JointModel:
+    """A tiny autoregressive model (``DiTConfig.causal``) with every weight perturbed by ``perturb`` * N(0, 1)
+    (seed 0), eval mode."""
+    torch.manual_seed(0)
+    model = JointModel(ModelConfig(DiTConfig(vocab_size=v + 1, out_vocab=v, length=l, hidden_dim=16, cond_dim=8,
+                                             n_blocks=2, n_heads=2, causal=True)))
+    with torch.no_grad():
+        for prm in model.parameters():
+            prm.add_(perturb * torch.randn_like(prm))
+    return model.eval()
+
+
 def run_together(model, runs: list) -> list:
     """Step ``runs`` together (``ttcore.sampling.batch_step``, the service's batched step) until all are done;
     runs leave as they finish. -> each run's final state."""

@@ -33,6 +33,8 @@ class Site(IntEnum):
     coins = 3  # Bernoulli unmasking counts, one coin per position
     draw = 4  # a step's joint draw
     chain = 5  # the chain rule's picks
+    proposal = 6  # an AR-guided step's proposals: EDLM's candidates, DCD's autoregressive draws
+    select = 7  # EDLM's pick among its candidates
 
 
 def philox4x32(counter: tuple[torch.Tensor, ...], key: tuple[torch.Tensor, torch.Tensor],

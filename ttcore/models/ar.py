@@ -58,3 +58,20 @@ def check_ar_run(model, config, steps: int, tokens: torch.Tensor, mask_id: int) 
     if bool((after & ~masked).any()):
         raise ValueError("an autoregressive model conditions on a prefix only: no known token may follow a "
                          "masked one")
+
+
+def pair(model, ar_model) -> None:
+    """Make ``ar_model`` the autoregressive model that EDLM and DCD steps of ``model`` (a masked diffusion model of
+    the same tokenizer) consult (``model.ar_companion``). Raises ValueError for models that do not fit."""
+    if not is_autoregressive(ar_model) or is_autoregressive(model):
+        raise ValueError("pair a masked diffusion model with an autoregressive one")
+    d, a = model.cfg.dit, ar_model.cfg.dit
+    if (d.vocab_size, d.out_vocab, d.length) != (a.vocab_size, a.out_vocab, a.length):
+        raise ValueError(f"the autoregressive model's vocabulary and length ({a.out_vocab}, {a.length}) differ "
+                         f"from the diffusion model's ({d.out_vocab}, {d.length})")
+    model.__dict__["ar_companion"] = ar_model  # not a submodule: its weights stay out of the model's
+
+
+def companion(model):
+    """The autoregressive model paired with ``model`` (``pair``), or None."""
+    return getattr(model, "ar_companion", None)

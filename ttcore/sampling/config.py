@@ -12,6 +12,7 @@ from .orderings import ADAPTIVE, PREDETERMINED
 from .schedules import SCHEDULES
 from .steps import SAMPLERS, STEP_CLASSES, Step, WorkKind
 
+MAX_EDLM_CANDIDATES = 16  # EDLM's k: each candidate is one more AR forward of the sequence a step
 ADAPTIVE_PATHS = ("fast", "exact")  # the first is the default everywhere (library, API, playground)
 
 
@@ -35,7 +36,9 @@ class SamplerConfig:
     one marginal inference per step and a joint draw of the chosen set (``fast``, ``steps.fast_adaptive``);
     ``chooser_outputs``: the head outputs per masked position the fast path's choice evaluates (c; None: the
     default of ``steps.fast_adaptive.chooser_outputs``, about the cost of a random-order step; up to every
-    output, which makes the choice's marginals those of the head's mixture: ``benchmarks/chooser_distance.py``)."""
+    output, which makes the choice's marginals those of the head's mixture: ``benchmarks/chooser_distance.py``);
+    ``edlm_candidates`` (k) and ``edlm_window`` (w): ``sampler: edlm``'s proposals a step and the times it
+    weighs them at (``steps.edlm``; the paper's k = 2 and the TT paper's w = 1)."""
     ordering: str = "random"
     schedule: str = "loglinear"
     eb_gamma: float | None = None
@@ -47,10 +50,17 @@ class SamplerConfig:
     sampler: str | None = None
     adaptive_path: str = ADAPTIVE_PATHS[0]
     chooser_outputs: int | None = None
+    edlm_candidates: int = 2
+    edlm_window: float = 1.0
 
     def __post_init__(self):
         if self.chooser_outputs is not None and self.chooser_outputs < 1:
             raise InvalidSampler("chooser_outputs", f"chooser_outputs must be >= 1, got {self.chooser_outputs}")
+        if not 1 <= self.edlm_candidates <= MAX_EDLM_CANDIDATES:
+            raise InvalidSampler("edlm_candidates", f"edlm_candidates must lie in [1, {MAX_EDLM_CANDIDATES}], got "
+                                                    f"{self.edlm_candidates}")
+        if not 0 < self.edlm_window <= 1:
+            raise InvalidSampler("edlm_window", f"edlm_window must lie in (0, 1], got {self.edlm_window}")
         if self.adaptive_path not in ADAPTIVE_PATHS:
             raise InvalidSampler("adaptive_path", f"adaptive_path must be one of {', '.join(ADAPTIVE_PATHS)}, got "
                                                   f"{self.adaptive_path!r}")

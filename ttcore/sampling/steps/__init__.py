@@ -6,7 +6,9 @@ and one ``register_step`` call, from anywhere."""
 
 from .base import ConfiguredStep, Step, WorkKind
 from .chain_rule import ChainRuleStep
+from .dcd import DCDStep
 from .eb import EBStep
+from .edlm import EDLMStep
 from .fast_adaptive import FastAdaptiveStep
 from .marginal_view import MarginalViewStep
 from .predetermined import PredeterminedJointStep
@@ -24,6 +26,10 @@ def register_step(name: str, cls: type[Step]) -> type[Step]:
     return cls
 
 
+register_step("edlm", EDLMStep)  # EDLM (Xu et al. 2025) with an AR energy: over a diffusion model paired with an AR one
+register_step("dcd", DCDStep)  # DCD (Liu et al. 2025) with an AR copula: likewise
+
+
 def sampler_names() -> list[str]:
     """Every name a request's ``sampler`` may take: the built-in ones, then the registered."""
     return [*BUILT_IN, *SAMPLERS]
@@ -37,6 +43,6 @@ def named_sampler(name: str, eb_gamma: float | None) -> dict:
     return {"sampler": name, "eb_gamma": None}
 
 
-__all__ = ["SAMPLERS", "STEP_CLASSES", "ChainRuleStep", "ConfiguredStep", "EBStep", "FastAdaptiveStep",
-           "MarginalViewStep", "PredeterminedJointStep", "Step", "WorkKind", "named_sampler", "register_step",
-           "sampler_names"]
+__all__ = ["SAMPLERS", "STEP_CLASSES", "ChainRuleStep", "ConfiguredStep", "DCDStep", "EDLMStep", "EBStep",
+           "FastAdaptiveStep", "MarginalViewStep", "PredeterminedJointStep", "Step", "WorkKind", "named_sampler",
+           "register_step", "sampler_names"]

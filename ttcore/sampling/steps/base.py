@@ -24,6 +24,8 @@ class WorkKind(StrEnum):
     tempered_chooser_step = "tempered_chooser_step"  # that, choosing by the tempered joint's exact marginals first
     chain_rule = "chain_rule"  # adaptive picks over every position's full head outputs
     constrained_step = "constrained_step"  # a step within an automaton's language: full outputs and its messages
+    edlm_step = "edlm_step"  # EDLM: k candidates a sequence and one AR forward over them (``steps.edlm``)
+    dcd_step = "dcd_step"  # DCD: a diffusion forward per left-context position and an AR forward per position
 
 
 @dataclass
