@@ -1,6 +1,7 @@
 """The loaded checkpoints: loading and validation at start-up, precision, and which checkpoint answers
 a request (``resolve``)."""
 
+import dataclasses
 import logging
 import re
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ import torch
 
 from ttcore.metrics.kinds import MetricsKind, default_metrics, get_metrics_kind
 from ttcore.models import CheckpointError, load_for_inference, resolve_precision
+from ttcore.models.ar import pair
 
 from .constraints import Constraints, grammars_of
 from .refusals import ModelNotFound, PromptError
@@ -41,10 +43,14 @@ class ModelFacts:
     latent_dim: int
     distilled: dict | None = None  # teacher, objective and the step count it was distilled for (``distill.py``)
     grammars: tuple[str, ...] = ()  # what a request's ``grammar`` may name (``service.constraints``)
+    ar_pair: str | None = None  # the family's autoregressive checkpoint that EDLM and DCD consult (``pair_ar``)
 
     @property
     def default_steps(self) -> int | None:
-        """The steps a request that sets none gets: a distilled checkpoint's own count (None: the API's)."""
+        """The steps a request that sets none gets: a distilled checkpoint's own count, an autoregressive one's
+        length (one token a step; None: the API's)."""
+        if self.base == "ar":
+            return self.length
         return None if self.distilled is None else self.distilled["steps"]
 
 
@@ -71,8 +77,11 @@ class LoadedModel:
 
 
 def _base(cfg) -> str:
-    """What kind of model it is: an MDM (``mdlm``), or a latent model: VADD's z per sequence (``vadd``) or a Di4C
-    mixture with z per step (``di4c``; ``ModelConfig.latent_draw``)."""
+    """What kind of model it is: an MDM (``mdlm``), a latent model: VADD's z per sequence (``vadd``) or a Di4C
+    mixture with z per step (``di4c``; ``ModelConfig.latent_draw``), or the family's autoregressive model
+    (``ar``, ``ttcore.models.ar``)."""
+    if cfg.dit.causal:
+        return "ar"
     if not cfg.dit.latent_dim:
         return "mdlm"
     return "di4c" if cfg.latent_draw == "step" else "vadd"
@@ -87,6 +96,12 @@ def _distilled(recorded) -> dict | None:
 
 
 _ABSOLUTE_PATH = re.compile(r"(?<![\w./-])/(?:[\w.+-]+/)+([\w.+-]+)")
+
+
+def _tokenizer_of(lm) -> object:
+    """What decides that two checkpoints read tokens alike: the tokenizer's saved form (its kind otherwise)."""
+    to_dict = getattr(lm.tokenizer, "to_dict", None)
+    return to_dict() if to_dict is not None else (lm.domain, lm.info.vocab_size, lm.info.length)
 
 
 def _read_card(path: Path) -> str | None:
@@ -105,9 +120,10 @@ def _preference(lm: "LoadedModel", steps: int | None) -> tuple:
     """Which checkpoint serves a request that names no checkpoint, decomposition or rank: the most expressive
     joint, i.e. the most head outputs per masked position (TT r16: 256, CP r64: 64, rank 1: 1), then the higher
     rank; among equals, a checkpoint distilled for at least the request's ``steps`` first, else an undistilled
-    one (a distilled student is the few-step specialist, its teacher the general one)."""
+    one (a distilled student is the few-step specialist, its teacher the general one). An autoregressive
+    checkpoint answers only when named (``checkpoint``): it is the baseline, not a diffusion model."""
     fits = lm.info.distilled is not None and steps is not None and steps <= lm.info.distilled["steps"]
-    return lm.info.outputs_per_position, lm.info.rank, fits, lm.info.distilled is None
+    return lm.info.base != "ar", lm.info.outputs_per_position, lm.info.rank, fits, lm.info.distilled is None
 
 
 class ModelRegistry:
@@ -132,6 +148,25 @@ class ModelRegistry:
                 reason = str(e) if isinstance(e, CheckpointError) else f"{type(e).__name__}: {e}"
                 self.refused[d.name] = reason.replace(str(d.resolve()), d.name).replace(str(d), d.name)
                 log.error("refusing checkpoint %s: %s", d.name, self.refused[d.name])
+        self.pair_ar()
+
+    def pair_ar(self) -> None:
+        """Pair each diffusion checkpoint with its family's autoregressive checkpoint of the same tokenizer, if one
+        is loaded (the first by name), for ``sampler: edlm`` and ``dcd`` (``ttcore.models.ar.pair``)."""
+        ars = [lm for lm in self.models if lm.info.base == "ar"]
+        for lm in self.models:
+            if lm.info.base == "ar":
+                continue
+            for ar in ars:
+                if ar.family != lm.family or _tokenizer_of(ar) != _tokenizer_of(lm):
+                    continue
+                try:
+                    pair(lm.model, ar.model)
+                except ValueError:
+                    continue
+                lm.info = dataclasses.replace(lm.info, ar_pair=ar.name)
+                log.info("paired %s with %s (sampler edlm / dcd)", lm.name, ar.name)
+                break
 
     def _load(self, d: Path) -> LoadedModel:
         model, tok, _ = load_for_inference(d, self.device, self.precision)

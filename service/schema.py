@@ -9,6 +9,7 @@ from ttcore.constraints import MAX_STATES
 from ttcore.constraints.regex import MAX_PATTERN
 from ttcore.decompositions import CONTRACTIONS, DECOMPOSITIONS
 from ttcore.sampling import ADAPTIVE, EB_PROXIES, PREDETERMINED, SCHEDULES, SamplerConfig
+from ttcore.sampling.config import MAX_EDLM_CANDIDATES
 from ttcore.sampling.steps import named_sampler, sampler_names
 
 
@@ -88,6 +89,13 @@ class SamplerFields(BaseModel):
                                          "brings the choice's distributions to the head's full mixture (their "
                                          "distance to it is at most the dropped weight) at c times the "
                                          "cost; Benchmarks has the distance by c for each bundled checkpoint.")
+    edlm_candidates: int = Field(SamplerConfig.edlm_candidates, ge=1, le=MAX_EDLM_CANDIDATES,
+                                 description="`sampler: edlm`: candidates k a step, each scored by the paired "
+                                             "autoregressive checkpoint (one AR pass a candidate). EDLM's default 2.")
+    edlm_window: float = Field(SamplerConfig.edlm_window, gt=0, le=1, allow_inf_nan=False,
+                               description="`sampler: edlm`: the steps whose time t (the share still masked) has "
+                                           "|t - 1/2| <= w / 2 pick by EDLM's weights; the others take the plain "
+                                           "diffusion draw. 1 (the default, as the TT paper ran it): every step.")
     joint: bool = Field(True, strict=True,
                         description="`false`: the rank-1 view of a CP / TT checkpoint: each position drawn "
                                     "independently from its exact marginal under the joint the step would "
@@ -107,6 +115,7 @@ class SamplerFields(BaseModel):
         return SamplerConfig(ordering=self.ordering, schedule=self.schedule, temperature=temperature,
                              eb_proxy=self.eb_proxy, contraction=self.contraction, joint=self.joint,
                              adaptive_path=self.adaptive_path, chooser_outputs=self.chooser_outputs,
+                             edlm_candidates=self.edlm_candidates, edlm_window=self.edlm_window,
                              **named_sampler(self.sampler, self.eb_gamma))
 
 
@@ -337,10 +346,15 @@ class ScoreResponse(BaseModel):
 class ModelInfo(BaseModel):
     model: str
     checkpoint: str
-    base: Literal["mdlm", "vadd", "di4c"] = Field(
+    base: Literal["mdlm", "vadd", "di4c", "ar"] = Field(
         "mdlm", description="The base model: `mdlm` (masked diffusion), `vadd` (a latent z ~ N(0, I) per sequence, "
-        "fixed through the steps; paper Sec. 4.4) or `di4c` (a distilled mixture: z ~ N(0, I) drawn again at every "
-        "step, so each step draws from E_z prod_i p(x^i | x_t, z); Hayakawa et al. 2025).")
+        "fixed through the steps; paper Sec. 4.4), `di4c` (a distilled mixture: z ~ N(0, I) drawn again at every "
+        "step, so each step draws from E_z prod_i p(x^i | x_t, z); Hayakawa et al. 2025) or `ar` (the family's "
+        "autoregressive model: one token a step, left to right; `steps` defaults to its length; asked for by "
+        "`checkpoint` only).")
+    ar_pair: str | None = Field(None, description="The autoregressive checkpoint that `sampler: edlm` and `dcd` "
+                                                  "consult for this one (its family's, same tokenizer); null: "
+                                                  "those samplers are refused here.")
     latent_dim: int = Field(0, description="VADD / Di4C: the dimension of z (0 for mdlm).")
     grammars: list[str] = Field([], description="The grammars `grammar` may name for this checkpoint (`smiles` for "
                                                 "SMILES tokens); any checkpoint takes `regex`.")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from ttcore.constraints import ConstraintError
+from ttcore.models.ar import ORDERING as AR_ORDERING
 from ttcore.sampling import GenerationRun, InvalidSampler
 
 from . import admission
@@ -39,6 +40,7 @@ def depict(smiles: str, width: int, height: int) -> str | None:
     return depiction_svg(smiles, width, height)
 
 
+AR_GUIDED = ("edlm", "dcd")  # samplers that consult the paired autoregressive checkpoint (``registry.pair_ar``)
 DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks that its client is still there
 
 
@@ -120,10 +122,14 @@ class Serving:
 
     @staticmethod
     def with_defaults(request: GenerateRequest, lm) -> GenerateRequest:
-        """``request`` with the checkpoint's defaults for what it leaves unset: a distilled checkpoint's steps."""
-        if "steps" in request.model_fields_set or lm.info.default_steps is None:
-            return request
-        return request.model_copy(update={"steps": lm.info.default_steps})
+        """``request`` with the checkpoint's defaults for what it leaves unset: a distilled checkpoint's steps; an
+        autoregressive checkpoint's steps (its length) and ordering (left to right)."""
+        update = {}
+        if "steps" not in request.model_fields_set and lm.info.default_steps is not None:
+            update["steps"] = lm.info.default_steps
+        if lm.info.base == "ar" and "ordering" not in request.model_fields_set:
+            update["ordering"] = AR_ORDERING
+        return request.model_copy(update=update) if update else request
 
     def retime(self, lm, kind) -> None:
         """Re-time ``kind`` of ``lm`` on its worker in the background (``Speed.recalibrate``)."""
@@ -148,6 +154,10 @@ class Serving:
         constraint = lm.constraints.of(request.regex, request.grammar, request.prompt)
         if constraint is None:
             return None, field
+        if lm.info.base == "ar" or config.sampler in AR_GUIDED:
+            raise Unsupported(field, f"{field} is served by the masked diffusion samplers (an autoregressive "
+                                     "checkpoint and sampler edlm / dcd draw no joint of the masked positions to "
+                                     "restrict)")
         if not config.joint:
             raise Unsupported("joint", f"{field} needs the joint draw: joint false draws each position alone")
         if config.step.adaptive:
@@ -187,6 +197,8 @@ class Serving:
                                 max_rows_per_pass=plan.max_rows_per_pass, constraint=constraint)
         except ConstraintError as e:  # no accepted sequence agrees with the prompt
             raise Unsupported("prompt" if request.prompt else field, f"{field}: {e}") from None
+        except InvalidSampler as e:  # what the model cannot run (an AR checkpoint's order, edlm without a pair)
+            raise Unsupported(e.field, str(e)) from None
         return Ticket(self.engine.submit(lm, run, plan.seconds, timeout, work=work))
 
     async def events(self, job: Ticket, steps: bool = True, request: GenerateRequest | None = None):

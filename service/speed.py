@@ -20,6 +20,8 @@ from collections import deque
 from dataclasses import dataclass
 
 from ttcore.distributions.streams import warm_streams
+from ttcore.models.ar import ORDERING as AR_ORDERING
+from ttcore.models.ar import companion, is_autoregressive
 from ttcore.sampling import GenerationRun, SamplerConfig
 from ttcore.sampling.steps import WorkKind
 
@@ -65,13 +67,18 @@ def work_of(model_cfg, config: SamplerConfig, steps: int, constraint=None) -> Wo
     backbone's share of a step does not grow with c. The step count needs no scale: the timing's run takes one
     step, the most positions a step can draw (``CALIBRATION_STEPS``). A constrained run (``constraint``, a
     ``TokenDFA``) is a ``constrained_step``, scaled by its automaton's states x token classes over the timing's
-    (``reference_automaton``) when larger: the messages' work is proportional to them (an upper bound again)."""
+    (``reference_automaton``) when larger: the messages' work is proportional to them (an upper bound again).
+    EDLM scales by its candidates over the timed 2; DCD by 2 (its left-context forwards, absent from the timing)."""
     from ttcore.sampling.steps.fast_adaptive import chooser_outputs  # the step module owns c
 
     if constraint is not None:
         size = constraint.num_states * constraint.classes[1].shape[1]
         return Work(WorkKind.constrained_step, max(1.0, size / (REFERENCE_STATES * REFERENCE_CLASSES)))
     kind, scale = config.work_kind(model_cfg), 1.0
+    if kind == WorkKind.edlm_step:  # timed at k = 2: an AR pass a candidate
+        scale = max(1.0, config.edlm_candidates / 2)
+    if kind == WorkKind.dcd_step:  # timed from the fully masked state, which needs no left-context forwards: at
+        scale = 2.0  # most one diffusion row per AR row, so at most twice the timed step (an upper bound)
     if kind in (WorkKind.chooser_step, WorkKind.tempered_chooser_step) and config.chooser_outputs is not None:
         e, v = model_cfg.format.outputs_per_position(model_cfg.rank), model_cfg.dit.out_vocab
         scale = max(1.0, chooser_outputs(e, v, config.chooser_outputs) / chooser_outputs(e, v))
@@ -209,6 +216,8 @@ def _best(model, n: int, steps: int, repeats: int = CALIBRATION_REPEATS, constra
     """The shortest of up to ``repeats`` timings of one step of a fresh run of ``n`` sequences (the shortest: a
     busy machine only ever slows a timing down); one only when a step takes ``CALIBRATION_SLOW_S`` or more."""
     times = []
+    if is_autoregressive(model):  # its only way: one token a step, left to right (a step costs one forward)
+        settings, steps = dict(settings, ordering=AR_ORDERING), max(steps, model.cfg.dit.length)
     for _ in range(repeats):
         run = GenerationRun(model, n, steps, SamplerConfig(**settings), seed=0, constraint=constraint)
         t0 = time.perf_counter()
@@ -258,6 +267,11 @@ def calibrate_kinds(model, kinds) -> dict[WorkKind, tuple[float, float, float]]:
         out[WorkKind.tempered_chooser_step] = _affine(model, 2, temperature=0.5, **fast)
     if WorkKind.constrained_step in kinds:
         out[WorkKind.constrained_step] = _affine(model, 2, constraint=reference_automaton(model.cfg.dit.out_vocab))
+    for kind in (WorkKind.edlm_step, WorkKind.dcd_step):  # one step drawing every position: the dearest
+        if kind in kinds:
+            paired = companion(model) is not None and not is_autoregressive(model)
+            out[kind] = _affine(model, 2, sampler=kind.value.removesuffix("_step")) if paired else \
+                out.get(WorkKind.predetermined_step) or _affine(model, CALIBRATION_REPEATS)  # refused anyway
     if WorkKind.chain_rule in kinds:
         l = model.cfg.dit.length
         step = _best(model, 1, l, CALIBRATION_REPEATS)  # a predetermined step of an l-step run: one position

@@ -42,21 +42,23 @@ def ar_loss(model, x0: torch.Tensor, generator=None, step: int = 0) -> dict:
 
 
 def check_ar_run(model, config, steps: int, tokens: torch.Tensor, mask_id: int) -> None:
-    """Refuse (ValueError) a generation an autoregressive model cannot make exactly: it draws one token a step,
-    left to right, after a known prefix."""
+    """Refuse (``InvalidSampler``, a ValueError naming the request field) a generation an autoregressive model
+    cannot make exactly: it draws one token a step, left to right, after a known prefix."""
+    from ttcore.sampling.config import InvalidSampler as Refused
+
     if config.ordering != ORDERING:
-        raise ValueError(f"an autoregressive model generates left to right: ordering must be {ORDERING!r}, "
+        raise Refused("ordering", f"an autoregressive model generates left to right: ordering must be {ORDERING!r}, "
                          f"got {config.ordering!r}")
     if config.sampler is not None or config.eb_gamma is not None:
-        raise ValueError("an autoregressive model draws one token a step: no sampler or eb_gamma")
+        raise Refused("sampler", "an autoregressive model draws one token a step: no sampler or eb_gamma")
     masked = tokens == mask_id
     n = int(masked.sum(1).max()) if masked.numel() else 0
     if steps < n:
-        raise ValueError(f"an autoregressive model draws one token a step: steps must be >= {n} (the masked "
+        raise Refused("steps", f"an autoregressive model draws one token a step: steps must be >= {n} (the masked "
                          f"positions), got {steps}")
     after = masked.cumsum(1) > 0  # at or after the first masked position
     if bool((after & ~masked).any()):
-        raise ValueError("an autoregressive model conditions on a prefix only: no known token may follow a "
+        raise Refused("prompt", "an autoregressive model conditions on a prefix only: no known token may follow a "
                          "masked one")
 
 

@@ -88,13 +88,14 @@ class EDLMStep(ConfiguredStep):
 
 
 def check_paired(run, name: str) -> None:
-    """Refuse (ValueError) an AR-guided sampler on a model without its autoregressive pair, or with an ordering
-    that does not fix the step's set before it draws."""
+    """Refuse (``InvalidSampler``, a ValueError naming the field) an AR-guided sampler on a model without its
+    autoregressive pair, or with an ordering that does not fix the step's set before it draws."""
+    from ..config import InvalidSampler as Refused
     from ..orderings import PREDETERMINED
 
     if companion(run.model) is None:
-        raise ValueError(f"sampler {name} needs an autoregressive model paired with this checkpoint "
+        raise Refused("sampler", f"sampler {name} needs an autoregressive model paired with this checkpoint "
                          "(ttcore.models.ar.pair; the service pairs a family's AR checkpoint)")
     if run.config.ordering not in PREDETERMINED:
-        raise ValueError(f"sampler {name} takes a predetermined ordering ({', '.join(PREDETERMINED)}), got "
+        raise Refused("ordering", f"sampler {name} takes a predetermined ordering ({', '.join(PREDETERMINED)}), got "
                          f"{run.config.ordering!r}")

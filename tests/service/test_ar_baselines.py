@@ -1,0 +1,101 @@
+"""The autoregressive baselines through a real server: a family's AR checkpoint (``base: ar``, named by
+``checkpoint``; one token a step, left to right, its length as the default steps) and the samplers that consult it,
+``edlm`` and ``dcd``, over the diffusion checkpoint it is paired with (``ar_pair`` in ``GET /models``); what either
+cannot run is refused with a 422 naming the field."""
+
+import json
+import shutil
+
+import httpx
+import pytest
+import torch
+from servers import SAMPLE, TINY, start_uvicorn
+
+from ttcore.models import JointModel, ModelConfig
+from ttcore.models.ar import ar_loss
+from ttcore.recipes import load_config
+from ttcore.tokenizers import load_tokenizer
+
+pytestmark = pytest.mark.slow  # a real server
+
+
+@pytest.fixture(scope="module")
+def ar_server(checkpoints, tmp_path_factory):
+    from _loop import fit
+
+    from ttcore.data import load_dataset
+
+    root = tmp_path_factory.mktemp("ar-checkpoints")
+    shutil.copytree(checkpoints / "qm9-base", root / "qm9-base")
+    cfg = load_config(TINY, ["threads=1", "val_batches=1", "model.causal=true", f"data.source={SAMPLE}"])
+    tok = load_tokenizer(checkpoints / "qm9-base")
+    ds = load_dataset(cfg.data, tok)
+    torch.manual_seed(0)
+    base = json.loads((checkpoints / "qm9-base" / "config.json").read_text())["model"]["extra"]
+    model = JointModel(ModelConfig(cfg.model.dit_config(tok), extra=dict(base)))  # the base's family
+    fit(model, tok, torch.from_numpy(ds.train_tokens), torch.from_numpy(ds.val_tokens), cfg, root / "qm9-ar",
+        max_steps=40, quiet=True, objective=ar_loss)
+    proc, url = start_uvicorn(root)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def _refused(r, field: str, says: str):
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"]
+    assert any(d["loc"][-1] == field and says in d["msg"] for d in detail), detail
+
+
+def test_models_show_the_ar_checkpoint_and_the_pair(ar_server):
+    infos = {m["checkpoint"]: m for m in httpx.get(ar_server + "/models").json()["models"]}
+    assert infos["qm9-ar"]["base"] == "ar" and infos["qm9-ar"]["head"] == "ar"
+    assert infos["qm9-base"]["ar_pair"] == "qm9-ar" and infos["qm9-ar"]["ar_pair"] is None
+
+
+def test_the_ar_checkpoint_generates_one_token_a_step(ar_server):
+    r = httpx.post(ar_server + "/generate", json={"checkpoint": "qm9-ar", "num_samples": 4, "seed": 1}, timeout=120)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    length = {m["checkpoint"]: m for m in httpx.get(ar_server + "/models").json()["models"]}["qm9-ar"]["length"]
+    assert out["checkpoint"] == "qm9-ar" and out["steps"] == length
+    assert all("[MASK]" not in s["text"] for s in out["samples"])
+    again = httpx.post(ar_server + "/generate", json={"checkpoint": "qm9-ar", "num_samples": 4, "seed": 1}, timeout=120)
+    assert again.json()["samples"] == out["samples"]
+    prefix = httpx.post(ar_server + "/generate", json={"checkpoint": "qm9-ar", "num_samples": 3, "seed": 2,
+                                                      "prompt": "CC"}, timeout=120)
+    assert prefix.status_code == 200 and all(s["text"].startswith("CC") for s in prefix.json()["samples"])
+    plain = httpx.post(ar_server + "/generate", json={"model": "qm9", "num_samples": 1, "steps": 2}, timeout=120)
+    assert plain.json()["checkpoint"] == "qm9-base"  # the AR checkpoint answers only when named
+
+
+@pytest.mark.parametrize("body, field, says", [
+    ({"ordering": "random"}, "ordering", "left to right"),
+    ({"steps": 3}, "steps", "steps must be >="),
+    ({"grammar": "smiles"}, "grammar", "autoregressive"),
+    ({"prompt": "[MASK]C"}, "prompt", "prefix only"),
+    ({"sampler": "edlm"}, "sampler", "one token a step"),
+])
+def test_the_ar_checkpoint_refuses_what_it_cannot_run(ar_server, body, field, says):
+    r = httpx.post(ar_server + "/generate", json={"checkpoint": "qm9-ar", "num_samples": 2, **body}, timeout=60)
+    _refused(r, field, says)
+
+
+@pytest.mark.parametrize("sampler", ["edlm", "dcd"])
+def test_edlm_and_dcd_over_the_pair(ar_server, sampler):
+    body = {"checkpoint": "qm9-base", "num_samples": 4, "steps": 4, "seed": 3, "sampler": sampler,
+            "edlm_candidates": 3}
+    r = httpx.post(ar_server + "/generate", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    assert all("[MASK]" not in s["text"] for s in r.json()["samples"])
+    assert httpx.post(ar_server + "/generate", json=body, timeout=120).json()["samples"] == r.json()["samples"]
+    _refused(httpx.post(ar_server + "/generate", json={**body, "ordering": "entropy"}, timeout=60), "ordering",
+             "predetermined")
+    _refused(httpx.post(ar_server + "/generate", json={**body, "regex": "C+"}, timeout=60), "regex", "edlm")
+    r = httpx.post(ar_server + "/generate", json={**body, "edlm_candidates": 0}, timeout=60)
+    assert r.status_code == 422 and "edlm_candidates" in r.text
+
+
+def test_edlm_without_an_ar_checkpoint_is_refused(server):
+    r = httpx.post(server + "/generate", json={"model": "qm9", "num_samples": 2, "sampler": "edlm"}, timeout=60)
+    _refused(r, "sampler", "paired")
