@@ -61,6 +61,26 @@ def make_checkpoints(root: Path) -> Path:
     return root
 
 
+def make_ar_checkpoint(out: Path, base: Path) -> Path:
+    """A tiny autoregressive model (``training/train_ar.py``'s objective) with ``base``'s tokenizer and family,
+    trained a few steps on the committed QM9 sample: the AR pair of ``base``."""
+    import json
+
+    from ttcore.data import load_dataset
+    from ttcore.models.ar import ar_loss
+    from ttcore.tokenizers import load_tokenizer
+
+    cfg = load_config(TINY, ["threads=1", "val_batches=1", "model.causal=true", f"data.source={SAMPLE}"])
+    tok = load_tokenizer(base)
+    ds = load_dataset(cfg.data, tok)
+    extra = json.loads((base / "config.json").read_text())["model"]["extra"]  # the base's family
+    torch.manual_seed(0)
+    model = JointModel(ModelConfig(cfg.model.dit_config(tok), extra=dict(extra)))
+    fit(model, tok, torch.from_numpy(ds.train_tokens), torch.from_numpy(ds.val_tokens), cfg, out, max_steps=40,
+        quiet=True, objective=ar_loss)
+    return out
+
+
 def _tiny_text_model(out: Path) -> None:
     """A tiny text MDM (family text, BPE 512, l = 32) trained a few steps on the public-domain corpus."""
     from ttcore.data import load_text, training_texts

@@ -214,3 +214,19 @@ def test_structured_output_smoke(checkpoints):
                  "--samples", 2, "--steps", 2, timeout=900)
     rows = [line for line in out.splitlines() if re.search(r"\|\s+2 \|\s+0 \|", line)]  # 2 samples, 0 outside
     assert sum("regex" in r for r in rows) == 20 and any("grammar" in r for r in rows), out
+
+
+def test_ar_baselines_smoke(checkpoints, tmp_path):
+    """Both parts at their smallest: every method's row (MDLM, EDLM, DCD over the tiny base with its tiny AR pair, the
+    TT, the AR model) and the seconds per sequence side by side."""
+    from servers import make_ar_checkpoint
+
+    ar = make_ar_checkpoint(tmp_path / "qm9-ar", checkpoints / "qm9-base")
+    out = _bench(ROOT / "benchmarks" / "ar_baselines.py", "quality", "--diffusion", checkpoints / "qm9-base",
+                 checkpoints / "qm9-tt-r2", "--ar", ar, "--samples", 8, "--steps", 2, timeout=900)
+    rows = [line.split("|")[0].strip() for line in out.splitlines() if re.search(r"\|\s+\d+ \|\s+[\d.]+ \|", line)]
+    assert [r.split()[0] for r in rows] == ["MDLM", "EDLM", "DCD", "TT", "AR"], out
+    out = _bench(ROOT / "benchmarks" / "ar_baselines.py", "speed", "--diffusion", checkpoints / "text-base",
+                 "--steps", 4, "--samples", 1, "--repeats", 1)
+    rows = re.findall(r"^\s*(\S+).*\|\s+\d+ \|\s+([\d.]+) \|\s+([\d.]+)$", out, re.M)
+    assert [r[0] for r in rows] == ["MDLM", "EDLM", "DCD", "AR"] and all(float(r[1]) > 0 for r in rows), out

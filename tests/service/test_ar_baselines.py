@@ -3,38 +3,20 @@
 ``edlm`` and ``dcd``, over the diffusion checkpoint it is paired with (``ar_pair`` in ``GET /models``); what either
 cannot run is refused with a 422 naming the field."""
 
-import json
 import shutil
 
 import httpx
 import pytest
-import torch
-from servers import SAMPLE, TINY, start_uvicorn
-
-from ttcore.models import JointModel, ModelConfig
-from ttcore.models.ar import ar_loss
-from ttcore.recipes import load_config
-from ttcore.tokenizers import load_tokenizer
+from servers import make_ar_checkpoint, start_uvicorn
 
 pytestmark = pytest.mark.slow  # a real server
 
 
 @pytest.fixture(scope="module")
 def ar_server(checkpoints, tmp_path_factory):
-    from _loop import fit
-
-    from ttcore.data import load_dataset
-
     root = tmp_path_factory.mktemp("ar-checkpoints")
     shutil.copytree(checkpoints / "qm9-base", root / "qm9-base")
-    cfg = load_config(TINY, ["threads=1", "val_batches=1", "model.causal=true", f"data.source={SAMPLE}"])
-    tok = load_tokenizer(checkpoints / "qm9-base")
-    ds = load_dataset(cfg.data, tok)
-    torch.manual_seed(0)
-    base = json.loads((checkpoints / "qm9-base" / "config.json").read_text())["model"]["extra"]
-    model = JointModel(ModelConfig(cfg.model.dit_config(tok), extra=dict(base)))  # the base's family
-    fit(model, tok, torch.from_numpy(ds.train_tokens), torch.from_numpy(ds.val_tokens), cfg, root / "qm9-ar",
-        max_steps=40, quiet=True, objective=ar_loss)
+    make_ar_checkpoint(root / "qm9-ar", root / "qm9-base")
     proc, url = start_uvicorn(root)
     yield url
     proc.terminate()

@@ -1,0 +1,156 @@
+"""The paper's comparison with the autoregressive side (issue: the AR baselines): a family's AR model beside the
+diffusion checkpoints, and the samplers that consult it, EDLM and DCD (``ttcore.sampling.steps.edlm`` / ``dcd``),
+over the rank-1 diffusion checkpoint paired with it.
+
+    python benchmarks/ar_baselines.py quality --diffusion checkpoints/qm9-none-r1 checkpoints/qm9-cp-r64 \
+        checkpoints/qm9-tt-r16 --ar runs/qm9-ar --samples 1024 --steps 2 4 8 22 --fcd
+    python benchmarks/ar_baselines.py speed --diffusion checkpoints/text-tt-r4 --steps 128 --samples 4
+    python benchmarks/ar_baselines.py quality --diffusion DIR/qm9-base DIR/qm9-tt-r2 --ar DIR/qm9-ar --samples 8 \
+        --steps 2                                                                                      # smoke
+    python benchmarks/ar_baselines.py speed --diffusion DIR/text-base --steps 4 --samples 1             # smoke
+
+``quality`` samples, in process, ``--samples`` molecules a cell (random order, seeded, bf16 where the CPU has it):
+for each rank-1 diffusion checkpoint MDLM's own step, EDLM (k = 2, w = 1) and DCD with the AR checkpoint ``--ar``
+paired to it; for each joint checkpoint (CP, TT) its joint step; and the AR checkpoint at one token a step (K = its
+length). Validity (one molecule), uniqueness, novelty and, with ``--fcd``, FCD to the family's held-out split.
+``speed`` times, side by side in one process, the seconds per sequence of a generation at ``--steps`` steps, batch
+size 1 (as the paper's sampling-time table, tab:owt-time, measures it): MDLM (the checkpoint's rank-1 view when it is
+a joint one), its own joint step, EDLM and DCD over it, and the AR model. Without ``--ar`` an AR model of the
+diffusion checkpoint's shape is built with random weights: its seconds are those of a trained one (timing only).
+"""
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "training"))
+
+
+def _generate(model, n: int, steps: int, batch: int, seed: int, **settings) -> tuple[list[list[int]], float]:
+    from ttcore.sampling import generate
+
+    ids, t0 = [], time.perf_counter()
+    for k in range(0, n, batch):
+        with model.compute_context():
+            *_, last = generate(model, min(batch, n - k), steps, seed=seed + k, **settings)
+        ids += last.tokens.tolist()
+    return ids, time.perf_counter() - t0
+
+
+def _rows(diffusion, ar, ar_name: str, steps: list[int]) -> list[tuple]:
+    """(label, model, K, settings) of every cell."""
+    cells = []
+    for name, model in diffusion:
+        if model.format.joint_head:
+            cells += [(f"{model.cfg.decomposition.upper()} r={model.cfg.rank} ({name})", model, k, {}) for k in steps]
+        else:
+            cells += [(f"MDLM ({name})", model, k, {}) for k in steps]
+            if ar is not None:
+                cells += [(f"{s.upper()} ({name} + {ar_name})", model, k, {"sampler": s})
+                          for s in ("edlm", "dcd") for k in steps]
+    if ar is not None:
+        cells.append((f"AR ({ar_name})", ar, ar.cfg.dit.length, {"ordering": "left_to_right"}))
+    return cells
+
+
+def quality(args) -> None:
+    from _common import dataset
+
+    from ttcore.metrics import molecule_metrics
+    from ttcore.models import load_for_inference
+    from ttcore.models.ar import pair
+    from ttcore.recipes import TrainConfig
+
+    diffusion = [(Path(p).name, load_for_inference(p, "cpu", args.precision)[0]) for p in args.diffusion]
+    ar, tok, _ = load_for_inference(args.ar, "cpu", args.precision) if args.ar else (None, None, None)
+    tok = tok or load_for_inference(args.diffusion[0], "cpu", args.precision)[1]
+    for _, model in diffusion:
+        if ar is not None and not model.format.joint_head:
+            pair(model, ar)
+    from ttcore.models import read_train_config
+
+    section = TrainConfig.from_dict(read_train_config(args.diffusion[0])).data
+    ds = dataset(TrainConfig(data=section))
+    training = set(ds.train)
+    reference = None
+    if args.fcd:
+        from ttcore.metrics.distribution import Reference
+
+        reference = Reference(next(iter(ds.references.values())), "cpu")
+    print(f"{'method':>44} | {'K':>3} | {'valid %':>7} | {'unique %':>8} | {'novel %':>7} | {'FCD':>6} | {'s':>6}")
+    for label, model, k, settings in _rows(diffusion, ar, Path(args.ar).name if args.ar else "", args.steps):
+        ids, seconds = _generate(model, args.samples, k, args.batch, args.seed, **settings)
+        texts = [tok.decode(row) for row in ids]
+        m = molecule_metrics(texts, training)
+        fcd = reference.compare(texts).get("fcd") if reference is not None else None
+        fcd = float("nan") if fcd is None else fcd  # none asked, or fewer than two valid molecules
+        pct = lambda x: f"{100 * x:.1f}" if x is not None else "-"  # noqa: E731 (none valid: no uniqueness)
+        print(f"{label:>44} | {k:>3} | {pct(m['validity']):>7} | {pct(m['uniqueness']):>8} | "
+              f"{pct(m['novelty']):>7} | {fcd:>6.3f} | {seconds:>6.0f}", flush=True)
+
+
+def speed(args) -> None:
+    from ttcore.models import JointModel, ModelConfig, load_for_inference, prepare_for_inference
+    from ttcore.models.ar import pair
+
+    model, tok, _ = load_for_inference(args.diffusion[0], "cpu", args.precision)
+    if args.ar:
+        ar, _, _ = load_for_inference(args.ar, "cpu", args.precision)
+        ar_label = Path(args.ar).name
+    else:  # the diffusion checkpoint's shape, random weights: a trained model's seconds (timing only)
+        torch.manual_seed(0)
+        shape = {k: v for k, v in vars(model.cfg.dit).items() if k not in ("causal", "latent_dim")}
+        ar = prepare_for_inference(JointModel(ModelConfig(type(model.cfg.dit)(**shape, causal=True))),
+                                   model.precision)
+        ar_label = "random weights, its shape"
+    pair(model, ar)
+    k = args.steps[0]
+    cases = [("MDLM" + (" (rank-1 view)" if model.format.joint_head else ""), model, k, {"joint": False})]
+    if model.format.joint_head:
+        cases.append((f"MDLM+{model.cfg.decomposition.upper()} r={model.cfg.rank}", model, k, {}))
+    cases += [("EDLM (k = 2, w = 1)", model, k, {"sampler": "edlm", "joint": True}),
+              ("DCD", model, k, {"sampler": "dcd"}),
+              (f"AR ({ar_label}, no KV cache)", ar, ar.cfg.dit.length, {"ordering": "left_to_right"})]
+    times = {label: [] for label, *_ in cases}
+    for label, m, steps, settings in cases:  # warm-up: allocator, kernels, the first call's imports
+        _generate(m, 1, steps, 1, args.seed, **settings)
+    for r in range(args.repeats):  # alternating: each method's repeats spread over the same stretch of time
+        for label, m, steps, settings in cases:
+            _, seconds = _generate(m, args.samples, steps, 1, args.seed + r, **settings)
+            times[label].append(seconds / args.samples)
+    print(f"{Path(args.diffusion[0]).name}, {args.precision}, batch size 1, median of {args.repeats} "
+          f"(seconds per sequence)")
+    print(f"{'method':>44} | {'K':>4} | {'s / seq':>8} | {'x MDLM':>7}")
+    first = statistics.median(times[cases[0][0]])
+    for label, _, steps, _ in cases:
+        t = statistics.median(times[label])
+        print(f"{label:>44} | {steps:>4} | {t:>8.3f} | {t / first:>7.2f}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("part", choices=["quality", "speed"])
+    ap.add_argument("--diffusion", nargs="+", required=True, help="diffusion checkpoint directories")
+    ap.add_argument("--ar", help="the family's autoregressive checkpoint (training/train_ar.py)")
+    ap.add_argument("--samples", type=int, default=1024)
+    ap.add_argument("--steps", type=int, nargs="+", default=[2, 4, 8, 22])
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--precision", default="auto", help="fp32, bf16 or auto (bf16 where the CPU has it)")
+    ap.add_argument("--fcd", action="store_true", help="quality: FCD to the held-out split")
+    args = ap.parse_args()
+    if args.precision == "auto":
+        from ttcore.models import resolve_precision
+
+        args.precision = resolve_precision("auto", torch.device("cpu"))
+    {"quality": quality, "speed": speed}[args.part](args)
+
+
+if __name__ == "__main__":
+    main()
