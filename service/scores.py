@@ -26,6 +26,10 @@ async def score(serving: Serving, request: ScoreRequest, gone=None) -> ScoreResp
     arrived = time.perf_counter()
     lm = serving.registry.resolve(request.model, request.decomposition, request.rank, request.checkpoint)
     model, tok = lm.model, lm.tokenizer
+    if lm.info.base == "ar":
+        raise ScoreInputError(["checkpoint"], f"{lm.name} is an autoregressive model: /score serves the masked "
+                                              "diffusion checkpoints (its exact log p(x) is ttcore.models.ar."
+                                              "ar_log_prob, not served yet)")
     if model.latent_dim:
         raise ScoreInputError(["model"], f"{lm.name} is a {lm.info.base} model: its likelihood integrates over the "
                                          "latent z, which has no exact form; scores need an MDLM checkpoint")

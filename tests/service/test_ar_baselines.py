@@ -63,6 +63,11 @@ def test_the_ar_checkpoint_refuses_what_it_cannot_run(ar_server, body, field, sa
     _refused(r, field, says)
 
 
+def test_score_refuses_the_ar_checkpoint(ar_server):
+    r = httpx.post(ar_server + "/score", json={"checkpoint": "qm9-ar", "sequences": ["CCO"]}, timeout=60)
+    _refused(r, "checkpoint", "autoregressive")
+
+
 @pytest.mark.parametrize("sampler", ["edlm", "dcd"])
 def test_edlm_and_dcd_over_the_pair(ar_server, sampler):
     body = {"checkpoint": "qm9-base", "num_samples": 4, "steps": 4, "seed": 3, "sampler": sampler,
