@@ -152,3 +152,16 @@ def test_runs_finish_and_are_batch_invariant(sampler):
     together = run_together(diffusion, [make_run(diffusion, 3, 3, seed=1),
                                         make_run(diffusion, 6, 2, sampler=sampler, seed=5)])[1].tokens
     assert (alone != MASK).all() and torch.equal(alone, together)
+    small = run_together(diffusion, [make_run(diffusion, 6, 2, sampler=sampler, seed=5, max_rows_per_pass=2)])[0]
+    assert torch.equal(alone, small.tokens)  # micro-batches (and the passes they bound) change nothing
+
+
+def test_a_latent_model_is_refused():
+    from ttcore.models import DiTConfig, JointModel, ModelConfig
+
+    torch.manual_seed(0)
+    vadd = JointModel(ModelConfig(DiTConfig(vocab_size=V + 1, out_vocab=V, length=L, hidden_dim=16, cond_dim=8,
+                                            n_blocks=1, n_heads=2, latent_dim=4))).eval()
+    pair(vadd, tiny_ar(V, L))
+    with pytest.raises(ValueError, match="without a latent"):
+        make_run(vadd, 2, 2, sampler="dcd")

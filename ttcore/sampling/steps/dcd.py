@@ -38,17 +38,22 @@ def copula_tilts(full: torch.Tensor, left: torch.Tensor) -> torch.Tensor:
 def left_context_marginals(model, x: torch.Tensor, masked: torch.Tensor, need: torch.Tensor, temperature,
                            contraction: str) -> torch.Tensor:
     """p_dm(x^i | x_t^{<i}) [n, v] float64 at the ``need`` [b, l] positions (row-major): the diffusion model on x_t
-    with positions i.. masked, one sequence per needed position, in one forward pass."""
+    with positions i.. masked, one sequence per needed position, in forward passes of at most b sequences (the
+    rows admission sized the step for: up to l times as many sequences would otherwise go in one pass)."""
     rows, pos = need.nonzero().unbind(1)
-    l = x.shape[1]
+    b, l = x.shape
     mask_id = model.cfg.dit.vocab_size - 1
-    right = torch.arange(l, device=x.device)[None, :] >= pos[:, None]  # [n, l]
-    xs = torch.where(right, torch.full_like(x[rows], mask_id), x[rows])
-    ms = masked[rows] | right
-    at = torch.zeros_like(ms)
-    at[torch.arange(len(pos), device=x.device), pos] = True
-    temp = temperature[rows] if torch.is_tensor(temperature) else temperature
-    return model.format.marginals_at(model.head, model.features(xs).float(), ms, at, temp, contraction)
+    out = []
+    for s in range(0, len(rows), b):
+        r, p = rows[s:s + b], pos[s:s + b]
+        right = torch.arange(l, device=x.device)[None, :] >= p[:, None]  # [n, l]
+        xs = torch.where(right, torch.full_like(x[r], mask_id), x[r])
+        ms = masked[r] | right
+        at = torch.zeros_like(ms)
+        at[torch.arange(len(p), device=x.device), p] = True
+        temp = temperature[r] if torch.is_tensor(temperature) else temperature
+        out.append(model.format.marginals_at(model.head, model.features(xs).float(), ms, at, temp, contraction))
+    return torch.cat(out)
 
 
 def dcd_step(model, ar, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, chosen: torch.Tensor, temperature,

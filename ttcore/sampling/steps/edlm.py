@@ -56,7 +56,8 @@ def edlm_step(model, ar, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor,
     use = in_window(t.to(torch.float64), window) & (k > 1)
     pick = torch.zeros(b, dtype=torch.long, device=x.device)
     if bool(use.any()):
-        log_p = ar_log_prob(ar, cand[use].reshape(-1, l)).view(-1, k)  # in the caller's compute context
+        seqs = cand[use].reshape(-1, l)  # AR passes of at most b sequences: the rows admission sized the step for
+        log_p = torch.cat([ar_log_prob(ar, seqs[s:s + b]) for s in range(0, len(seqs), b)]).view(-1, k)
         log_w = edlm_log_weights(log_p, log_q[use])
         w = (log_w - log_w.amax(1, keepdim=True)).exp()
         pick[use] = sample_categorical(w, u=uniforms(streams, b, 1, x.device, Site.select)[use, 0])
@@ -93,6 +94,8 @@ def check_paired(run, name: str) -> None:
     from ..config import InvalidSampler as Refused
     from ..orderings import PREDETERMINED
 
+    if run.latent is not None:
+        raise Refused("sampler", f"sampler {name} takes a masked diffusion model without a latent (VADD, Di4C)")
     if companion(run.model) is None:
         raise Refused("sampler", f"sampler {name} needs an autoregressive model paired with this checkpoint "
                          "(ttcore.models.ar.pair; the service pairs a family's AR checkpoint)")
