@@ -57,6 +57,9 @@ def _model_id_pattern() -> re.Pattern:
     names = "|".join(map(re.escape, DECOMPOSITIONS))
     return re.compile(rf"^(?P<family>.+)-(?P<decomposition>{names})-r(?P<rank>\d+)$")
 def model_id(lm: LoadedModel) -> str:
+    """family-decomposition-rRANK; a family's autoregressive checkpoint: family-ar."""
+    if lm.info.base == "ar":
+        return f"{lm.family}-ar"
     return f"{lm.family}-{lm.info.decomposition}-r{lm.info.rank}"
 
 
@@ -68,12 +71,13 @@ def openai_error(status: int, message: str, param: str | None = None, code: str 
                                            "param": None if param is None else clip(param, 64), "code": code}})
 
 
-def _generate_request(req, prompt: str, checkpoints=()) -> GenerateRequest:
+def _generate_request(req, prompt: str, checkpoints=(), ar_ids: dict | None = None) -> GenerateRequest:
     """The generation request of an OpenAI request: ``model`` a loaded checkpoint's name (one of
-    ``checkpoints``), a model id (family-decomposition-rRANK) or a family."""
+    ``checkpoints``), a model id (family-decomposition-rRANK, or family-ar: a key of ``ar_ids``, which names
+    its checkpoint) or a family."""
     m = _model_id_pattern().match(req.model)
     family, decomposition, rank = (m["family"], m["decomposition"], int(m["rank"])) if m else (req.model, None, None)
-    checkpoint = req.model if req.model in checkpoints else None
+    checkpoint = req.model if req.model in checkpoints else (ar_ids or {}).get(req.model)
     if checkpoint is not None:
         family, decomposition, rank = None, None, None
     # the shared fields the client set (unset ones keep their defaults: a distilled checkpoint's own steps)
@@ -83,6 +87,15 @@ def _generate_request(req, prompt: str, checkpoints=()) -> GenerateRequest:
                            num_samples=req.n,
                            temperature=max(req.temperature, MIN_TEMPERATURE), seed=req.seed,
                            prompt=prompt or None, stream=req.stream, **sampler)  # a stream is estimated
+
+
+def _ar_ids(serving: Serving) -> dict:
+    """family-ar -> the name of that family's AR checkpoint (the first by name)."""
+    ids = {}
+    for lm in serving.registry.models:
+        if lm.info.base == "ar":
+            ids.setdefault(model_id(lm), lm.name)
+    return ids
 
 
 def openai_refused(r: Refusal) -> JSONResponse:
@@ -127,7 +140,7 @@ async def completions(req: CompletionRequest, request: Request, serving: Serving
 async def chat_completions(req: ChatCompletionRequest, request: Request, serving: Serving = Depends(current_serving)):
     """The conversation written into the prompt by the family's chat template (``service.chat``); the reply is
     the completion of that prompt, as ``/v1/completions`` makes it."""
-    gen = _generate_request(req, "", {lm.name for lm in serving.registry.models})
+    gen = _generate_request(req, "", {lm.name for lm in serving.registry.models}, _ar_ids(serving))
     lm = serving.resolve(gen)
     template = chat_template(lm.domain)
     if template is None:
@@ -142,7 +155,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, serving
 
 async def _serve(serving: Serving, req, request: Request, text: str, shape):
     """A completion of ``text`` answered in ``shape`` (Completions or Chat Completions), whole or streamed."""
-    gen = _generate_request(req, text, {lm.name for lm in serving.registry.models})
+    gen = _generate_request(req, text, {lm.name for lm in serving.registry.models}, _ar_ids(serving))
     # everything that can refuse the request happens before it is admitted: a failure after admission would hold
     # a slot (and run the job) with no reader; a refusal is answered by the app's handler (``openai_refused``)
     lm = serving.resolve(gen)

@@ -63,6 +63,15 @@ def test_the_ar_checkpoint_refuses_what_it_cannot_run(ar_server, body, field, sa
     _refused(r, field, says)
 
 
+def test_the_openai_api_names_the_ar_checkpoint_apart(ar_server):
+    ids = [m["id"] for m in httpx.get(ar_server + "/v1/models").json()["data"]]
+    assert len(ids) == len(set(ids)) and "qm9-ar" in ids
+    r = httpx.post(ar_server + "/v1/completions", json={"model": "qm9-ar", "prompt": "CC", "n": 2, "seed": 1,
+                                                        "echo": True}, timeout=120)
+    assert r.status_code == 200, r.text
+    assert r.json()["model"] == "qm9-ar" and all(c["text"].startswith("CC") for c in r.json()["choices"])
+
+
 def test_score_refuses_the_ar_checkpoint(ar_server):
     r = httpx.post(ar_server + "/score", json={"checkpoint": "qm9-ar", "sequences": ["CCO"]}, timeout=60)
     _refused(r, "checkpoint", "autoregressive")
