@@ -43,12 +43,15 @@ function fillCheckpoints() {
 function request(checkpoint, rankOneView = false) {
   const m = models.find((x) => x.checkpoint === checkpoint);
   const body = {
-    model: m.model, decomposition: m.decomposition, rank: m.rank, stream: true, step_tokens: true,
+    checkpoint: m.checkpoint, stream: true, step_tokens: true,
     steps: Number($("steps").value), num_samples: Number($("num-samples").value), ordering: $("ordering").value,
     sampler: $("sampler").value, eb_gamma: Number($("eb-gamma").value), temperature: Number($("temperature").value),
     adaptive_path: $("adaptive-path").value,
     joint: $("joint").checked && !rankOneView, unique: $("unique").checked,
   };
+  if (m.base === "ar") {  // an autoregressive checkpoint: one token a step, left to right
+    Object.assign(body, {ordering: "left_to_right", sampler: "fixed", steps: Math.max(body.steps, m.length)});
+  }
   if ($("seed").value !== "") body.seed = Number($("seed").value);
   if ($("prompt").value) body.prompt = $("prompt").value;
   if ($("valid-only").checked && m.validates) body.valid_only = true;
