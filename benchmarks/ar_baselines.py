@@ -4,7 +4,9 @@ over the rank-1 diffusion checkpoint paired with it.
 
     python benchmarks/ar_baselines.py quality --diffusion checkpoints/qm9-none-r1 checkpoints/qm9-cp-r64 \
         checkpoints/qm9-tt-r16 --ar runs/qm9-ar --samples 1024 --steps 2 4 8 22 --fcd
-    python benchmarks/ar_baselines.py speed --diffusion checkpoints/text-tt-r4 --steps 128 --samples 4
+    python benchmarks/ar_baselines.py speed --diffusion checkpoints/text-tt-r4 --steps 128 --samples 2 --repeats 1
+    python benchmarks/ar_baselines.py speed --diffusion checkpoints/qm9-none-r1 checkpoints/qm9-tt-r16 \
+        checkpoints/qm9-cp-r64 --ar runs/qm9-ar --steps 22 --samples 16
     python benchmarks/ar_baselines.py quality --diffusion DIR/qm9-base DIR/qm9-tt-r2 --ar DIR/qm9-ar --samples 8 \
         --steps 2                                                                                      # smoke
     python benchmarks/ar_baselines.py speed --diffusion DIR/text-base --steps 4 --samples 1             # smoke
@@ -14,8 +16,9 @@ for each rank-1 diffusion checkpoint MDLM's own step, EDLM (k = 2, w = 1) and DC
 paired to it; for each joint checkpoint (CP, TT) its joint step; and the AR checkpoint at one token a step (K = its
 length). Validity (one molecule), uniqueness, novelty and, with ``--fcd``, FCD to the family's held-out split.
 ``speed`` times, side by side in one process, the seconds per sequence of a generation at ``--steps`` steps, batch
-size 1 (as the paper's sampling-time table, tab:owt-time, measures it): MDLM (the checkpoint's rank-1 view when it is
-a joint one), its own joint step, EDLM and DCD over it, and the AR model. Without ``--ar`` an AR model of the
+size 1 (as the paper's sampling-time table, tab:owt-time, measures it): MDLM (the first checkpoint's rank-1 view when
+it is a joint one), its own joint step, the joint steps of the other ``--diffusion`` checkpoints, EDLM and DCD over
+the first, and the AR model. Without ``--ar`` an AR model of the
 diffusion checkpoint's shape is built with random weights: its seconds are those of a trained one (timing only).
 """
 
@@ -113,6 +116,9 @@ def speed(args) -> None:
     cases = [("MDLM" + (" (rank-1 view)" if model.format.joint_head else ""), model, k, {"joint": False})]
     if model.format.joint_head:
         cases.append((f"MDLM+{model.cfg.decomposition.upper()} r={model.cfg.rank}", model, k, {}))
+    for path in args.diffusion[1:]:  # more checkpoints: their own joint steps
+        other = load_for_inference(path, "cpu", args.precision)[0]
+        cases.append((f"MDLM+{other.cfg.decomposition.upper()} r={other.cfg.rank} ({Path(path).name})", other, k, {}))
     cases += [("EDLM (k = 2, w = 1)", model, k, {"sampler": "edlm", "joint": True}),
               ("DCD", model, k, {"sampler": "dcd"}),
               (f"AR ({ar_label}, no KV cache)", ar, ar.cfg.dit.length, {"ordering": "left_to_right"})]
