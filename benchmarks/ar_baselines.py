@@ -16,10 +16,10 @@ for each rank-1 diffusion checkpoint MDLM's own step, EDLM (k = 2, w = 1) and DC
 paired to it; for each joint checkpoint (CP, TT) its joint step; and the AR checkpoint at one token a step (K = its
 length). Validity (one molecule), uniqueness, novelty and, with ``--fcd``, FCD to the family's held-out split.
 ``speed`` times, side by side in one process, the seconds per sequence of a generation at ``--steps`` steps, batch
-size 1 (as the paper's sampling-time table, tab:owt-time, measures it): MDLM (the first checkpoint's rank-1 view when
-it is a joint one), its own joint step, the joint steps of the other ``--diffusion`` checkpoints, EDLM and DCD over
-the first, and the AR model. Without ``--ar`` an AR model of the
-diffusion checkpoint's shape is built with random weights: its seconds are those of a trained one (timing only).
+size 1 (as the paper's sampling-time table, tab:owt-time, measures it): MDLM, the joint steps of the ``--diffusion``
+checkpoints, EDLM and DCD over the MDLM, and the AR model. When the first checkpoint is a joint one, the MDLM is a
+rank-1 model of its shape with random weights, and without ``--ar`` so is the AR model: their seconds are those of
+trained ones (timing only; the paper runs EDLM and DCD over MDLM and SEDD, rank-1 models).
 """
 
 import argparse
@@ -111,20 +111,26 @@ def speed(args) -> None:
         ar = prepare_for_inference(JointModel(ModelConfig(type(model.cfg.dit)(**shape, causal=True))),
                                    model.precision)
         ar_label = "random weights, its shape"
-    pair(model, ar)
+    base, base_label = model, "MDLM"
+    if model.format.joint_head:  # MDLM, EDLM and DCD run over a rank-1 model: its shape, random weights (timing)
+        torch.manual_seed(0)
+        base = prepare_for_inference(JointModel(ModelConfig(model.cfg.dit)), model.precision)
+        base_label = "MDLM (random weights, its shape)"
+    pair(base, ar)
     k = args.steps[0]
-    cases = [("MDLM" + (" (rank-1 view)" if model.format.joint_head else ""), model, k, {"joint": False})]
+    cases = [(base_label, base, k, {})]
     if model.format.joint_head:
-        cases.append((f"MDLM+{model.cfg.decomposition.upper()} r={model.cfg.rank}", model, k, {}))
+        cases.append((f"MDLM+{model.cfg.decomposition.upper()} r={model.cfg.rank} ({Path(args.diffusion[0]).name})",
+                      model, k, {}))
     for path in args.diffusion[1:]:  # more checkpoints: their own joint steps
         other = load_for_inference(path, "cpu", args.precision)[0]
         cases.append((f"MDLM+{other.cfg.decomposition.upper()} r={other.cfg.rank} ({Path(path).name})", other, k, {}))
-    cases += [("EDLM (k = 2, w = 1)", model, k, {"sampler": "edlm", "joint": True}),
-              ("DCD", model, k, {"sampler": "dcd"}),
+    cases += [("EDLM (k = 2, w = 1)", base, k, {"sampler": "edlm"}),
+              ("DCD", base, k, {"sampler": "dcd"}),
               (f"AR ({ar_label}, no KV cache)", ar, ar.cfg.dit.length, {"ordering": "left_to_right"})]
     times = {label: [] for label, *_ in cases}
     for label, m, steps, settings in cases:  # warm-up: allocator, kernels, the first call's imports
-        _generate(m, 1, steps, 1, args.seed, **settings)
+        _generate(m, 1, min(steps, 2) if m is not ar else steps, 1, args.seed, **settings)
     for r in range(args.repeats):  # alternating: each method's repeats spread over the same stretch of time
         for label, m, steps, settings in cases:
             _, seconds = _generate(m, args.samples, steps, 1, args.seed + r, **settings)
