@@ -9,7 +9,7 @@ from ttcore.constraints import MAX_STATES
 from ttcore.constraints.regex import MAX_PATTERN
 from ttcore.decompositions import CONTRACTIONS, DECOMPOSITIONS
 from ttcore.sampling import ADAPTIVE, EB_PROXIES, PREDETERMINED, SCHEDULES, SamplerConfig
-from ttcore.sampling.config import MAX_EDLM_CANDIDATES
+from ttcore.sampling.config import MAX_DCD_CHUNK, MAX_EDLM_CANDIDATES
 from ttcore.sampling.steps import named_sampler, sampler_names
 
 
@@ -96,6 +96,10 @@ class SamplerFields(BaseModel):
                                description="`sampler: edlm`: the steps whose time t (the share still masked) has "
                                            "|t - 1/2| <= w / 2 pick by EDLM's weights; the others take the plain "
                                            "diffusion draw. 1 (the default, as the TT paper ran it): every step.")
+    dcd_chunk: int = Field(SamplerConfig.dcd_chunk, ge=1, le=MAX_DCD_CHUNK,
+                           description="`sampler: dcd` with `ordering: random`: unmask chunks of this many adjacent "
+                                       "positions, the chunks in a random order (DCD's chunked unmasking); 1 (the "
+                                       "default, as the TT paper ran DCD): each position on its own.")
     joint: bool = Field(True, strict=True,
                         description="`false`: the rank-1 view of a CP / TT checkpoint: each position drawn "
                                     "independently from its exact marginal under the joint the step would "
@@ -116,6 +120,7 @@ class SamplerFields(BaseModel):
                              eb_proxy=self.eb_proxy, contraction=self.contraction, joint=self.joint,
                              adaptive_path=self.adaptive_path, chooser_outputs=self.chooser_outputs,
                              edlm_candidates=self.edlm_candidates, edlm_window=self.edlm_window,
+                             dcd_chunk=self.dcd_chunk,
                              **named_sampler(self.sampler, self.eb_gamma))
 
 

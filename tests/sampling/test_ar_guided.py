@@ -165,3 +165,20 @@ def test_a_latent_model_is_refused():
     pair(vadd, tiny_ar(V, L))
     with pytest.raises(ValueError, match="without a latent"):
         make_run(vadd, 2, 2, sampler="dcd")
+
+
+def test_dcd_chunks_unmask_adjacent_positions_together():
+    from ttcore.sampling import InvalidSampler, generate
+
+    diffusion = tiny_model("none", V, L, 1, perturb=0.8, noise=0.0)
+    pair(diffusion, tiny_ar(V, L))
+    states = list(generate(diffusion, 64, 2, sampler="dcd", dcd_chunk=2, seed=7))
+    first = states[0].committed  # [64, 4]: one whole chunk of two a step
+    assert (first.sum(1) == 2).all()
+    assert ((first[:, :2].all(1)) ^ (first[:, 2:].all(1))).all()
+    assert 10 < int(first[:, 0].sum()) < 54  # both chunks come first in some sequences (random order of chunks)
+    assert (states[-1].tokens != MASK).all()
+    for settings in ({"sampler": "edlm", "dcd_chunk": 2}, {"sampler": "dcd", "dcd_chunk": 2, "ordering": "halton"},
+                     {"sampler": "dcd", "dcd_chunk": 0}):
+        with pytest.raises(InvalidSampler, match="dcd_chunk"):
+            make_run(diffusion, 2, 2, **settings)

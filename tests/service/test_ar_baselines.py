@@ -95,3 +95,11 @@ def test_edlm_and_dcd_over_the_pair(ar_server, sampler):
 def test_edlm_without_an_ar_checkpoint_is_refused(server):
     r = httpx.post(server + "/generate", json={"model": "qm9", "num_samples": 2, "sampler": "edlm"}, timeout=60)
     _refused(r, "sampler", "paired")
+
+
+def test_dcd_chunks_through_the_server(ar_server):
+    body = {"checkpoint": "qm9-base", "num_samples": 2, "steps": 4, "seed": 3, "sampler": "dcd", "dcd_chunk": 4}
+    r = httpx.post(ar_server + "/generate", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    _refused(httpx.post(ar_server + "/generate", json={**body, "sampler": "edlm"}, timeout=60), "dcd_chunk",
+             "sampler dcd")

@@ -12,6 +12,7 @@ from .orderings import ADAPTIVE, PREDETERMINED
 from .schedules import SCHEDULES
 from .steps import SAMPLERS, STEP_CLASSES, Step, WorkKind
 
+MAX_DCD_CHUNK = 1024  # DCD's chunk of adjacent positions (a chunk past the length is the whole sequence)
 MAX_EDLM_CANDIDATES = 16  # EDLM's k: each candidate is one more AR forward of the sequence a step
 ADAPTIVE_PATHS = ("fast", "exact")  # the first is the default everywhere (library, API, playground)
 
@@ -38,7 +39,8 @@ class SamplerConfig:
     default of ``steps.fast_adaptive.chooser_outputs``, about the cost of a random-order step; up to every
     output, which makes the choice's marginals those of the head's mixture: ``benchmarks/chooser_distance.py``);
     ``edlm_candidates`` (k) and ``edlm_window`` (w): ``sampler: edlm``'s proposals a step and the times it
-    weighs them at (``steps.edlm``; the paper's k = 2 and the TT paper's w = 1)."""
+    weighs them at (``steps.edlm``; the paper's k = 2 and the TT paper's w = 1); ``dcd_chunk``: ``sampler: dcd``
+    with the random ordering unmasks chunks of that many adjacent positions (``steps.dcd``; 1, the TT paper's)."""
     ordering: str = "random"
     schedule: str = "loglinear"
     eb_gamma: float | None = None
@@ -52,6 +54,7 @@ class SamplerConfig:
     chooser_outputs: int | None = None
     edlm_candidates: int = 2
     edlm_window: float = 1.0
+    dcd_chunk: int = 1
 
     def __post_init__(self):
         if self.chooser_outputs is not None and self.chooser_outputs < 1:
@@ -59,6 +62,10 @@ class SamplerConfig:
         if not 1 <= self.edlm_candidates <= MAX_EDLM_CANDIDATES:
             raise InvalidSampler("edlm_candidates", f"edlm_candidates must lie in [1, {MAX_EDLM_CANDIDATES}], got "
                                                     f"{self.edlm_candidates}")
+        if not 1 <= self.dcd_chunk <= MAX_DCD_CHUNK:
+            raise InvalidSampler("dcd_chunk", f"dcd_chunk must lie in [1, {MAX_DCD_CHUNK}], got {self.dcd_chunk}")
+        if self.dcd_chunk > 1 and (self.sampler != "dcd" or self.ordering != "random"):
+            raise InvalidSampler("dcd_chunk", "dcd_chunk > 1 applies to sampler dcd with the random ordering")
         if not 0 < self.edlm_window <= 1:
             raise InvalidSampler("edlm_window", f"edlm_window must lie in (0, 1], got {self.edlm_window}")
         if self.adaptive_path not in ADAPTIVE_PATHS:

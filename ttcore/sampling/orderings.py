@@ -73,6 +73,15 @@ def halton_priority(b: int, l: int, device, generator=None) -> torch.Tensor:
     return rank[idx]
 
 
+def chunked_priority(b: int, l: int, device, generator=None, chunk: int = 1) -> torch.Tensor:
+    """A random order of chunks of ``chunk`` adjacent positions, left to right inside a chunk (DCD's chunked
+    unmasking, Liu et al. 2025; chunk 1 is ``random_priority``'s law). Chunk c's uniform is lane c of
+    ``Site.plan``."""
+    pos = torch.arange(l, device=device)
+    u = uniforms(generator, b, (l + chunk - 1) // chunk, device, Site.plan)  # [b, chunks]
+    return u[:, pos // chunk] - (pos % chunk).to(torch.float64) * 1e-12  # ties inside a chunk: by position
+
+
 PREDETERMINED = {"random": random_priority, "left_to_right": left_to_right_priority, "halton": halton_priority}
 
 

@@ -8,7 +8,9 @@ diffusion model's marginals, theta_i = log p_dm(x^i | x_t) - log p_dm(x^i | x_t^
 tells of x^i beyond what the part an AR model sees (the tokens left of i) tells; and it samples q autoregressively,
 each masked position from p_AR(. | x^{<i}) exp(theta_i) renormalized, the known tokens kept (its released code's
 ``scaled_autoregressive_generation``, alpha = 1). The step then commits the drawn tokens at its set T (the run's
-ordering and schedule; a random ordering is DCD's chunk size 1, the setting the TT paper ran it with).
+ordering and schedule; a random ordering is DCD's chunk size 1, the setting the TT paper ran it with; ``dcd_chunk``
+c > 1 orders chunks of c adjacent positions at random instead, left to right inside each, as DCD's chunked
+predictor unmasks them).
 
 p_dm(x^i | x_t^{<i}) is computed here as its name says: the diffusion model on x_t with every position from i on
 masked (the released code runs SEDD with causal attention instead, which our bidirectional DiT was not trained
@@ -24,6 +26,7 @@ import torch
 from ttcore.distributions import Site, sample_categorical, uniforms
 from ttcore.models.ar import ar_conditionals, companion
 
+from ..orderings import chunked_priority
 from .base import ConfiguredStep, WorkKind
 from .edlm import check_paired
 
@@ -99,6 +102,8 @@ class DCDStep(ConfiguredStep):
 
     def plan(self, run):
         check_paired(run, "dcd")
+        if self.config.dcd_chunk > 1:  # DCD's chunked unmasking: a random order of chunks (the random ordering)
+            return chunked_priority(*run.tokens.shape, run.device, run.streams, self.config.dcd_chunk)
         return super().plan(run)
 
     def draw(self, rows, h, tokens, masked, chosen, counts):
