@@ -26,16 +26,19 @@ async def score(serving: Serving, request: ScoreRequest, gone=None) -> ScoreResp
     arrived = time.perf_counter()
     lm = serving.registry.resolve(request.model, request.decomposition, request.rank, request.checkpoint)
     model, tok = lm.model, lm.tokenizer
-    if lm.info.base == "ar":
-        raise ScoreInputError(["checkpoint"], f"{lm.name} is an autoregressive model: /score serves the masked "
-                                              "diffusion checkpoints (its exact log p(x) is ttcore.models.ar."
-                                              "ar_log_prob, not served yet)")
+    if lm.info.base == "ar" and request.mode == "elbo":
+        raise ScoreInputError(["mode"], f"{lm.name} is an autoregressive model: its log p(x) is exact (mode joint); "
+                                        "the ELBO is a masked diffusion model's bound")
     if model.latent_dim:
         raise ScoreInputError(["model"], f"{lm.name} is a {lm.info.base} model: its likelihood integrates over the "
                                          "latent z, which has no exact form; scores need an MDLM checkpoint")
     if request.mode == "elbo" and request.template is not None:
         raise ScoreInputError(["template"], "template applies to joint mode only: elbo draws its own masks")
     x0, mask, lengths = _encode_for_scoring(tok, request)
+    if lm.info.base == "ar" and bool((mask.int().diff(dim=1) < 0).any()):
+        raise ScoreInputError(["template"], f"{lm.name} is an autoregressive model: it scores a suffix given a prefix, "
+                                            "so the template's [MASK]s must run from the first to the model's length "
+                                            f"({tok.length} tokens; the positions after a template are known)")
     rows = cost.rows_per_pass(model.cfg, True, serving.memory_budget)
     if rows == 0:
         raise ScoreInputError(["model"], "one sequence of this model does not fit the server's memory budget")

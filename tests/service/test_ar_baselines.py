@@ -7,17 +7,23 @@ import shutil
 
 import httpx
 import pytest
+import torch
 from servers import make_ar_checkpoint, start_uvicorn
 
 pytestmark = pytest.mark.slow  # a real server
 
 
 @pytest.fixture(scope="module")
-def ar_server(checkpoints, tmp_path_factory):
+def ar_root(checkpoints, tmp_path_factory):
     root = tmp_path_factory.mktemp("ar-checkpoints")
     shutil.copytree(checkpoints / "qm9-base", root / "qm9-base")
     make_ar_checkpoint(root / "qm9-ar", root / "qm9-base")
-    proc, url = start_uvicorn(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def ar_server(ar_root):
+    proc, url = start_uvicorn(ar_root)
     yield url
     proc.terminate()
     proc.wait(timeout=30)
@@ -72,9 +78,31 @@ def test_the_openai_api_names_the_ar_checkpoint_apart(ar_server):
     assert r.json()["model"] == "qm9-ar" and all(c["text"].startswith("CC") for c in r.json()["choices"])
 
 
-def test_score_refuses_the_ar_checkpoint(ar_server):
-    r = httpx.post(ar_server + "/score", json={"checkpoint": "qm9-ar", "sequences": ["CCO"]}, timeout=60)
-    _refused(r, "checkpoint", "autoregressive")
+def test_score_gives_the_ar_checkpoints_exact_likelihood(ar_server, ar_root):
+    from ttcore.models import load_checkpoint
+    from ttcore.models.ar import ar_log_prob
+
+    r = httpx.post(ar_server + "/score", json={"checkpoint": "qm9-ar", "sequences": ["CCO", "c1ccccc1"]}, timeout=60)
+    assert r.status_code == 200, r.text
+    scores = r.json()["scores"]
+    infos = {m["checkpoint"]: m for m in httpx.get(ar_server + "/models").json()["models"]}
+    length = infos["qm9-ar"]["length"]
+    model, tok, _ = load_checkpoint(ar_root / "qm9-ar")  # the served weights (the server runs fp32)
+    x = torch.tensor([tok.encode(s) for s in ("CCO", "c1ccccc1")])
+    with torch.no_grad():
+        expected = ar_log_prob(model.eval(), x).double()
+    assert [s["tokens"] for s in scores] == [length, length]
+    assert all(abs(s["log_prob"] - e) < 1e-3 for s, e in zip(scores, expected.tolist())), (scores, expected)
+    assert abs(sum(scores[0]["token_log_probs"]) - scores[0]["log_prob"]) < 1e-4
+    prefix = httpx.post(ar_server + "/score", json={"checkpoint": "qm9-ar", "sequences": ["CCO"],
+                                                    "template": "CC" + "[MASK]" * (length - 2)}, timeout=60)
+    assert prefix.status_code == 200, prefix.text
+    tl = scores[0]["token_log_probs"]
+    assert abs(prefix.json()["scores"][0]["log_prob"] - sum(tl[2:])) < 1e-4  # log p(x^{2:} | CC), exact
+    _refused(httpx.post(ar_server + "/score", json={"checkpoint": "qm9-ar", "sequences": ["CCO"],
+                                                    "template": "C[MASK]O"}, timeout=60), "template", "suffix")
+    _refused(httpx.post(ar_server + "/score", json={"checkpoint": "qm9-ar", "sequences": ["CCO"], "mode": "elbo"},
+                        timeout=60), "mode", "exact")
 
 
 @pytest.mark.parametrize("sampler", ["edlm", "dcd"])

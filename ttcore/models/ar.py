@@ -31,6 +31,18 @@ def ar_conditionals(model, x: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(out.logits.float(), -1).view(*x.shape, -1)
 
 
+def ar_score(model, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``scoring.score`` for an autoregressive model: x [b, l], the scored positions ``mask`` [b, l], which must be
+    a suffix of each row (the rest a known prefix) -> (log p(x_M | x_prefix) [b] float64, exact: the sum of the
+    conditionals; per-position log p(x^i | x^{<i}) [b, l], NaN where not scored). Raises ValueError otherwise."""
+    if bool((mask.int().diff(dim=1) < 0).any()):
+        raise ValueError("an autoregressive model scores a suffix given a prefix: no known token may follow a "
+                         "scored one")
+    token = ar_conditionals(model, x).double().gather(-1, x[..., None])[..., 0]
+    token = torch.where(mask, token, torch.full_like(token, float("nan")))
+    return token.nan_to_num(0.0).sum(1), token
+
+
 def ar_loss(model, x0: torch.Tensor, generator=None, step: int = 0) -> dict:
     """The autoregressive training objective: -log p(x0) per token (every position, padding included, as the
     diffusion models' NELBO counts it). ``fit``'s ``objective`` contract (``generator`` and ``step`` unused: the
