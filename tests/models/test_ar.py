@@ -62,3 +62,19 @@ def test_finetuning_refuses_an_autoregressive_base():
         JointModel.from_base(tiny_ar(V, L), "tt", 2)
     with pytest.raises(ValueError, match="rank-1 head"):
         ModelConfig(DiTConfig(vocab_size=4, out_vocab=3, length=3, causal=True), decomposition="tt", rank=2)
+
+
+def test_ar_score_is_the_exact_conditional_of_a_suffix():
+    from ttcore.models.ar import ar_score
+
+    model = tiny_ar(V, L)
+    seqs = all_sequences(L, V)
+    with torch.no_grad():
+        p = ar_log_prob(model, seqs).double().exp()
+        mask = torch.tensor([False, True, True]).expand_as(seqs)
+        log_p, token = ar_score(model, seqs, mask)
+    prefix_mass = torch.stack([p[seqs[:, 0] == s[0]].sum() for s in seqs])
+    assert torch.allclose(log_p, (p / prefix_mass).log(), atol=1e-5)  # log p(x^1, x^2 | x^0), enumerated
+    assert token[:, 0].isnan().all() and torch.allclose(token[:, 1:].sum(1), log_p)
+    with pytest.raises(ValueError, match="suffix"):
+        ar_score(model, seqs, torch.tensor([True, False, True]).expand_as(seqs))
