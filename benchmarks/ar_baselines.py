@@ -25,24 +25,12 @@ trained ones (timing only; the paper runs EDLM and DCD over MDLM and SEDD, rank-
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "training"))
-
-
-def _generate(model, n: int, steps: int, batch: int, seed: int, **settings) -> tuple[list[list[int]], float]:
-    from ttcore.sampling import generate
-
-    ids, t0 = [], time.perf_counter()
-    for k in range(0, n, batch):
-        with model.compute_context():
-            *_, last = generate(model, min(batch, n - k), steps, seed=seed + k, **settings)
-        ids += last.tokens.tolist()
-    return ids, time.perf_counter() - t0
 
 
 def _rows(diffusion, ar, ar_name: str, steps: list[int]) -> list[tuple]:
@@ -63,6 +51,7 @@ def _rows(diffusion, ar, ar_name: str, steps: list[int]) -> list[tuple]:
 
 def quality(args) -> None:
     from _common import dataset
+    from _report import data_section, run_setting
 
     from ttcore.metrics import molecule_metrics
     from ttcore.models import load_for_inference
@@ -75,10 +64,7 @@ def quality(args) -> None:
     for _, model in diffusion:
         if ar is not None and not model.format.joint_head:
             pair(model, ar)
-    from ttcore.models import read_train_config
-
-    section = TrainConfig.from_dict(read_train_config(args.diffusion[0])).data
-    ds = dataset(TrainConfig(data=section))
+    ds = dataset(TrainConfig(data=data_section(None, Path(args.diffusion[0]))))
     training = set(ds.train)
     reference = None
     if args.fcd:
@@ -87,8 +73,8 @@ def quality(args) -> None:
         reference = Reference(next(iter(ds.references.values())), "cpu")
     print(f"{'method':>44} | {'K':>3} | {'valid %':>7} | {'unique %':>8} | {'novel %':>7} | {'FCD':>6} | {'s':>6}")
     for label, model, k, settings in _rows(diffusion, ar, Path(args.ar).name if args.ar else "", args.steps):
-        ids, seconds = _generate(model, args.samples, k, args.batch, args.seed, **settings)
-        texts = [tok.decode(row) for row in ids]
+        res = run_setting(model, tok, args.samples, k, args.batch, args.seed, **settings)
+        texts, seconds = res["texts"], res["seconds"]
         m = molecule_metrics(texts, training)
         fcd = reference.compare(texts).get("fcd") if reference is not None else None
         fcd = float("nan") if fcd is None else fcd  # none asked, or fewer than two valid molecules
@@ -98,6 +84,8 @@ def quality(args) -> None:
 
 
 def speed(args) -> None:
+    from _report import run_setting
+
     from ttcore.models import JointModel, ModelConfig, load_for_inference, prepare_for_inference
     from ttcore.models.ar import pair
 
@@ -130,10 +118,10 @@ def speed(args) -> None:
               (f"AR ({ar_label}, no KV cache)", ar, ar.cfg.dit.length, {"ordering": "left_to_right"})]
     times = {label: [] for label, *_ in cases}
     for label, m, steps, settings in cases:  # warm-up: allocator, kernels, the first call's imports
-        _generate(m, 1, min(steps, 2) if m is not ar else steps, 1, args.seed, **settings)
+        run_setting(m, tok, 1, min(steps, 2) if m is not ar else steps, 1, args.seed, **settings)
     for r in range(args.repeats):  # alternating: each method's repeats spread over the same stretch of time
         for label, m, steps, settings in cases:
-            _, seconds = _generate(m, args.samples, steps, 1, args.seed + r, **settings)
+            seconds = run_setting(m, tok, args.samples, steps, 1, args.seed + r, **settings)["seconds"]
             times[label].append(seconds / args.samples)
     print(f"{Path(args.diffusion[0]).name}, {args.precision}, batch size 1, median of {args.repeats} "
           f"(seconds per sequence)")

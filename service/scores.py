@@ -8,6 +8,7 @@ import torch
 
 from ttcore import scoring
 from ttcore.losses import sample_times
+from ttcore.models.ar import is_suffix
 from ttcore.sampling import cost
 from ttcore.sampling.steps import WorkKind
 
@@ -35,7 +36,7 @@ async def score(serving: Serving, request: ScoreRequest, gone=None) -> ScoreResp
     if request.mode == "elbo" and request.template is not None:
         raise ScoreInputError(["template"], "template applies to joint mode only: elbo draws its own masks")
     x0, mask, lengths = _encode_for_scoring(tok, request)
-    if lm.info.base == "ar" and bool((mask.int().diff(dim=1) < 0).any()):
+    if lm.info.base == "ar" and not is_suffix(mask):
         raise ScoreInputError(["template"], f"{lm.name} is an autoregressive model: it scores a suffix given a prefix, "
                                             "so the template's [MASK]s must run from the first to the model's length "
                                             f"({tok.length} tokens; the positions after a template are known)")

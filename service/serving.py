@@ -40,7 +40,6 @@ def depict(smiles: str, width: int, height: int) -> str | None:
     return depiction_svg(smiles, width, height)
 
 
-AR_GUIDED = ("edlm", "dcd")  # samplers that consult the paired autoregressive checkpoint (``registry.pair_ar``)
 DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks that its client is still there
 
 
@@ -154,15 +153,17 @@ class Serving:
         constraint = lm.constraints.of(request.regex, request.grammar, request.prompt)
         if constraint is None:
             return None, field
-        if lm.info.base == "ar" or config.sampler in AR_GUIDED:
-            raise Unsupported(field, f"{field} is served by the masked diffusion samplers (an autoregressive "
-                                     "checkpoint and sampler edlm / dcd draw no joint of the masked positions to "
-                                     "restrict)")
+        if lm.info.base == "ar":
+            raise Unsupported(field, f"{field} is served by the masked diffusion checkpoints (an autoregressive one "
+                                     "draws no joint of the masked positions to restrict)")
         if not config.joint:
             raise Unsupported("joint", f"{field} needs the joint draw: joint false draws each position alone")
         if config.step.adaptive:
             raise Unsupported("adaptive_path", f"{field} is served with adaptive_path fast (the exact chain rule "
                                                "re-runs the automaton at every pick)")
+        if not config.step.constrains:  # the step class says whether it draws within a language
+            raise Unsupported(field, f"{field}: sampler {config.sampler} draws no joint of the masked positions to "
+                                     "restrict")
         length = lm.model.cfg.dit.length
         if not constraint.satisfiable(torch.full((1, length), -1)).item():
             raise Unsupported(field, f"{field}: no sequence of this model's {length} tokens is in the language")

@@ -267,11 +267,10 @@ def calibrate_kinds(model, kinds) -> dict[WorkKind, tuple[float, float, float]]:
         out[WorkKind.tempered_chooser_step] = _affine(model, 2, temperature=0.5, **fast)
     if WorkKind.constrained_step in kinds:
         out[WorkKind.constrained_step] = _affine(model, 2, constraint=reference_automaton(model.cfg.dit.out_vocab))
-    for kind in (WorkKind.edlm_step, WorkKind.dcd_step):  # one step drawing every position: the dearest
-        if kind in kinds:
-            paired = companion(model) is not None and not is_autoregressive(model)
-            out[kind] = _affine(model, 2, sampler=kind.value.removesuffix("_step")) if paired else \
-                out.get(WorkKind.predetermined_step) or _affine(model, CALIBRATION_REPEATS)  # refused anyway
+    for kind, sampler in ((WorkKind.edlm_step, "edlm"), (WorkKind.dcd_step, "dcd")):  # every position: the dearest
+        if kind in kinds:  # without an AR pair such requests are refused: the plain step's timing stands in
+            out[kind] = _affine(model, 2, sampler=sampler) if companion(model) is not None else \
+                out.get(WorkKind.predetermined_step) or _affine(model, CALIBRATION_REPEATS)
     if WorkKind.chain_rule in kinds:
         l = model.cfg.dit.length
         step = _best(model, 1, l, CALIBRATION_REPEATS)  # a predetermined step of an l-step run: one position

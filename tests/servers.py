@@ -1,5 +1,6 @@
 """Real servers for the tests: tiny trained checkpoints and uvicorn in a subprocess."""
 
+import contextlib
 import os
 import shlex
 import shutil
@@ -93,6 +94,17 @@ def _tiny_text_model(out: Path) -> None:
     model = JointModel(ModelConfig(cfg.model.dit_config(tok), extra={"family": "text"}))
     fit(model, tok, torch.from_numpy(ds.train_tokens), torch.from_numpy(ds.val_tokens), cfg, out, max_steps=10,
         quiet=True)
+
+
+@contextlib.contextmanager
+def uvicorn_server(checkpoints: Path, *extra: str, env: dict | None = None):
+    """``start_uvicorn`` as a context: the server's URL, the server stopped (and waited for) on the way out."""
+    proc, url = start_uvicorn(checkpoints, *extra, env=env)
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def start_uvicorn(checkpoints: Path, *extra: str, env: dict | None = None) -> tuple[subprocess.Popen, str]:

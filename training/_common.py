@@ -66,3 +66,33 @@ def dataset(cfg, tokenizer=None):
 
 def tensors(ds) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(ds.train_tokens), torch.from_numpy(ds.val_tokens)
+
+
+def new_or_resumed(args, cfg):
+    """A from-scratch recipe's model: the checkpoint at ``--out`` when ``--resume`` finds a train state there, else a
+    fresh one of ``cfg.model`` (seeded) with the data's tokenizer or ``--tokenizer``'s. -> (model, tokenizer, train
+    tokens, validation tokens, resuming)."""
+    from ttcore.models import JointModel, ModelConfig, load_checkpoint, load_train_state
+    from ttcore.tokenizers import load_tokenizer
+
+    resuming = args.resume and Path(args.out).exists() and load_train_state(args.out) is not None
+    if resuming:
+        model, tokenizer, _ = load_checkpoint(args.out)
+        ds = dataset(cfg, tokenizer)
+    else:
+        ds = dataset(cfg, load_tokenizer(args.tokenizer) if args.tokenizer else None)
+        tokenizer = ds.tokenizer
+        torch.manual_seed(cfg.seed)  # the initialization is part of the run's seed
+        model = JointModel(ModelConfig(cfg.model.dit_config(tokenizer), extra=cfg.data.model_extra()))
+    return (model, tokenizer, *tensors(ds), resuming)
+
+
+def report(args, meta: dict) -> None:
+    """A from-scratch recipe's last lines: what it wrote, its validation and speed."""
+    from ttcore.recipes import throughput_line
+
+    if is_main_process():
+        print(f"wrote {args.out}: step {meta['step']}, val {meta['val']}, {meta['seconds_per_step']:.3f} s/step, "
+              f"peak RSS {meta['peak_rss_mb']:.0f} MB")
+        if meta.get("throughput"):
+            print(throughput_line(meta["throughput"])[2:])

@@ -6,17 +6,10 @@ the same tokenizer, data section and loop as ``pretrain.py``, fitted by maximum 
     python training/train_ar.py --config text --tokenizer checkpoints/text-tt-r4 --out runs/text-ar --resume
 """
 
-from pathlib import Path
-
-import torch
-from _common import config_from_args, dataset, parser, tensors
+from _common import config_from_args, new_or_resumed, parser, report
 from _loop import fit
 
-from ttcore.models import JointModel, ModelConfig, load_checkpoint, load_train_state
 from ttcore.models.ar import ar_loss
-from ttcore.parallel import is_main_process
-from ttcore.recipes import throughput_line
-from ttcore.tokenizers import load_tokenizer
 
 
 def main():
@@ -25,24 +18,11 @@ def main():
                                         "then shares the diffusion model's vocabulary, as EDLM and DCD need)")
     args = ap.parse_args()
     cfg = config_from_args(args, {"model.causal": True, "model.latent_dim": 0})
-    resuming = args.resume and Path(args.out).exists() and load_train_state(args.out) is not None
-    if resuming:
-        model, tokenizer, _ = load_checkpoint(args.out)
-        ds = dataset(cfg, tokenizer)
-    else:
-        ds = dataset(cfg, load_tokenizer(args.tokenizer) if args.tokenizer else None)
-        tokenizer = ds.tokenizer
-        torch.manual_seed(cfg.seed)  # the initialization is part of the run's seed
-        model = JointModel(ModelConfig(cfg.model.dit_config(tokenizer), extra=cfg.data.model_extra()))
-    train, val = tensors(ds)
+    model, tokenizer, train, val, resuming = new_or_resumed(args, cfg)
     meta = fit(model, tokenizer, train, val, cfg, args.out, resume=resuming, max_steps=args.max_steps,
                max_minutes=args.max_minutes, title=f"{cfg.data.family} autoregressive", quiet=args.quiet,
                fit_minutes=args.fit_minutes, objective=ar_loss)
-    if is_main_process():
-        print(f"wrote {args.out}: step {meta['step']}, val {meta['val']}, {meta['seconds_per_step']:.3f} s/step, "
-              f"peak RSS {meta['peak_rss_mb']:.0f} MB")
-        if meta.get("throughput"):
-            print(throughput_line(meta["throughput"])[2:])
+    report(args, meta)
 
 
 if __name__ == "__main__":

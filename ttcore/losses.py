@@ -122,7 +122,7 @@ def vadd_loss(model, x0: torch.Tensor, mask_id: int, kl_weight: float = 1.0, eps
     x_t, mask = forward_mask(x0, t, mask_id, generator)
     mean, log_var = model.recognition(x0, x_t)
     z = reparameterize(mean, log_var, generator)
-    out = model(x_t, mask, sigma=t) if z is None else model(x_t, mask, sigma=t, z=z)
+    out = model(x_t, mask, sigma=t, z=z)
     nll = -out.log_prob(x0)  # [b]
     kl = gaussian_kl(mean, log_var)  # [b]
     lc = out.auxiliary_loss()

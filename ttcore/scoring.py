@@ -27,6 +27,7 @@ import torch
 
 from ttcore.decompositions.common import per_sequence
 from ttcore.losses import forward_mask
+from ttcore.models.ar import ar_score, is_autoregressive
 
 
 @torch.no_grad()
@@ -34,9 +35,7 @@ def score(model, x0: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, to
     """x0 [b, l] tokens, mask [b, l] the positions to score -> (log p(x_M | x_t) [b], per-position
     log p(x^i | x_t) [b, l] with NaN where not masked). The rest of x0 is the model's input x_t. An
     autoregressive model: ``ar.ar_score`` (the mask a suffix; per position its conditional given the prefix)."""
-    if getattr(model.cfg.dit, "causal", False):
-        from ttcore.models.ar import ar_score
-
+    if is_autoregressive(model):
         return ar_score(model, x0, mask)
     x_t = torch.where(mask, torch.full_like(x0, model.cfg.dit.vocab_size - 1), x0)
     t = mask.float().mean(1)  # the masked fraction: the diffusion time of x_t under the log-linear schedule

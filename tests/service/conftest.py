@@ -6,15 +6,13 @@ import shutil
 import tempfile
 
 import pytest
-from servers import free_port, start_uvicorn, wait_ready
+from servers import free_port, uvicorn_server, wait_ready
 
 
 @pytest.fixture(scope="session")
 def server(checkpoints):
-    proc, url = start_uvicorn(checkpoints)
-    yield url
-    proc.terminate()
-    proc.wait(timeout=30)
+    with uvicorn_server(checkpoints) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ import shutil
 import httpx
 import pytest
 import torch
-from servers import make_ar_checkpoint, start_uvicorn
+from servers import make_ar_checkpoint, uvicorn_server
 
 pytestmark = pytest.mark.slow  # a real server
 
@@ -23,10 +23,8 @@ def ar_root(checkpoints, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ar_server(ar_root):
-    proc, url = start_uvicorn(ar_root)
-    yield url
-    proc.terminate()
-    proc.wait(timeout=30)
+    with uvicorn_server(ar_root) as url:
+        yield url
 
 
 def _refused(r, field: str, says: str):
@@ -115,7 +113,7 @@ def test_edlm_and_dcd_over_the_pair(ar_server, sampler):
     assert httpx.post(ar_server + "/generate", json=body, timeout=120).json()["samples"] == r.json()["samples"]
     _refused(httpx.post(ar_server + "/generate", json={**body, "ordering": "entropy"}, timeout=60), "ordering",
              "predetermined")
-    _refused(httpx.post(ar_server + "/generate", json={**body, "regex": "C+"}, timeout=60), "regex", "edlm")
+    _refused(httpx.post(ar_server + "/generate", json={**body, "regex": "C+"}, timeout=60), "regex", sampler)
     r = httpx.post(ar_server + "/generate", json={**body, "edlm_candidates": 0}, timeout=60)
     assert r.status_code == 422 and "edlm_candidates" in r.text
 

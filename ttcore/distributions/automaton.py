@@ -294,10 +294,6 @@ class Constrained:
         self.known = known  # [b, l]: the tokens whose cores are delta(x = token) I (x_t's), -1 elsewhere
         self.b, self.l, self.v = self.cores.shape[0], self.cores.shape[1], self.cores.shape[2]
 
-    def _conditioned(self, x_cond: torch.Tensor) -> torch.Tensor:
-        """The cores with each conditioned position's other tokens zeroed (``conditioned_cores``)."""
-        return conditioned_cores(self.cores, x_cond)
-
     def log_prob(self, x: torch.Tensor) -> torch.Tensor:
         """log p(x | x in L) of complete sequences x [b, l]: log p(x) - log Z where accepted, -inf elsewhere."""
         accepted = self.accepts(x)
@@ -315,13 +311,13 @@ class Constrained:
 
     def log_normalizer(self, x_cond: torch.Tensor | None = None) -> torch.Tensor:
         """log p(x in L, x_S) [b]: -inf where no accepted sequence agrees with x_cond (None: nothing known)."""
-        cores = self.cores if x_cond is None else self._conditioned(x_cond)
+        cores = self.cores if x_cond is None else conditioned_cores(self.cores, x_cond)
         beta, scales = backward_messages(class_sums(cores, self.automata), self.automata, self.diagonal, self.known)
         return (self.start.to(beta.dtype) * beta[:, 0, 0]).sum(1).log() + scales.sum(1)
 
     def marginals(self, x_cond: torch.Tensor) -> torch.Tensor:
         """p(x^i | x_S, x in L) [b, l, v], one-hot at the conditioned positions."""
-        return constrained_marginals(self.start, self._conditioned(x_cond), self.automata, self.diagonal)
+        return constrained_marginals(self.start, conditioned_cores(self.cores, x_cond), self.automata, self.diagonal)
 
     def sample(self, positions: torch.Tensor | None = None, generator=None) -> torch.Tensor:
         """One draw of x_T from p(x_T | x in L), T = ``positions`` [b, l] (all when None), the other positions

@@ -24,22 +24,30 @@ def ar_log_prob(model, x: torch.Tensor) -> torch.Tensor:
     return model(x, torch.ones_like(x, dtype=torch.bool)).log_prob(x)
 
 
-def ar_conditionals(model, x: torch.Tensor) -> torch.Tensor:
-    """log p(x^i = v | x^{<i}) [b, l, V] (float32) for sequences x [b, l]: every position's next-token law given
-    the tokens before it (positions past a [MASK] read it as a token: callers use only the prefix's)."""
-    out = model(x, torch.ones_like(x, dtype=torch.bool))
-    return torch.log_softmax(out.logits.float(), -1).view(*x.shape, -1)
+def ar_conditionals(model, x: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:
+    """log p(x^i = v | x^{<i}) (float32) for sequences x [b, l]: every position's next-token law given the tokens
+    before it, [b, l, V]; or at the positions ``at`` [b, l] (bool) only, [m, V] row-major, the head run there alone
+    (positions past a [MASK] read it as a token: callers use only the prefix's)."""
+    out = model(x, torch.ones_like(x, dtype=torch.bool) if at is None else at)
+    logp = torch.log_softmax(out.logits.float(), -1)
+    return logp.view(*x.shape, -1) if at is None else logp
+
+
+def is_suffix(mask: torch.Tensor) -> bool:
+    """Whether each row of ``mask`` [b, l] (bool) is a suffix: no unmasked position after a masked one, the case an
+    autoregressive model conditions (a known prefix) and scores exactly."""
+    return not bool((mask.int().diff(dim=1) < 0).any())
 
 
 def ar_score(model, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``scoring.score`` for an autoregressive model: x [b, l], the scored positions ``mask`` [b, l], which must be
     a suffix of each row (the rest a known prefix) -> (log p(x_M | x_prefix) [b] float64, exact: the sum of the
     conditionals; per-position log p(x^i | x^{<i}) [b, l], NaN where not scored). Raises ValueError otherwise."""
-    if bool((mask.int().diff(dim=1) < 0).any()):
+    if not is_suffix(mask):
         raise ValueError("an autoregressive model scores a suffix given a prefix: no known token may follow a "
                          "scored one")
-    token = ar_conditionals(model, x).double().gather(-1, x[..., None])[..., 0]
-    token = torch.where(mask, token, torch.full_like(token, float("nan")))
+    token = torch.full(x.shape, float("nan"), dtype=torch.float64, device=x.device)
+    token[mask] = ar_conditionals(model, x, mask).double().gather(1, x[mask][:, None])[:, 0]
     return token.nan_to_num(0.0).sum(1), token
 
 
@@ -53,7 +61,7 @@ def ar_loss(model, x0: torch.Tensor, generator=None, step: int = 0) -> dict:
     return {"loss": per_token, "nll": per_token.detach(), "lc": zero}
 
 
-def check_ar_run(model, config, steps: int, tokens: torch.Tensor, mask_id: int) -> None:
+def check_ar_run(config, steps: int, tokens: torch.Tensor, mask_id: int) -> None:
     """Refuse (``InvalidSampler``, a ValueError naming the request field) a generation an autoregressive model
     cannot make exactly: it draws one token a step, left to right, after a known prefix."""
     from ttcore.sampling.config import InvalidSampler as Refused
@@ -68,8 +76,7 @@ def check_ar_run(model, config, steps: int, tokens: torch.Tensor, mask_id: int) 
     if steps < n:
         raise Refused("steps", f"an autoregressive model draws one token a step: steps must be >= {n} (the masked "
                          f"positions), got {steps}")
-    after = masked.cumsum(1) > 0  # at or after the first masked position
-    if bool((after & ~masked).any()):
+    if not is_suffix(masked):
         raise Refused("prompt", "an autoregressive model conditions on a prefix only: no known token may follow a "
                          "masked one")
 

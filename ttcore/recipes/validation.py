@@ -3,6 +3,7 @@
 import torch
 
 from ttcore.losses import mdlm_loss, vadd_loss
+from ttcore.models.ar import ar_loss, is_autoregressive
 from ttcore.models.vadd import prior_sample
 
 
@@ -27,9 +28,7 @@ def evaluate_loss(model, tokens: torch.Tensor, mask_id: int, *, batch_size: int,
     (``ttcore.models.ar``): ``nll``, its exact -log p(x) per position, padding included (an upper bound's
     counterpart: comparable with the diffusion models' ``nelbo``)."""
     model.eval()
-    if getattr(model.cfg.dit, "causal", False):  # an autoregressive model: its exact NLL, nothing drawn
-        from ttcore.models.ar import ar_loss
-
+    if is_autoregressive(model):  # its exact NLL, nothing drawn
         n = min(batches, max(1, len(tokens) // batch_size))
         total = 0.0
         for k in range(n):

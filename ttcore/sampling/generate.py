@@ -79,7 +79,7 @@ class GenerationRun:
                 raise ValueError(f"prompt ids must lie in [0, {self.mask_id}]")
             self.tokens = prompt.expand(num_samples, length).clone() if prompt.dim() == 1 else prompt.clone()
         if is_autoregressive(model):
-            check_ar_run(model, config, steps, self.tokens, self.mask_id)
+            check_ar_run(config, steps, self.tokens, self.mask_id)
             if constraint is not None:
                 raise ValueError("an autoregressive model takes no constraint here (its steps draw no joint of the "
                                  "masked positions to restrict)")

@@ -71,22 +71,21 @@ def dcd_step(model, ar, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, 
     idx = torch.arange(l, device=x.device)[None, :]
     last = torch.where(chosen, idx, torch.full_like(idx, -1)).amax(1)  # [b]
     todo = masked & (idx <= last[:, None])  # what the AR pass draws
-    v = model.cfg.dit.out_vocab
-    full = torch.zeros(b, l, v, dtype=torch.float64, device=x.device)
-    full[masked] = model.format.marginals_at(model.head, h, masked, masked, temperature, contraction)
     known_after = (~masked).flip(1).cumsum(1).flip(1) - (~masked).long() > 0  # a known token right of i
-    need = todo & known_after
-    theta = torch.zeros_like(full)
+    need = todo & known_after  # the positions with a tilt (elsewhere the two marginals are equal)
+    theta = torch.zeros(b, l, model.cfg.dit.out_vocab, dtype=torch.float64, device=x.device)
     if bool(need.any()):
-        theta[need] = copula_tilts(full[need], left_context_marginals(model, x, masked, need, temperature,
-                                                                        contraction))
+        full = model.format.marginals_at(model.head, h, masked, need, temperature, contraction)
+        theta[need] = copula_tilts(full, left_context_marginals(model, x, masked, need, temperature, contraction))
     u = uniforms(streams, b, l, x.device, Site.proposal)
     cur = x.clone()
     for i in range(int(last.max()) + 1):
         go = todo[:, i]
         if not bool(go.any()):
             continue
-        log_p = ar_conditionals(ar, cur[go])[:, i].double() + theta[go, i]  # [n, v]
+        at = torch.zeros_like(cur[go], dtype=torch.bool)
+        at[:, i] = True  # the AR head at position i alone
+        log_p = ar_conditionals(ar, cur[go], at).double() + theta[go, i]  # [n, v]
         cur[go, i] = sample_categorical((log_p - log_p.amax(1, keepdim=True)).exp(), u=u[go, i])
     values[chosen] = cur[chosen]
     return values
