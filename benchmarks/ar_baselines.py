@@ -3,7 +3,7 @@ diffusion checkpoints, and the samplers that consult it, EDLM and DCD (``ttcore.
 over the rank-1 diffusion checkpoint paired with it.
 
     python benchmarks/ar_baselines.py quality --diffusion checkpoints/qm9-none-r1 checkpoints/qm9-cp-r64 \
-        checkpoints/qm9-tt-r16 --ar runs/qm9-ar --samples 1024 --steps 2 4 8 22 --fcd
+        checkpoints/qm9-tt-r16 --ar runs/qm9-ar --samples 1024 --steps 2 4 8 22 --fcd [--http]
     python benchmarks/ar_baselines.py speed --diffusion checkpoints/text-tt-r4 --steps 128 --samples 2 --repeats 1
     python benchmarks/ar_baselines.py speed --diffusion checkpoints/qm9-none-r1 checkpoints/qm9-tt-r16 \
         checkpoints/qm9-cp-r64 --ar runs/qm9-ar --steps 22 --samples 16
@@ -15,6 +15,8 @@ over the rank-1 diffusion checkpoint paired with it.
 for each rank-1 diffusion checkpoint MDLM's own step, EDLM (k = 2, w = 1) and DCD with the AR checkpoint ``--ar``
 paired to it; for each joint checkpoint (CP, TT) its joint step; and the AR checkpoint at one token a step (K = its
 length). Validity (one molecule), uniqueness, novelty and, with ``--fcd``, FCD to the family's held-out split.
+``--http`` asks an embedded server (links to the checkpoints in a temporary folder; the service pairs the AR
+checkpoint itself) through ``/generate``, in requests of at most 256 seeded as the in-process batches are.
 ``speed`` times, side by side in one process, the seconds per sequence of a generation at ``--steps`` steps, batch
 size 1 (as the paper's sampling-time table, tab:owt-time, measures it): MDLM, the joint steps of the ``--diffusion``
 checkpoints, EDLM and DCD over the MDLM, and the AR model. When the first checkpoint is a joint one, the MDLM is a
@@ -25,8 +27,11 @@ trained ones (timing only; the paper runs EDLM and DCD over MDLM and SEDD, rank-
 import argparse
 import statistics
 import sys
+import tempfile
+import time
 from pathlib import Path
 
+import httpx
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,26 +39,51 @@ sys.path.insert(0, str(ROOT / "training"))
 
 
 def _rows(diffusion, ar, ar_name: str, steps: list[int]) -> list[tuple]:
-    """(label, model, K, settings) of every cell."""
+    """(label, checkpoint name, model, K, settings) of every cell."""
     cells = []
     for name, model in diffusion:
         if model.format.joint_head:
-            cells += [(f"{model.cfg.decomposition.upper()} r={model.cfg.rank} ({name})", model, k, {}) for k in steps]
+            cells += [(f"{model.cfg.decomposition.upper()} r={model.cfg.rank} ({name})", name, model, k, {})
+                      for k in steps]
         else:
-            cells += [(f"MDLM ({name})", model, k, {}) for k in steps]
+            cells += [(f"MDLM ({name})", name, model, k, {}) for k in steps]
             if ar is not None:
-                cells += [(f"{s.upper()} ({name} + {ar_name})", model, k, {"sampler": s})
+                cells += [(f"{s.upper()} ({name} + {ar_name})", name, model, k, {"sampler": s})
                           for s in ("edlm", "dcd") for k in steps]
     if ar is not None:
-        cells.append((f"AR ({ar_name})", ar, ar.cfg.dit.length, {"ordering": "left_to_right"}))
+        cells.append((f"AR ({ar_name})", ar_name, ar, ar.cfg.dit.length, {"ordering": "left_to_right"}))
     return cells
+
+
+def _served(args) -> tuple:
+    """The checkpoints on an embedded server (``served_overhead``'s: uvicorn, one thread), from a folder of links
+    to them -> (process, URL)."""
+    from served_overhead import _start
+
+    root = Path(tempfile.mkdtemp(prefix="ar-baselines-"))
+    for path in [*args.diffusion, *([args.ar] if args.ar else [])]:
+        (root / Path(path).name).symlink_to(Path(path).resolve())
+    return _start(ROOT, root, args.precision)
+
+
+def _over_http(url: str, name: str, n: int, k: int, batch: int, seed: int, settings: dict) -> tuple[list, float]:
+    """``n`` samples of checkpoint ``name`` from ``/generate``, in requests of ``batch`` seeded as ``run_setting``
+    seeds its batches (seed + offset) -> (texts, seconds)."""
+    texts, t0 = [], time.perf_counter()
+    for s in range(0, n, batch):
+        body = {"checkpoint": name, "num_samples": min(batch, n - s), "steps": k, "seed": seed + s,
+                "timeout_s": 600, **settings}
+        r = httpx.post(url + "/generate", json=body, timeout=900)
+        if r.status_code != 200:
+            raise SystemExit(f"{body}: {r.status_code} {r.text[:300]}")
+        texts += [sample["text"] for sample in r.json()["samples"]]
+    return texts, time.perf_counter() - t0
 
 
 def quality(args) -> None:
     from _common import dataset
-    from _report import data_section, run_setting
+    from _report import data_section
 
-    from ttcore.metrics import molecule_metrics
     from ttcore.models import load_for_inference
     from ttcore.models.ar import pair
     from ttcore.recipes import TrainConfig
@@ -71,16 +101,36 @@ def quality(args) -> None:
         from ttcore.metrics.distribution import Reference
 
         reference = Reference(next(iter(ds.references.values())), "cpu")
-    print(f"{'method':>44} | {'K':>3} | {'valid %':>7} | {'unique %':>8} | {'novel %':>7} | {'FCD':>6} | {'s':>6}")
-    for label, model, k, settings in _rows(diffusion, ar, Path(args.ar).name if args.ar else "", args.steps):
+    proc, url = _served(args) if args.http else (None, None)
+    print(f"{'method':>44} | {'K':>3} | {'valid %':>7} | {'unique %':>8} | {'novel %':>7} | {'FCD':>6} | {'s':>6}"
+          + (" (through HTTP)" if args.http else " (in process)"))
+    try:
+        for label, name, model, k, settings in _rows(diffusion, ar, Path(args.ar).name if args.ar else "",
+                                                     args.steps):
+            _cell(args, label, name, model, k, settings, tok, url, training, reference)
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=60)
+
+
+def _cell(args, label, name, model, k, settings, tok, url, training, reference) -> None:
+    """One row of ``quality``: sampled in process, or through the server at ``url``."""
+    from _report import run_setting
+
+    from ttcore.metrics import molecule_metrics
+
+    if url is None:
         res = run_setting(model, tok, args.samples, k, args.batch, args.seed, **settings)
         texts, seconds = res["texts"], res["seconds"]
-        m = molecule_metrics(texts, training)
-        fcd = reference.compare(texts).get("fcd") if reference is not None else None
-        fcd = float("nan") if fcd is None else fcd  # none asked, or fewer than two valid molecules
-        pct = lambda x: f"{100 * x:.1f}" if x is not None else "-"  # noqa: E731 (none valid: no uniqueness)
-        print(f"{label:>44} | {k:>3} | {pct(m['validity']):>7} | {pct(m['uniqueness']):>8} | "
-              f"{pct(m['novelty']):>7} | {fcd:>6.3f} | {seconds:>6.0f}", flush=True)
+    else:
+        texts, seconds = _over_http(url, name, args.samples, k, min(args.batch, 256), args.seed, settings)
+    m = molecule_metrics(texts, training)
+    fcd = reference.compare(texts).get("fcd") if reference is not None else None
+    fcd = float("nan") if fcd is None else fcd  # none asked, or fewer than two valid molecules
+    pct = lambda x: f"{100 * x:.1f}" if x is not None else "-"  # noqa: E731 (none valid: no uniqueness)
+    print(f"{label:>44} | {k:>3} | {pct(m['validity']):>7} | {pct(m['uniqueness']):>8} | "
+          f"{pct(m['novelty']):>7} | {fcd:>6.3f} | {seconds:>6.0f}", flush=True)
 
 
 def speed(args) -> None:
@@ -144,6 +194,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--precision", default="auto", help="fp32, bf16 or auto (bf16 where the CPU has it)")
     ap.add_argument("--fcd", action="store_true", help="quality: FCD to the held-out split")
+    ap.add_argument("--http", action="store_true", help="quality: through /generate of an embedded server (uvicorn, "
+                                                        "one thread) instead of in process")
     args = ap.parse_args()
     if args.precision == "auto":
         from ttcore.models import resolve_precision

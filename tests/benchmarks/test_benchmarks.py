@@ -226,6 +226,11 @@ def test_ar_baselines_smoke(checkpoints, tmp_path):
                  checkpoints / "qm9-tt-r2", "--ar", ar, "--samples", 8, "--steps", 2, timeout=900)
     rows = [line.split("|")[0].strip() for line in out.splitlines() if re.search(r"\|\s+\d+ \|\s+[\d.]+ \|", line)]
     assert [r.split()[0] for r in rows] == ["MDLM", "EDLM", "DCD", "TT", "AR"], out
+    served = _bench(ROOT / "benchmarks" / "ar_baselines.py", "quality", "--diffusion", checkpoints / "qm9-base", "--ar",
+                    ar, "--samples", 8, "--steps", 2, "--http", "--precision", "fp32", timeout=900)
+    assert "(through HTTP)" in served
+    rows = [line.split("|")[0].strip() for line in served.splitlines() if re.search(r"\|\s+\d+ \|\s+[\d.]+ \|", line)]
+    assert [r.split()[0] for r in rows] == ["MDLM", "EDLM", "DCD", "AR"], served
     out = _bench(ROOT / "benchmarks" / "ar_baselines.py", "speed", "--diffusion", checkpoints / "text-base",
                  "--steps", 4, "--samples", 1, "--repeats", 1)
     rows = re.findall(r"^\s*(\S+).*\|\s+\d+ \|\s+([\d.]+) \|\s+([\d.]+)$", out, re.M)
