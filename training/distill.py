@@ -8,7 +8,9 @@ mixture student and loss (``di4c``: from a rank-1 checkpoint, on data states, ``
     python training/distill.py --config qm9_distill --teacher checkpoints/qm9-tt-r16 --steps 4 --rounds 2 \
         --objective joint --out runs/qm9-tt-r16-p4 --max-steps 500 --resume   # progressive: 16 -> 8 -> 4 steps
 
-The student starts from the teacher's weights (``--student DIR``: from another checkpoint of the same family).
+The student starts from the teacher's weights (``--student DIR``: from another checkpoint of the same family);
+``--student-rank R`` grows a CP / TT start to rank R first (the same joint, then trained: more capacity in one
+student step than its teacher's head has).
 ``--rounds R`` distils progressively as SDTT does: round i's student (``OUT/round-i``) takes half the steps of its
 teacher (k = 2) and teaches round i + 1; the first teacher runs ``steps * 2^R`` steps, the last student ``steps``;
 ``--max-steps`` is each round's budget. The teacher samples with ``--teacher-ordering`` (random by default, the
@@ -21,6 +23,7 @@ and student forward passes and wall time.
 import time
 from pathlib import Path
 
+import torch
 from _common import config_from_args, dataset, parser, tensors
 from _loop import fit
 
@@ -41,6 +44,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=1, help="progressive rounds (k = 2 each when > 1)")
     ap.add_argument("--objective", choices=list(OBJECTIVES), default="joint")
     ap.add_argument("--teacher-ordering", default="random", help="the teacher's sampler ordering")
+    ap.add_argument("--student-rank", type=int,
+                    help="grow the CP / TT student to this rank (a multiple of its start's): the same joint at the "
+                         "start (``JointModel.with_rank``), the model's head_noise breaking the copies' symmetry")
     ap.add_argument("--latent-dim", type=int, default=8, help="di4c: the mixture student's latent z (dimensions)")
     ap.add_argument("--states", choices=list(STATES), default="student",
                     help="where the states x_t come from: the student's own first steps (on-policy), the "
@@ -50,6 +56,8 @@ def main():
         raise SystemExit("--rounds > 1 halves the steps each round: leave --k at 2")
     if args.objective == "di4c" and args.states != "data":
         raise SystemExit("--objective di4c fits data states (its data term needs x_0): pass --states data")
+    if args.student_rank and args.objective == "di4c":
+        raise SystemExit("--student-rank grows a CP / TT student; di4c's student is a rank-1 mixture")
     cfg = config_from_args(args)
     teacher_dir, out = Path(args.teacher), Path(args.out)
     started, passes = time.time(), {"teacher": 0, "student": 0}
@@ -73,6 +81,8 @@ def distil_round(args, cfg, teacher_dir: Path, start: Path, out: Path, steps: in
     model, tokenizer, _ = load_checkpoint(out if resuming else start)
     if args.objective == "di4c" and not model.latent_dim:
         model = mixture_student(model, args.latent_dim)  # the rank-1 start plus a latent (a new round's student)
+    if not resuming and args.student_rank and args.student_rank != model.cfg.rank:  # a later round's start is grown
+        model = model.with_rank(args.student_rank, cfg.model.head_noise, torch.Generator().manual_seed(cfg.seed))
     teacher, _, _ = load_for_inference(teacher_dir, cfg.device if cfg.device != "auto" else "cpu", cfg.precision)
     for p in teacher.parameters():
         p.requires_grad_(False)
@@ -80,7 +90,7 @@ def distil_round(args, cfg, teacher_dir: Path, start: Path, out: Path, steps: in
     # the family stays the starting checkpoint's: a student serves the family its teacher serves
     model.cfg.extra["distilled"] = {"teacher": teacher_dir.name, "objective": args.objective, "steps": steps,
                                     "teacher_steps": k * steps, "teacher_ordering": args.teacher_ordering,
-                                    "states": args.states}
+                                    "states": args.states, "student_rank": model.cfg.rank}
     train, val = tensors(dataset(cfg, tokenizer))
 
     def objective(student, x0, generator, step):

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from servers import start_uvicorn
+from servers import uvicorn_server
 
 from ttcore.models import load_checkpoint
 
@@ -27,23 +27,35 @@ def _distill(teacher: Path, out: Path, steps: int, *extra: str) -> str:
     return done.stdout
 
 
-def test_distil_resume_exactly_and_serve_the_student_beside_its_teacher(checkpoints, tmp_path):
-    teacher = checkpoints / "qm9-tt-r2"
-    out = _distill(teacher, tmp_path / "straight", 4)
-    assert "budget 8 teacher and 4 student forward passes of 8 sequences" in out, out
-    _distill(teacher, tmp_path / "resumed", 2)
-    _distill(teacher, tmp_path / "resumed", 4, "--resume")
+def _distil_and_resume(teacher: Path, tmp_path: Path, *args: str) -> tuple[str, object]:
+    """Three steps straight, and one then two more after ``--resume``: the same weights (exact). -> (the straight
+    run's stdout, its model)."""
+    out = _distill(teacher, tmp_path / "straight", 3, *args)
+    _distill(teacher, tmp_path / "resumed", 1, *args)
+    _distill(teacher, tmp_path / "resumed", 3, *args, "--resume")
     a, _, _ = load_checkpoint(tmp_path / "straight")
     b, _, _ = load_checkpoint(tmp_path / "resumed")
     assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values()))  # exact
-    assert a.cfg.extra["distilled"] == {"teacher": "qm9-tt-r2", "objective": "joint", "steps": 2,
-                                        "teacher_steps": 4, "teacher_ordering": "random", "states": "student"}
-    served = tmp_path / "served"
+    return out, a
+
+
+def _served(*checkpoints: tuple[Path, str]):
+    """A server over copies of ``(directory, name)`` checkpoints (``servers.uvicorn_server``)."""
+    served = checkpoints[0][0].parent / "served"
     served.mkdir()
-    shutil.copytree(teacher, served / "qm9-tt-r2")
-    shutil.copytree(tmp_path / "straight", served / "qm9-tt-r2-d2")
-    proc, url = start_uvicorn(served)
-    try:
+    for directory, name in checkpoints:
+        shutil.copytree(directory, served / name)
+    return uvicorn_server(served)
+
+
+def test_distil_resume_exactly_and_serve_the_student_beside_its_teacher(checkpoints, tmp_path):
+    teacher = checkpoints / "qm9-tt-r2"
+    out, a = _distil_and_resume(teacher, tmp_path)
+    assert "budget 6 teacher and 3 student forward passes of 8 sequences" in out, out
+    assert a.cfg.extra["distilled"] == {"teacher": "qm9-tt-r2", "objective": "joint", "steps": 2,
+                                        "teacher_steps": 4, "teacher_ordering": "random", "states": "student",
+                                        "student_rank": 2}
+    with _served((tmp_path / "straight", "qm9-tt-r2-d2"), (teacher, "qm9-tt-r2")) as url:
         infos = {m["checkpoint"]: m for m in httpx.get(url + "/models").json()["models"]}
         assert infos["qm9-tt-r2-d2"]["distilled"]["steps"] == 2 and infos["qm9-tt-r2"]["distilled"] is None
         named = httpx.post(url + "/generate", json={"checkpoint": "qm9-tt-r2-d2", "num_samples": 2}, timeout=60)
@@ -57,9 +69,6 @@ def test_distil_resume_exactly_and_serve_the_student_beside_its_teacher(checkpoi
         assert v1["ttcore"]["checkpoint"] == "qm9-tt-r2-d2" and v1["ttcore"]["steps"] == 2, v1
         wrong = httpx.post(url + "/generate", json={"checkpoint": "qm9-tt-r2-d2", "decomposition": "cp"}, timeout=60)
         assert wrong.status_code == 404 and "checkpoint='qm9-tt-r2-d2'" in wrong.text
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def test_di4c_distils_a_rank1_base_into_a_mixture_resumes_exactly_and_serves(checkpoints, tmp_path):
@@ -68,20 +77,11 @@ def test_di4c_distils_a_rank1_base_into_a_mixture_resumes_exactly_and_serves(che
     ``di4c`` and generates from it; its likelihood is an integral over z, so ``/score`` refuses it."""
     teacher = checkpoints / "qm9-base"
     args = ("--objective", "di4c", "--states", "data", "--latent-dim", "4")
-    out = _distill(teacher, tmp_path / "straight", 3, *args)
+    out, a = _distil_and_resume(teacher, tmp_path, *args)
     assert f"budget 9 teacher and {3 * 32} student forward passes of 8 sequences" in out, out  # (k + 1), 2 x 16
-    _distill(teacher, tmp_path / "resumed", 1, *args)
-    _distill(teacher, tmp_path / "resumed", 3, *args, "--resume")
-    a, _, _ = load_checkpoint(tmp_path / "straight")
-    b, _, _ = load_checkpoint(tmp_path / "resumed")
     assert a.cfg.latent_draw == "step" and a.latent_dim == 4 and a.recognition is None
-    assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values()))  # exact
     assert a.backbone.latent_map.weight.abs().sum() > 0  # the mixture moved away from the base
-    served = tmp_path / "served"
-    served.mkdir()
-    shutil.copytree(tmp_path / "straight", served / "qm9-di4c")
-    proc, url = start_uvicorn(served)
-    try:
+    with _served((tmp_path / "straight", "qm9-di4c")) as url:
         info = httpx.get(url + "/models").json()["models"][0]
         assert info["base"] == "di4c" and info["distilled"]["objective"] == "di4c", info
         got = httpx.post(url + "/generate", json={"model": "qm9", "num_samples": 3, "seed": 1}, timeout=60)
@@ -90,6 +90,18 @@ def test_di4c_distils_a_rank1_base_into_a_mixture_resumes_exactly_and_serves(che
         assert again.json()["samples"] == got.json()["samples"]  # seeded: z comes from the request's streams
         score = httpx.post(url + "/score", json={"model": "qm9", "sequences": ["CCO"]}, timeout=60)
         assert score.status_code == 422 and "di4c model" in score.text, score.text
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+
+
+def test_a_student_grown_past_its_teachers_rank_distils_resumes_exactly_and_serves(checkpoints, tmp_path):
+    """``--student-rank 4`` from a TT r = 2 teacher: the student is a rank-4 TT (the teacher's joint at the start,
+    ``tests/decompositions/test_grow_rank.py``), resumes exactly (the grown weights are not drawn again) and
+    serves with its rank and distillation in ``GET /models``."""
+    teacher = checkpoints / "qm9-tt-r2"
+    grow = ("--student-rank", "4", "--states", "data")
+    _, a = _distil_and_resume(teacher, tmp_path, *grow)
+    assert a.cfg.rank == 4 and a.cfg.extra["distilled"]["student_rank"] == 4
+    with _served((tmp_path / "straight", "qm9-tt-r4-d2")) as url:
+        info = httpx.get(url + "/models").json()["models"][0]
+        assert info["rank"] == 4 and info["distilled"]["teacher"] == "qm9-tt-r2", info
+        done = httpx.post(url + "/generate", json={"checkpoint": "qm9-tt-r4-d2", "num_samples": 3}, timeout=60)
+        assert done.status_code == 200 and len(done.json()["samples"]) == 3 and done.json()["steps"] == 2, done.text

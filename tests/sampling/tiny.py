@@ -5,9 +5,10 @@ import torch
 from ttcore.models import DiTConfig, JointModel, ModelConfig
 
 
-def tiny_model(decomposition: str, v: int, l: int, rank: int, perturb: float, noise: float) -> JointModel:
+def tiny_model(decomposition: str, v: int, l: int, rank: int, perturb: float, noise: float,
+               head: str = "1layer") -> JointModel:
     """Seed 0; a rank-1 base with every parameter perturbed by ``perturb`` * N(0, 1), then (unless
-    ``decomposition`` is none) its joint fine-tuning start with head noise ``noise``; eval mode."""
+    ``decomposition`` is none) its joint fine-tuning start with a ``head`` of noise ``noise``; eval mode."""
     torch.manual_seed(0)
     base = JointModel(ModelConfig(DiTConfig(vocab_size=v + 1, out_vocab=v, length=l, hidden_dim=16, cond_dim=8,
                                             n_blocks=1, n_heads=2)))
@@ -16,7 +17,7 @@ def tiny_model(decomposition: str, v: int, l: int, rank: int, perturb: float, no
             prm.add_(perturb * torch.randn_like(prm))
     if decomposition == "none":
         return base.eval()
-    return JointModel.from_base(base, decomposition, rank, noise=noise).eval()
+    return JointModel.from_base(base, decomposition, rank, head, noise=noise).eval()
 
 
 def tiny_ar(v: int, l: int, perturb: float = 0.5) -> JointModel:

@@ -97,6 +97,13 @@ class CPHead(ComponentHead):
         super().__init__(rank, rank, kind, hidden_dim, out_vocab, base)
         self.weights = zero_linear(hidden_dim, rank)
 
+    aux = ("weights",)
+
+    def grown_sources(self, rank: int) -> torch.Tensor:
+        """Component c copies component c // m of the rank-r head (m = R / r), its weight logit too: m equal
+        components of weight w / m each."""
+        return torch.arange(self.rank) // (self.rank // rank)
+
     def weight_logits(self, h: torch.Tensor) -> torch.Tensor:
         """The mixture weights' logits from the features of whole sequences: h [b, l, d] -> [b, r] float32
         (float64 for a float64 model)."""

@@ -98,6 +98,40 @@ class ComponentHead(OutputHead):
         if noise > 0:
             w.add_(noise * w.std() * torch.randn(w.shape, generator=generator).to(w))
 
+    aux: tuple[str, ...] = ()  # a format's extra heads whose outputs are indexed like the E outputs (``grown``)
+
+    def grown_sources(self, rank: int) -> torch.Tensor:
+        """For each of this head's E outputs, the output of a head of rank ``rank`` (a divisor) it copies when
+        the head is grown from that one (``init_from_smaller``). -> [E] int64."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def init_from_smaller(self, small: "ComponentHead", noise: float, generator: torch.Generator | None = None) -> None:
+        """This head as copies of a head of smaller rank r (a divisor m = R / r of this rank R, same kind and width):
+        each output and each row of the ``aux`` heads copies the one ``grown_sources`` names, so the joint is the
+        smaller head's exactly (each of its hidden states or components split into m equal copies: for TT the
+        cores kron(G, J / m), J the m x m ones, which lump back to G; for CP r components each split into m of
+        weight w / m). ``noise`` (relative std, as ``init_from_base``) then breaks the symmetry between copies."""
+        if self.kind != small.kind or self.rank % small.rank:
+            raise ValueError(f"a {self.kind} head of rank {self.rank} grows from a {self.kind} head of a rank "
+                             f"dividing {self.rank}, got a {small.kind} head of rank {small.rank}")
+        src = self.grown_sources(small.rank).to(self._main().weight.device)
+        new, old = self._main(), small._main()  # [(e, width), d]: W' (width v) or W~ (width d, no bias)
+        width = new.out_features // self.e
+        new.weight.copy_(old.weight.view(small.e, width, -1)[src].reshape(new.weight.shape))
+        if new.bias is not None:
+            new.bias.copy_(old.bias.view(small.e, width)[src].reshape(-1))
+        for name in self.aux:
+            new, old = getattr(self, name), getattr(small, name)
+            new.weight.copy_(old.weight[src])
+            new.bias.copy_(old.bias[src])
+        w = self._main().weight
+        if noise > 0:
+            w.add_(noise * w.std() * torch.randn(w.shape, generator=generator).to(w))
+
+    def _main(self) -> nn.Linear:
+        return self.proj if self.kind == "1layer" else self.mix
+
     def select_logits(self, h, start, count):
         """Sampling needs one CP component (count 1) or one TT core row j (e = j*r .. j*r + r - 1) per
         position, a factor r less head work than all E outputs. When the first matmul is small (E * v

@@ -220,6 +220,15 @@ class TTHead(ComponentHead):
         super().__init__(rank * rank, rank, kind, hidden_dim, out_vocab, base)
         self.contracted = zero_linear(hidden_dim, rank * rank)
 
+    aux = ("contracted",)
+
+    def grown_sources(self, rank: int) -> torch.Tensor:
+        """Output (J, K) = J * R + K copies (J // m, K // m) of the rank-r head, m = R / r: the cores kron(G, J / m)
+        up to the row normalization of Eq. 10, and the contracted head's rows likewise."""
+        m = self.rank // rank
+        state = torch.arange(self.rank) // m
+        return (state[:, None] * rank + state[None, :]).flatten()
+
     def core_logits(self, h: torch.Tensor) -> torch.Tensor:
         """All V x r x r core logits of positions with features h [n, d] -> [n, v, r, r] float32 (Eq. 10
         normalizes them per row j; float64 for a float64 model)."""

@@ -106,6 +106,19 @@ class JointModel(nn.Module):
             model.head.init_from_base(base.output_layer.linear, noise, generator)
         return model
 
+    def with_rank(self, rank: int, noise: float = 0.0, generator: torch.Generator | None = None) -> "JointModel":
+        """This CP / TT model at a rank ``rank`` that its own rank divides, the same joint at every x_t (each hidden
+        state or component split into equal copies: ``ComponentHead.init_from_smaller``), plus ``noise`` (relative
+        std) to break the copies' symmetry: a distillation student with more capacity in its joint than its teacher."""
+        if not self.format.joint_head:
+            raise ValueError(f"only a CP or TT model grows its rank, got decomposition {self.cfg.decomposition!r}")
+        cfg = ModelConfig(self.cfg.dit, self.cfg.decomposition, rank, self.cfg.head, dict(self.cfg.extra),
+                          self.cfg.backbone, self.cfg.latent_draw)
+        model = type(self)(cfg).to(next(self.parameters()))
+        model.load_state_dict({k: v for k, v in self.state_dict().items() if not k.startswith("head.")}, strict=False)
+        model.head.init_from_smaller(self.head, noise, generator)
+        return model
+
     @property
     def latent_dim(self) -> int:
         """The VADD latent's dimension (0: no latent, an MDLM-style model)."""
