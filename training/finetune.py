@@ -8,7 +8,8 @@ fine-tuning (``--decomposition none``, the fair baseline at equal budget).
 
 ``--base`` may also be a joint checkpoint of the same decomposition, rank and head: the fine-tune then
 continues from its weights (head included) with this recipe's fresh optimizer and schedule, e.g. to add
-the marginal-consistency term to a trained model:
+the marginal-consistency term to a trained model; a ``--rank`` that is a multiple of its rank grows it first
+(the same joint, each hidden state or component split into copies: ``JointModel.with_rank``):
 
     python training/finetune.py --config text_finetune --base checkpoints/text-tt-r4 --decomposition tt \
         --rank 4 --head 2layer --out runs/text-tt-r4-m3 --set marginal_weight=3.0 --resume
@@ -59,9 +60,10 @@ def main():
             model = JointModel.from_base(base, head.decomposition, head.rank, head.head, head.head_noise,
                                          torch.Generator().manual_seed(cfg.seed))
             model.cfg.extra["base"] = Path(args.base).name  # a name, not a path of this machine
-        else:  # a joint checkpoint: continued as it is, head included
+        else:  # a joint checkpoint: continued as it is, head included, or grown to a multiple of its rank first
             check_same_joint(base, head)
-            model = base
+            model = base if head.rank == base.cfg.rank else base.with_rank(
+                head.rank, head.head_noise, torch.Generator().manual_seed(cfg.seed))
             model.cfg.extra["continued_from"] = Path(args.base).name
     model.cfg.extra.update(cfg.data.model_extra())  # the family it is trained on now
     for name in head.BACKBONE:  # the architecture is the base's: the recorded config (and card) says so
@@ -79,12 +81,12 @@ def main():
 
 def check_same_joint(base: JointModel, head) -> None:
     """A joint checkpoint is fine-tuned further with its own weights, head included, so the requested
-    decomposition, rank and head must be its own."""
+    decomposition and head must be its own, and the rank its own or a multiple of it (``JointModel.with_rank``)."""
     want = (head.decomposition, head.rank, head.head)
     have = (base.cfg.decomposition, base.cfg.rank, base.cfg.head)
-    if want != have:
+    if want[0] != have[0] or want[2] != have[2] or want[1] % have[1]:
         raise SystemExit(f"--base is a {have[0]} r={have[1]} {have[2]} model: continuing it needs "
-                         f"--decomposition {have[0]} --rank {have[1]} --head {have[2]}, got {want}")
+                         f"--decomposition {have[0]} --rank {have[1]} (or a multiple) --head {have[2]}, got {want}")
 
 
 if __name__ == "__main__":

@@ -124,10 +124,19 @@ def test_finetune_recipe_from_base(tmp_path):
     a, b = (load_file(str(tmp_path / run / "model.safetensors")) for run in ("tt", "more"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert load_checkpoint(tmp_path / "more")[2]["model"]["extra"]["continued_from"] == "tt"
+    # a multiple of its rank grows it first (JointModel.with_rank): the backbone as it was, rank 6
+    grown = _run(ROOT / "training" / "finetune.py", "--config", "tiny", "--data", SAMPLE, "--base", tmp_path / "tt",
+                 "--decomposition", "tt", "--rank", 6, "--head", "2layer", "--out", tmp_path / "grown",
+                 "--max-steps", 1, "--quiet", "--set", "lr=0")
+    assert grown.wait(timeout=300) == 0, grown.stderr.read().decode()
+    g = load_file(str(tmp_path / "grown" / "model.safetensors"))
+    assert load_checkpoint(tmp_path / "grown")[2]["model"]["rank"] == 6
+    assert g["head.mix.weight"].shape[0] == 4 * a["head.mix.weight"].shape[0]  # r * r outputs: 36 of 9
+    assert all(torch.equal(a[k], g[k]) for k in a if k.startswith("backbone."))
     wrong = _run(ROOT / "training" / "finetune.py", "--config", "tiny", "--data", SAMPLE, "--base", tmp_path / "tt",
-                 "--decomposition", "tt", "--rank", 2, "--head", "2layer", "--out", tmp_path / "wrong",
+                 "--decomposition", "tt", "--rank", 4, "--head", "2layer", "--out", tmp_path / "wrong",
                  "--max-steps", 1)
-    assert wrong.wait(timeout=300) != 0 and b"--rank 3" in wrong.stderr.read()
+    assert wrong.wait(timeout=300) != 0 and b"--rank 3 (or a multiple)" in wrong.stderr.read()
 
 
 def test_text_recipes_and_prefix_generation(tmp_path):
