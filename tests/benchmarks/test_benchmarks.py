@@ -235,3 +235,12 @@ def test_ar_baselines_smoke(checkpoints, tmp_path):
                  "--steps", 4, "--samples", 1, "--repeats", 1)
     rows = re.findall(r"^\s*(\S+).*\|\s+\d+ \|\s+([\d.]+) \|\s+([\d.]+)$", out, re.M)
     assert [r[0] for r in rows] == ["MDLM", "EDLM", "DCD", "AR"] and all(float(r[1]) > 0 for r in rows), out
+
+
+def test_rank_ceiling_smoke():
+    """Two ranks fitted for a few steps on the QM9 sample: a row each, with a finite held-out -log p(x)."""
+    out = _bench(ROOT / "benchmarks" / "rank_ceiling.py", "--checkpoint", ROOT / "checkpoints" / "qm9-tt-r16",
+                 "--data", ROOT / "tests" / "data" / "qm9_sample.txt", "--ranks", 2, 4, "--steps", 5, "--batch", 16,
+                 "--samples", 16, "--threads", 1)
+    rows = re.findall(r"^\s+(\d+) \|\s+([\d.]+) \|\s+[\d.]+ \|\s+[\d.]+ \|", out, re.M)
+    assert [r[0] for r in rows] == ["2", "4"] and all(0 < float(r[1]) < 4 for r in rows), out

@@ -3,10 +3,11 @@
 import math
 
 import numpy as np
+import pytest
 import torch
 from brute import all_sequences
 
-from ttcore.distributions import TensorTrain, tt_gap_products, tt_prefix_products
+from ttcore.distributions import TensorTrain, tt_gap_products, tt_prefix_products, tt_shared_log_prob
 
 
 def _sequential_log_value(cores: np.ndarray, x: np.ndarray) -> float:
@@ -94,3 +95,16 @@ def test_prefix_products_match_naive_products():
         for j in range(int(upto[k])):
             want = want @ contracted[k, j]
         torch.testing.assert_close(p[k], want)
+
+
+def test_shared_log_prob_is_the_batched_log_prob_and_normalized():
+    """``tt_shared_log_prob`` (one TT for every row, forward recursion) equals ``TensorTrain.log_prob`` on the
+    cores repeated per row, and sums to 1 over all 3^4 sequences."""
+    torch.manual_seed(0)
+    l, v, r = 4, 3, 5
+    cores = TensorTrain.from_logits(3 * torch.randn(1, l, v, r, r, dtype=torch.float64)).cores[0]
+    x = all_sequences(l, v)
+    shared = tt_shared_log_prob(cores, x)
+    batched = TensorTrain(cores.expand(len(x), -1, -1, -1, -1)).log_prob(x)
+    torch.testing.assert_close(shared, batched, rtol=0, atol=1e-12)
+    assert shared.exp().sum().item() == pytest.approx(1.0, abs=1e-12)

@@ -23,6 +23,7 @@ from .tensor_train import (
                            tt_prefix_products,
                            tt_sample_path,
                            tt_select,
+                           tt_shared_log_prob,
                            tt_state_marginals,
 )
 
@@ -30,5 +31,6 @@ __all__ = ["CP", "Factorized", "JointDistribution", "TensorTrain", "Site", "Stre
            "sample_categorical", "softmax64", "tempered", "tempered_log_normalizer", "is_one", "entry_rows",
            "cp_log_prob", "cp_marginals", "cp_posterior", "chosen_index", "tt_chain_log_value", "tt_contract",
            "tt_contracted_from_logits", "tt_cores_from_logits", "tt_gap_products", "tt_h_transform", "tt_log_prob",
-           "tt_marginals", "tt_messages", "tt_prefix_products", "tt_sample_path", "tt_select", "tt_state_marginals",
+           "tt_marginals", "tt_messages", "tt_prefix_products", "tt_sample_path", "tt_select", "tt_shared_log_prob",
+           "tt_state_marginals",
            "normal_from_uniform", "uniforms"]

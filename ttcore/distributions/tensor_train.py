@@ -38,6 +38,22 @@ def tt_chain_log_value(mats: torch.Tensor) -> torch.Tensor:
     return (mats[:, 0].sum((-2, -1)) / r).log() + log_scale
 
 
+def tt_shared_log_prob(cores: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """log p(x) of Eq. 9 under one TT shared by every row (cores [l, v, r, r], x [b, l] -> [b]), by the forward
+    recursion alpha_i = alpha_{i-1} G_i(x^i) from alpha_0 = 1^T / r, normalized every position and the logs of
+    the norms summed: O(b l v r^2) and O(b v r) memory, where ``tt_log_prob`` would gather [b, l, r, r]."""
+    l, v, r, _ = cores.shape
+    rows = torch.arange(x.shape[0], device=x.device)
+    alpha = torch.full((x.shape[0], r), 1.0 / r, dtype=cores.dtype, device=cores.device)
+    log_p = torch.zeros(x.shape[0], dtype=cores.dtype, device=cores.device)
+    for i in range(l):
+        alpha = (alpha @ cores[i].transpose(0, 1).reshape(r, v * r)).view(-1, v, r)[rows, x[:, i]]  # [b, r]
+        norm = alpha.sum(1)
+        log_p = log_p + norm.log()
+        alpha = alpha / norm[:, None]
+    return log_p
+
+
 def tt_select(cores: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """G_i(x^i) for every position: cores [b, l, v, r, r], x [b, l] -> [b, l, r, r]."""
     b, l, v, r, _ = cores.shape
