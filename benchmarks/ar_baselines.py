@@ -7,14 +7,17 @@ over the rank-1 diffusion checkpoint paired with it.
     python benchmarks/ar_baselines.py speed --diffusion checkpoints/text-tt-r4 --steps 128 --samples 2 --repeats 1
     python benchmarks/ar_baselines.py speed --diffusion checkpoints/qm9-none-r1 checkpoints/qm9-tt-r16 \
         checkpoints/qm9-cp-r64 --ar runs/qm9-ar --steps 22 --samples 16
+    python benchmarks/ar_baselines.py quality --diffusion checkpoints/qm9-none-r1 --ar runs/qm9-ar --samples 1024 \
+        --steps 2 4 8 --dcd-chunks 2 4 --fcd
     python benchmarks/ar_baselines.py quality --diffusion DIR/qm9-base DIR/qm9-tt-r2 --ar DIR/qm9-ar --samples 8 \
-        --steps 2                                                                                      # smoke
+        --steps 2 [--dcd-chunks 1 2]                                                                   # smoke
     python benchmarks/ar_baselines.py speed --diffusion DIR/text-base --steps 4 --samples 1             # smoke
 
 ``quality`` samples, in process, ``--samples`` molecules a cell (random order, seeded, bf16 where the CPU has it):
 for each rank-1 diffusion checkpoint MDLM's own step, EDLM (k = 2, w = 1) and DCD with the AR checkpoint ``--ar``
 paired to it; for each joint checkpoint (CP, TT) its joint step; and the AR checkpoint at one token a step (K = its
 length). Validity (one molecule), uniqueness, novelty and, with ``--fcd``, FCD to the family's held-out split.
+``--dcd-chunks 1 2 4`` adds DCD's rows at those chunk sizes (chunks of adjacent positions in random order).
 ``--http`` asks an embedded server (links to the checkpoints in a temporary folder; the service pairs the AR
 checkpoint itself) through ``/generate``, in requests of at most 256 seeded as the in-process batches are.
 ``speed`` times, side by side in one process, the seconds per sequence of a generation at ``--steps`` steps, batch
@@ -38,8 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "training"))
 
 
-def _rows(diffusion, ar, ar_name: str, steps: list[int]) -> list[tuple]:
-    """(label, checkpoint name, model, K, settings) of every cell."""
+def _rows(diffusion, ar, ar_name: str, steps: list[int], dcd_chunks: list[int] = (1,)) -> list[tuple]:
+    """(label, checkpoint name, model, K, settings) of every cell; DCD once per chunk size (``dcd_chunk``)."""
     cells = []
     for name, model in diffusion:
         if model.format.joint_head:
@@ -48,8 +51,10 @@ def _rows(diffusion, ar, ar_name: str, steps: list[int]) -> list[tuple]:
         else:
             cells += [(f"MDLM ({name})", name, model, k, {}) for k in steps]
             if ar is not None:
-                cells += [(f"{s.upper()} ({name} + {ar_name})", name, model, k, {"sampler": s})
-                          for s in ("edlm", "dcd") for k in steps]
+                cells += [(f"EDLM ({name} + {ar_name})", name, model, k, {"sampler": "edlm"}) for k in steps]
+                cells += [(f"DCD{f' c={c}' if c > 1 else ''} ({name} + {ar_name})", name, model, k,
+                           {"sampler": "dcd", **({"dcd_chunk": c} if c > 1 else {})})
+                          for c in dcd_chunks for k in steps]
     if ar is not None:
         cells.append((f"AR ({ar_name})", ar_name, ar, ar.cfg.dit.length, {"ordering": "left_to_right"}))
     return cells
@@ -106,7 +111,7 @@ def quality(args) -> None:
           + (" (through HTTP)" if args.http else " (in process)"))
     try:
         for label, name, model, k, settings in _rows(diffusion, ar, Path(args.ar).name if args.ar else "",
-                                                     args.steps):
+                                                     args.steps, args.dcd_chunks):
             _cell(args, label, name, model, k, settings, tok, url, training, reference)
     finally:
         if proc is not None:
@@ -193,6 +198,8 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--precision", default="auto", help="fp32, bf16 or auto (bf16 where the CPU has it)")
+    ap.add_argument("--dcd-chunks", type=int, nargs="+", default=[1],
+                    help="quality: DCD's rows at these chunk sizes (dcd_chunk; 1 = random order, the TT paper's)")
     ap.add_argument("--fcd", action="store_true", help="quality: FCD to the held-out split")
     ap.add_argument("--http", action="store_true", help="quality: through /generate of an embedded server (uvicorn, "
                                                         "one thread) instead of in process")
