@@ -92,12 +92,11 @@ class CPHead(ComponentHead):
     mean-pooled features of each sequence (``weights``, zero-initialized: uniform)."""
 
     per_sequence = ("weights",)
+    aux = ("weights",)
 
     def __init__(self, rank, kind, hidden_dim, out_vocab, base):
         super().__init__(rank, rank, kind, hidden_dim, out_vocab, base)
         self.weights = zero_linear(hidden_dim, rank)
-
-    aux = ("weights",)
 
     def grown_sources(self, rank: int) -> torch.Tensor:
         """Component c copies component c // m of the rank-r head (m = R / r), its weight logit too: m equal

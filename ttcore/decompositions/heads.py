@@ -71,6 +71,8 @@ class BaseHead(OutputHead):
 class ComponentHead(OutputHead):
     """E outputs per masked position from a 1-layer (W') or 2-layer (W~ then the frozen W) head."""
 
+    aux: tuple[str, ...] = ()  # a format's extra heads whose outputs are indexed like the E outputs (grown alike)
+
     def __init__(self, e: int, rank: int, kind: str, hidden_dim: int, out_vocab: int, base: nn.Linear | None):
         if kind not in HEAD_KINDS:
             raise ValueError(f"head must be one of {', '.join(HEAD_KINDS)}, got {kind!r}")
@@ -95,10 +97,7 @@ class ComponentHead(OutputHead):
             d = self.mix.in_features
             self.mix.weight.copy_(torch.eye(d).repeat(self.e, 1))  # [(e, d), d]
             w = self.mix.weight
-        if noise > 0:
-            w.add_(noise * w.std() * torch.randn(w.shape, generator=generator).to(w))
-
-    aux: tuple[str, ...] = ()  # a format's extra heads whose outputs are indexed like the E outputs (``grown``)
+        _add_noise(w, noise, generator)
 
     def grown_sources(self, rank: int) -> torch.Tensor:
         """For each of this head's E outputs, the output of a head of rank ``rank`` (a divisor) it copies when
@@ -125,9 +124,7 @@ class ComponentHead(OutputHead):
             new, old = getattr(self, name), getattr(small, name)
             new.weight.copy_(old.weight[src])
             new.bias.copy_(old.bias[src])
-        w = self._main().weight
-        if noise > 0:
-            w.add_(noise * w.std() * torch.randn(w.shape, generator=generator).to(w))
+        _add_noise(self._main().weight, noise, generator)
 
     def _main(self) -> nn.Linear:
         return self.proj if self.kind == "1layer" else self.mix
@@ -188,6 +185,12 @@ class ComponentHead(OutputHead):
                 out = y.new_empty((h.shape[0],) + y.shape[1:])
             out[sel] = y
         return out
+
+
+def _add_noise(w: torch.Tensor, noise: float, generator: torch.Generator | None) -> None:
+    """w += noise * std(w) * N(0, 1): breaks the symmetry between a head's copies (``noise`` a relative std)."""
+    if noise > 0:
+        w.add_(noise * w.std() * torch.randn(w.shape, generator=generator).to(w))
 
 
 def zero_linear(in_features: int, out_features: int) -> nn.Linear:

@@ -216,11 +216,11 @@ class TTHead(ComponentHead):
     """r * r core outputs per masked position (``ComponentHead``, e = j * r + k) and the contracted-core head
     Gbar_j(x_t) (``contracted``, Sec. 4.3 special case, zero-initialized: uniform rows)."""
 
+    aux = ("contracted",)
+
     def __init__(self, rank, kind, hidden_dim, out_vocab, base):
         super().__init__(rank * rank, rank, kind, hidden_dim, out_vocab, base)
         self.contracted = zero_linear(hidden_dim, rank * rank)
-
-    aux = ("contracted",)
 
     def grown_sources(self, rank: int) -> torch.Tensor:
         """Output (J, K) = J * R + K copies (J // m, K // m) of the rank-r head, m = R / r: the cores kron(G, J / m)
