@@ -59,10 +59,10 @@ def main():
     from ttcore.distributions import TensorTrain, tt_cores_from_logits, tt_shared_log_prob
     from ttcore.metrics import molecule_metrics
     from ttcore.metrics.kinds import get_metrics_kind
-    from ttcore.models import load_checkpoint
     from ttcore.recipes import TrainConfig
+    from ttcore.tokenizers import load_tokenizer
 
-    _, tok, _ = load_checkpoint(args.checkpoint)
+    tok = load_tokenizer(args.checkpoint)  # the tokenizer alone: no weights are read
     section = data_section(args.data, Path(args.checkpoint))
     ds = dataset(TrainConfig(data=section), tok)
     train, val = torch.from_numpy(ds.train_tokens), torch.from_numpy(ds.val_tokens)

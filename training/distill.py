@@ -90,7 +90,7 @@ def distil_round(args, cfg, teacher_dir: Path, start: Path, out: Path, steps: in
     # the family stays the starting checkpoint's: a student serves the family its teacher serves
     model.cfg.extra["distilled"] = {"teacher": teacher_dir.name, "objective": args.objective, "steps": steps,
                                     "teacher_steps": k * steps, "teacher_ordering": args.teacher_ordering,
-                                    "states": args.states, "student_rank": model.cfg.rank}
+                                    "states": args.states}
     train, val = tensors(dataset(cfg, tokenizer))
 
     def objective(student, x0, generator, step):

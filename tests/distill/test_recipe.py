@@ -53,8 +53,7 @@ def test_distil_resume_exactly_and_serve_the_student_beside_its_teacher(checkpoi
     out, a = _distil_and_resume(teacher, tmp_path)
     assert "budget 6 teacher and 3 student forward passes of 8 sequences" in out, out
     assert a.cfg.extra["distilled"] == {"teacher": "qm9-tt-r2", "objective": "joint", "steps": 2,
-                                        "teacher_steps": 4, "teacher_ordering": "random", "states": "student",
-                                        "student_rank": 2}
+                                        "teacher_steps": 4, "teacher_ordering": "random", "states": "student"}
     with _served((tmp_path / "straight", "qm9-tt-r2-d2"), (teacher, "qm9-tt-r2")) as url:
         infos = {m["checkpoint"]: m for m in httpx.get(url + "/models").json()["models"]}
         assert infos["qm9-tt-r2-d2"]["distilled"]["steps"] == 2 and infos["qm9-tt-r2"]["distilled"] is None
@@ -99,7 +98,7 @@ def test_a_student_grown_past_its_teachers_rank_distils_resumes_exactly_and_serv
     teacher = checkpoints / "qm9-tt-r2"
     grow = ("--student-rank", "4", "--states", "data")
     _, a = _distil_and_resume(teacher, tmp_path, *grow)
-    assert a.cfg.rank == 4 and a.cfg.extra["distilled"]["student_rank"] == 4
+    assert a.cfg.rank == 4 and a.cfg.extra["distilled"]["teacher"] == "qm9-tt-r2"
     with _served((tmp_path / "straight", "qm9-tt-r4-d2")) as url:
         info = httpx.get(url + "/models").json()["models"][0]
         assert info["rank"] == 4 and info["distilled"]["teacher"] == "qm9-tt-r2", info

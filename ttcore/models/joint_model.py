@@ -1,6 +1,6 @@
 """A masked diffusion model whose p(x | x_t) is factorized (rank 1), CP or Tensor-Train."""
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 from torch import nn
@@ -112,9 +112,7 @@ class JointModel(nn.Module):
         std) to break the copies' symmetry: a distillation student with more capacity in its joint than its teacher."""
         if not self.format.joint_head:
             raise ValueError(f"only a CP or TT model grows its rank, got decomposition {self.cfg.decomposition!r}")
-        cfg = ModelConfig(self.cfg.dit, self.cfg.decomposition, rank, self.cfg.head, dict(self.cfg.extra),
-                          self.cfg.backbone, self.cfg.latent_draw)
-        model = type(self)(cfg).to(next(self.parameters()))
+        model = type(self)(replace(self.cfg, rank=rank, extra=dict(self.cfg.extra))).to(next(self.parameters()))
         model.load_state_dict({k: v for k, v in self.state_dict().items() if not k.startswith("head.")}, strict=False)
         model.head.init_from_smaller(self.head, noise, generator)
         return model
