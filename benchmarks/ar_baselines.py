@@ -170,7 +170,9 @@ def speed(args) -> None:
         cases.append((f"MDLM+{other.cfg.decomposition.upper()} r={other.cfg.rank} ({Path(path).name})", other, k, {}))
     cases += [("EDLM (k = 2, w = 1)", base, k, {"sampler": "edlm"}),
               ("DCD", base, k, {"sampler": "dcd"}),
-              (f"AR ({ar_label}, no KV cache)", ar, ar.cfg.dit.length, {"ordering": "left_to_right"})]
+              (f"AR ({ar_label}, KV cache)", ar, ar.cfg.dit.length, {"ordering": "left_to_right"}),
+              (f"AR ({ar_label}, no KV cache)", ar, ar.cfg.dit.length, {"ordering": "left_to_right",
+                                                                        "kv_cache": False})]
     times = {label: [] for label, *_ in cases}
     for label, m, steps, settings in cases:  # warm-up: allocator, kernels, the first call's imports
         run_setting(m, tok, 1, min(steps, 2) if m is not ar else steps, 1, args.seed, **settings)

@@ -183,6 +183,10 @@ class _Batcher:
         while True:
             self._expire(time.perf_counter())
             batch = self._select()
+            stepping = {id(job) for job in batch}
+            for job in self.jobs:  # a run that sits out this step lets its key-value cache go (an autoregressive
+                if id(job) not in stepping:  # model's: its next step refills it), so caches held stay one batch's
+                    job.run.kv = None
             if not batch:
                 self.wake.clear()
                 if self.jobs:  # all paused (readers behind) or waiting: look again soon

@@ -51,8 +51,16 @@ def test_generation_draws_from_the_model():
     ({"ordering": "left_to_right"}, L - 1, None, "steps must be >= 3"),
     ({"ordering": "left_to_right"}, L, torch.tensor([V, 1, V]), "prefix only"),
     ({"ordering": "left_to_right", "eb_gamma": 0.1}, L, None, "one token a step"),
+    ({"ordering": "left_to_right", "schedule": "cosine"}, 2 * L, None, "schedule must be 'loglinear'"),
+    ({"ordering": "left_to_right", "bernoulli": True}, 2 * L, None, "without bernoulli"),
 ])
 def test_refuses_what_it_cannot_draw_exactly(settings, steps, prompt, message):
+    if "schedule" in settings or "bernoulli" in settings:  # what the refusal prevents: two tokens in one step
+        from ttcore.sampling.schedules import SCHEDULES, unmask_counts
+
+        n = torch.tensor([L])
+        counts = [unmask_counts(n, n, steps, k, SCHEDULES[settings.get("schedule", "loglinear")]) for k in range(steps)]
+        assert settings.get("bernoulli") or max(int(c) for c in counts) > 1
     with pytest.raises(ValueError, match=message):
         next(generate(tiny_ar(V, L), 2, steps, prompt=prompt, **settings))
 

@@ -27,9 +27,9 @@ def stream_events(url: str, body: dict, timeout: float = 120) -> list[tuple[floa
     return out
 
 
-def lone_run_texts(checkpoint_dir, body: dict, precision: str = "fp32") -> list[str]:
+def lone_run_texts(checkpoint_dir, body: dict, precision: str = "fp32", kv_cache: bool = True) -> list[str]:
     """What the same request gives when run alone through the library (``GenerationRun`` with the request's
-    own ``SamplerConfig``: the schema's defaults, typed once)."""
+    own ``SamplerConfig``: the schema's defaults, typed once; ``kv_cache``: an autoregressive model's)."""
     model, tok, _ = load_for_inference(checkpoint_dir, "cpu", precision)
     config = GenerateRequest(**{k: v for k, v in body.items() if k != "stream"}).to_sampler_config()
     prompt = None
@@ -37,7 +37,8 @@ def lone_run_texts(checkpoint_dir, body: dict, precision: str = "fp32") -> list[
         ids = tok.tokenize(body["prompt"], allow_mask=True)
         prompt = torch.tensor(ids + [tok.mask_id] * (tok.length - len(ids)))
     torch.set_num_threads(1)
-    run = GenerationRun(model, body["num_samples"], body["steps"], config, seed=body["seed"], prompt=prompt)
+    run = GenerationRun(model, body["num_samples"], body["steps"], config, seed=body["seed"], prompt=prompt,
+                        kv_cache=kv_cache)
     with model.compute_context():
         while not run.done:
             run.step()

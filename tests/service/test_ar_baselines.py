@@ -8,6 +8,7 @@ import shutil
 import httpx
 import pytest
 import torch
+from common import lone_run_texts
 from servers import make_ar_checkpoint, uvicorn_server
 
 pytestmark = pytest.mark.slow  # a real server
@@ -55,12 +56,28 @@ def test_the_ar_checkpoint_generates_one_token_a_step(ar_server):
     assert plain.json()["checkpoint"] == "qm9-base"  # the AR checkpoint answers only when named
 
 
+def test_served_steps_from_the_cache_draw_what_the_whole_sequence_does(ar_server, ar_root):
+    """Concurrent requests (batched steps, runs joining at different steps, each step from the key-value caches)
+    get the tokens a lone run without a cache draws."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    length = {m["checkpoint"]: m for m in httpx.get(ar_server + "/models").json()["models"]}["qm9-ar"]["length"]
+    bodies = [{"checkpoint": "qm9-ar", "num_samples": n, "seed": s, "steps": length, "ordering": "left_to_right",
+               **({"prompt": p} if p else {})} for n, s, p in ((3, 5, None), (2, 6, "CC"), (4, 7, "C1"), (1, 8, None))]
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        answers = list(pool.map(lambda b: httpx.post(ar_server + "/generate", json=b, timeout=120), bodies))
+    for body, r in zip(bodies, answers):
+        assert r.status_code == 200, r.text
+        assert [s["text"] for s in r.json()["samples"]] == lone_run_texts(ar_root / "qm9-ar", body, kv_cache=False)
+
+
 @pytest.mark.parametrize("body, field, says", [
     ({"ordering": "random"}, "ordering", "left to right"),
     ({"steps": 3}, "steps", "steps must be >="),
     ({"grammar": "smiles"}, "grammar", "autoregressive"),
     ({"prompt": "[MASK]C"}, "prompt", "prefix only"),
     ({"sampler": "edlm"}, "sampler", "one token a step"),
+    ({"schedule": "cosine"}, "schedule", "schedule must be 'loglinear'"),
 ])
 def test_the_ar_checkpoint_refuses_what_it_cannot_run(ar_server, body, field, says):
     r = httpx.post(ar_server + "/generate", json={"checkpoint": "qm9-ar", "num_samples": 2, **body}, timeout=60)

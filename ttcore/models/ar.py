@@ -5,12 +5,13 @@ It is a ``JointModel`` like the others (checkpoint, card, inference, serving): i
 forward pass over the clean sequence, log p(x) = sum_i log p(x^i | x^{<i}) (``ar_log_prob``), and it generates
 by the same denoising loop, one token a step, left to right (``check_ar_run``): at the leftmost masked position
 the rank-1 step draws from the head's softmax there, which is exactly p(x^i | x^{<i}) since that position sees
-only the tokens before it. It has no key-value cache: each step runs the whole sequence (l forward passes of
-length l for a sequence, where a cache would cost about one)."""
+only the tokens before it. Its steps read a key-value cache (``ttcore.models.kv_cache``): each computes the one
+position it draws at, so a sequence costs about one forward pass of length l instead of l of them."""
 
 import torch
 
 ORDERING = "left_to_right"
+SCHEDULE = "loglinear"  # n f(t) falls by at most one a step when steps >= n: one token a step
 
 
 def is_autoregressive(model) -> bool:
@@ -71,6 +72,11 @@ def check_ar_run(config, steps: int, tokens: torch.Tensor, mask_id: int) -> None
                          f"got {config.ordering!r}")
     if config.sampler is not None or config.eb_gamma is not None:
         raise Refused("sampler", "an autoregressive model draws one token a step: no sampler or eb_gamma")
+    if config.schedule != SCHEDULE or config.bernoulli:  # others unmask two tokens in some step at any steps
+        raise Refused("bernoulli" if config.bernoulli else "schedule",
+                      f"an autoregressive model draws one token a step: schedule must be {SCHEDULE!r} (with steps "
+                      f">= the masked positions, at most one a step) without bernoulli, got {config.schedule!r}"
+                      + (" with bernoulli" if config.bernoulli else ""))
     masked = tokens == mask_id
     n = int(masked.sum(1).max()) if masked.numel() else 0
     if steps < n:

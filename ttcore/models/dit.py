@@ -121,23 +121,50 @@ class DDiTBlock(nn.Module):
         nn.init.zeros_(self.adaLN_modulation.weight)
         nn.init.zeros_(self.adaLN_modulation.bias)
 
-    def forward(self, x, rotary, c):
-        b, l, d = x.shape
-        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = (
-            self.adaLN_modulation(c)[:, None].chunk(6, dim=2))  # each [b, 1, d]
-        h = modulate(self.norm1(x), shift_msa, scale_msa)
-        qkv = self.attn_qkv(h).view(b, l, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)  # each [b, h, l, hd]
+    def _qkv(self, x, rotary, mods):
+        """Queries, keys and values [b, h, n, hd] of x [b, n, d], rotated by ``rotary`` (cos, sin broadcastable
+        to them: [n, hd] for positions 0..n-1, or [b, 1, 1, hd] for one position per sequence)."""
+        b, n, d = x.shape
+        h = modulate(self.norm1(x), mods[0], mods[1])
+        qkv = self.attn_qkv(h).view(b, n, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)  # each [b, h, n, hd]
         cos, sin = (t.to(q.dtype) for t in rotary)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if self.rotary_values:  # App. C: positions must reach the values too
             v = apply_rotary(v, cos, sin)
-        att = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, is_causal=self.causal)  # as MDLM: dropout
-        # on the residuals only
-        att = att.transpose(1, 2).reshape(b, l, d)  # [b, l, d]
-        x = x + gate_msa * F.dropout(self.attn_out(att), self.dropout, self.training)
-        h = modulate(self.norm2(x), shift_mlp, scale_mlp)
-        return x + gate_mlp * F.dropout(self.mlp(h), self.dropout, self.training)
+        return q, k, v
+
+    def _residuals(self, x, att, mods):
+        """The attention output att [b, h, n, hd] and the MLP added to the residual stream x [b, n, d]."""
+        b, n, d = x.shape
+        att = att.transpose(1, 2).reshape(b, n, d)
+        x = x + mods[2] * F.dropout(self.attn_out(att), self.dropout, self.training)  # as MDLM: dropout on the
+        # residuals only
+        h = modulate(self.norm2(x), mods[3], mods[4])
+        return x + mods[5] * F.dropout(self.mlp(h), self.dropout, self.training)
+
+    def forward(self, x, rotary, c, kv: list | None = None):
+        """x [b, l, d] -> [b, l, d]. ``kv`` (a causal block): a list that receives this block's keys and values
+        [b, h, l, hd] (``ttcore.models.kv_cache``)."""
+        mods = self.adaLN_modulation(c)[:, None].chunk(6, dim=2)  # shift, scale, gate (attention; MLP): [b, 1, d]
+        q, k, v = self._qkv(x, rotary, mods)
+        if kv is not None:
+            kv.append((k.contiguous(), v.contiguous()))
+        att = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, is_causal=self.causal)
+        return self._residuals(x, att, mods)
+
+    def decode(self, x, rotary, c, keys: torch.Tensor, values: torch.Tensor, pos: torch.Tensor):
+        """A causal block at one new position per sequence: x [b, 1, d] at positions ``pos`` [b], ``rotary``
+        their rows [b, 1, 1, hd]; its key and value are written into ``keys`` / ``values`` [b, h, l, hd] (the
+        earlier positions' from before) and it attends to positions <= pos, as ``forward``'s causal attention
+        does there. -> [b, 1, d]."""
+        mods = self.adaLN_modulation(c)[:, None].chunk(6, dim=2)
+        q, k, v = self._qkv(x, rotary, mods)
+        rows = torch.arange(x.shape[0], device=x.device)
+        keys[rows, :, pos], values[rows, :, pos] = k[:, :, 0].to(keys.dtype), v[:, :, 0].to(values.dtype)
+        seen = torch.arange(keys.shape[2], device=x.device)[None] <= pos[:, None]  # [b, l]
+        att = F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=seen[:, None, None])
+        return self._residuals(x, att, mods)
 
 
 class DiT(nn.Module):
@@ -164,20 +191,26 @@ class DiT(nn.Module):
         self.register_buffer("rotary_cos", cos, persistent=False)
         self.register_buffer("rotary_sin", sin, persistent=False)
 
-    def forward(self, x_t: torch.Tensor, sigma: torch.Tensor | None = None,
-                z: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (features [b, l, d], conditioning c [b, cond_dim]). ``z`` [b, latent_dim]: the VADD latent
-        (required when ``latent_dim`` > 0, refused otherwise)."""
-        b, l = x_t.shape
+    def conditioning(self, b: int, sigma: torch.Tensor | None, z: torch.Tensor | None, device) -> torch.Tensor:
+        """The blocks' adaLN input c [b, cond_dim]: SiLU of sigma's embedding (sigma = 0 without time
+        conditioning) plus, for a VADD model, z's projection."""
         if sigma is None or not self.cfg.time_conditioning:
-            sigma = torch.zeros(b, device=x_t.device)
+            sigma = torch.zeros(b, device=device)
         c = self.sigma_map(sigma)
         if (z is None) != (self.latent_map is None):
             raise ValueError(f"z is needed exactly when latent_dim > 0 (latent_dim={self.cfg.latent_dim}, "
                              f"z {'missing' if z is None else 'given'})")
         if z is not None:
             c = c + self.latent_map(z.to(self.latent_map.weight.dtype))
-        c = F.silu(c)
+        return F.silu(c)
+
+    def forward(self, x_t: torch.Tensor, sigma: torch.Tensor | None = None,
+                z: torch.Tensor | None = None, kv: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (features [b, l, d], conditioning c [b, cond_dim]). ``z`` [b, latent_dim]: the VADD latent
+        (required when ``latent_dim`` > 0, refused otherwise). ``kv`` (a causal model): a list that receives
+        every block's keys and values (``ttcore.models.kv_cache``)."""
+        b, l = x_t.shape
+        c = self.conditioning(b, sigma, z, x_t.device)
         if self.cfg.causal:  # position i reads x^{i-1}; position 0 the start token
             x_t = torch.cat([torch.full_like(x_t[:, :1], self.cfg.vocab_size - 1), x_t[:, :-1]], 1)
         x = self.vocab_embed(x_t)  # [b, l, d]
@@ -186,7 +219,18 @@ class DiT(nn.Module):
             if self.checkpointing and self.training and torch.is_grad_enabled():
                 x = checkpoint(block, x, rotary, c, use_reentrant=False)
             else:
-                x = block(x, rotary, c)
+                x = block(x, rotary, c, kv)
+        return x, c
+
+    def decode(self, inputs: torch.Tensor, pos: torch.Tensor, kv: list) -> tuple[torch.Tensor, torch.Tensor]:
+        """A causal model's features at one new position per sequence: ``inputs`` [b] the tokens that positions
+        ``pos`` [b] read (x^{pos-1}; the start token at 0), ``kv`` every block's (keys, values) [b, h, l, hd],
+        filled below pos and written at pos. -> (features [b, 1, d], c): those ``forward`` computes there."""
+        c = self.conditioning(inputs.shape[0], None, None, inputs.device)
+        x = self.vocab_embed(inputs[:, None])  # [b, 1, d]
+        rotary = (self.rotary_cos[pos][:, None, None], self.rotary_sin[pos][:, None, None])
+        for block, (keys, values) in zip(self.blocks, kv):
+            x = block.decode(x, rotary, c, keys, values, pos)
         return x, c
 
     def checkpointing_(self, on: bool = True) -> "DiT":

@@ -48,9 +48,19 @@ def exact_contraction_bytes(cfg) -> int:
     return SUMMING_COPIES * 8 * cfg.format.summing_values(cfg.rank, cfg.dit.out_vocab)
 
 
+def kv_cache_row_bytes(cfg) -> int:
+    """An autoregressive model's key-value cache of one sequence (``ttcore.models.kv_cache``), held between steps
+    and copied once more when runs step together: every block's keys and values at every position, float32 (an
+    upper bound under bf16), twice. 0 for a masked diffusion model."""
+    if not getattr(cfg.dit, "causal", False):
+        return 0
+    return 2 * 2 * cfg.dit.n_blocks * cfg.dit.length * cfg.dit.hidden_dim * 4
+
+
 def forward_row_bytes(cfg) -> int:
-    """Backbone activations of one sequence in one forward pass (inference: nothing kept for backward)."""
-    return FORWARD_BYTES_PER_TOKEN_WIDTH * cfg.dit.length * cfg.dit.hidden_dim
+    """Backbone activations of one sequence in one forward pass (inference: nothing kept for backward), and an
+    autoregressive model's key-value cache."""
+    return FORWARD_BYTES_PER_TOKEN_WIDTH * cfg.dit.length * cfg.dit.hidden_dim + kv_cache_row_bytes(cfg)
 
 
 def step_row_bytes(cfg, adaptive: bool, chooses: bool = False, chooser_outputs: int | None = None) -> int:

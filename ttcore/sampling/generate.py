@@ -16,6 +16,7 @@ import torch
 
 from ttcore.distributions import Streams
 from ttcore.models.ar import check_ar_run, is_autoregressive
+from ttcore.models.kv_cache import cached_features
 from ttcore.models.vadd import prior_sample
 
 from .config import SamplerConfig
@@ -41,12 +42,14 @@ class GenerationRun:
     sequences bound a step's memory (the choice and the draw; not the backbone call); ``constraint``: a
     ``ttcore.constraints.TokenDFA`` every sequence must be accepted by: each step draws from the model's joint
     restricted to its language (``constrained_step``), so the finished sequences are accepted (raises
-    ``ConstraintError`` when no accepted sequence agrees with the prompt)."""
+    ``ConstraintError`` when no accepted sequence agrees with the prompt); ``kv_cache``: an autoregressive
+    model's steps compute only the position they draw at, from the keys and values of the earlier ones
+    (``ttcore.models.kv_cache``; the same tokens, up to float rounding), else the whole sequence each step."""
 
     def __init__(self, model, num_samples: int, steps: int, config: SamplerConfig | None = None, *,
                  seed: int | None = None, prompt: torch.Tensor | None = None,
                  device: str | torch.device | None = None, max_rows_per_pass: int | None = None,
-                 constraint=None):
+                 constraint=None, kv_cache: bool = True):
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
         if num_samples < 1:
@@ -84,6 +87,8 @@ class GenerationRun:
                 raise ValueError("an autoregressive model takes no constraint here (its steps draw no joint of the "
                                  "masked positions to restrict)")
         self.constraint = constraint
+        self.kv_cache = kv_cache and is_autoregressive(model)
+        self.kv = None  # the run's ``KVCache`` between steps (dropping it costs a prefill, nothing else)
         if constraint is not None:
             check_constraint(constraint, self.sampler, model, self.tokens, self.mask_id)
         self.n_initial = (self.tokens == self.mask_id).sum(1)
@@ -262,7 +267,9 @@ def batch_step(model, runs: list[GenerationRun], forward=None) -> BatchStep:
     bound, which such rounding flips far more often. The work dispatched grows with the number of distinct
     settings and exact-chain-rule runs, not of runs; per run it is two views of the batch's results. This is the
     loop body of the service's continuous batching; run it under ``model.compute_context()``. ``forward``: the
-    backbone call (a ``graphs.ForwardGraphs``: padded to a bucket, CUDA graphs); None: ``model.features``."""
+    backbone call (a ``graphs.ForwardGraphs``: padded to a bucket, CUDA graphs); None: ``model.features``. An
+    autoregressive model's runs with ``kv_cache`` take at most two calls instead, eager: a prefill of the runs
+    without a cache and one position of the others (``ttcore.models.kv_cache.cached_features``)."""
     t0 = time.perf_counter()
     batch = _Batch(runs)
     parts, counts = _groups(model, batch)
@@ -276,7 +283,12 @@ def batch_step(model, runs: list[GenerationRun], forward=None) -> BatchStep:
         if x.is_cuda:  # the forward's own time: what was queued before it finishes first
             torch.cuda.synchronize(x.device)
         t1 = time.perf_counter()
-        h = (forward or partial(features, model))(x, latent)  # [rows of fwd, l, d]
+        if all(runs[i].kv_cache for i in fwd):  # an autoregressive model's steps: from its runs' caches
+            h, caches = cached_features(model, [runs[i].kv for i in fwd], [batch.sizes[i] for i in fwd], x)
+            for i, cache in zip(fwd, caches):
+                runs[i].kv = cache
+        else:
+            h = (forward or partial(features, model))(x, latent)  # [rows of fwd, l, d]
         h = h if h.dtype == torch.float64 else h.float()  # bf16 features to float32; a float64 model's stay
         if x.is_cuda:
             torch.cuda.synchronize(x.device)
@@ -293,6 +305,8 @@ def batch_step(model, runs: list[GenerationRun], forward=None) -> BatchStep:
         run.masked_left = sum(left[a:b])
         run.step_index += 1
         run.model_calls += int(need[i])
+        if run.done:
+            run.kv = None
         states.append(StepState(run.tokens, committed if len(runs) == 1 else committed[a:b], run.step_index,
                                 run.model_calls, run.done))
     return BatchStep(states, new, committed, need, forward_rows, forward_s, time.perf_counter() - t0, spent)
@@ -313,7 +327,8 @@ def features(model, tokens: torch.Tensor, latent: torch.Tensor | None) -> torch.
     return model.features(tokens) if latent is None else model.features(tokens, z=latent)
 
 
-RUN_SETTINGS = ("seed", "prompt", "device", "max_rows_per_pass", "constraint")  # a run's own; the rest: the sampler's
+RUN_SETTINGS = ("seed", "prompt", "device", "max_rows_per_pass", "constraint", "kv_cache")  # a run's own; the rest:
+# the sampler's
 
 
 def make_run(model, num_samples: int, steps: int, **settings) -> GenerationRun:
