@@ -218,7 +218,8 @@ def test_structured_output_smoke(checkpoints):
 
 def test_ar_baselines_smoke(checkpoints, tmp_path):
     """Both parts at their smallest: every method's row (MDLM, EDLM, DCD over the tiny base with its tiny AR pair, the
-    TT, the AR model) and the seconds per sequence side by side."""
+    TT, the AR model) and the seconds per sequence side by side (the AR model with and without its key-value
+    cache)."""
     from servers import make_ar_checkpoint
 
     ar = make_ar_checkpoint(tmp_path / "qm9-ar", checkpoints / "qm9-base")
@@ -235,7 +236,8 @@ def test_ar_baselines_smoke(checkpoints, tmp_path):
     out = _bench(ROOT / "benchmarks" / "ar_baselines.py", "speed", "--diffusion", checkpoints / "text-base",
                  "--steps", 4, "--samples", 1, "--repeats", 1)
     rows = re.findall(r"^\s*(\S+).*\|\s+\d+ \|\s+([\d.]+) \|\s+([\d.]+)$", out, re.M)
-    assert [r[0] for r in rows] == ["MDLM", "EDLM", "DCD", "AR"] and all(float(r[1]) > 0 for r in rows), out
+    assert [r[0] for r in rows] == ["MDLM", "EDLM", "DCD", "AR", "AR"] and all(float(r[1]) > 0 for r in rows), out
+    assert "KV cache)" in out and "no KV cache)" in out  # the AR model with its cache and without, side by side
 
 
 def test_rank_ceiling_smoke():

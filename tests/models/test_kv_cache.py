@@ -87,3 +87,23 @@ def test_runs_join_late_and_a_dropped_cache_is_rebuilt():
         backbone.forward, backbone.decode = forward, decode
     for run, ref in zip(runs, reference):
         assert torch.equal(run.tokens, ref) and run.kv is None  # a finished run lets its cache go
+
+
+@torch.no_grad()
+def test_the_cost_model_counts_what_the_cache_holds():
+    """``cost.kv_cache_row_bytes`` is a cache's bytes a sequence (float32), and admission's rows of a step that
+    holds one (DCD's draw, ``Step.ar_cache``) count it."""
+    from ttcore.sampling import cost
+    from ttcore.sampling.steps.dcd import DCDStep
+
+    model = tiny_ar(V, L)
+    _, cache = prefill(model, torch.full((3, L), V))
+    held = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in cache.layers) // 3
+    assert cost.kv_cache_row_bytes(model.cfg, copies=1) == held
+    diffusion = tiny_ar(V, L)  # its shape without causal: a masked diffusion model holds no cache
+    diffusion.cfg.dit.causal = False
+    assert cost.kv_cache_row_bytes(diffusion.cfg) == 0
+    assert DCDStep.ar_cache and not GenerationRun(model, 1, L, LTR).sampler.ar_cache
+    budget = 64 * cost.step_row_bytes(diffusion.cfg, False)
+    assert cost.rows_per_pass(diffusion.cfg, False, budget) == 64
+    assert cost.rows_per_pass(diffusion.cfg, False, budget, ar_cfg=model.cfg) < 64

@@ -29,9 +29,15 @@ def ar_conditionals(model, x: torch.Tensor, at: torch.Tensor | None = None) -> t
     """log p(x^i = v | x^{<i}) (float32) for sequences x [b, l]: every position's next-token law given the tokens
     before it, [b, l, V]; or at the positions ``at`` [b, l] (bool) only, [m, V] row-major, the head run there alone
     (positions past a [MASK] read it as a token: callers use only the prefix's)."""
-    out = model(x, torch.ones_like(x, dtype=torch.bool) if at is None else at)
-    logp = torch.log_softmax(out.logits.float(), -1)
+    at_all = torch.ones_like(x, dtype=torch.bool) if at is None else at
+    logp = next_token_log_probs(model, model.features(x), at_all)
     return logp.view(*x.shape, -1) if at is None else logp
+
+
+def next_token_log_probs(model, h: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+    """log p(x^i = v | x^{<i}) [m, V] (float32) at the positions ``at`` [b, l] (bool, row-major) from an
+    autoregressive model's features h [b, l, d] (``features``, or a key-value cache's ``decode`` there)."""
+    return torch.log_softmax(model.head_outputs(h, at).logits.float(), -1)
 
 
 def is_suffix(mask: torch.Tensor) -> bool:

@@ -57,13 +57,14 @@ def prefill(model, x: torch.Tensor) -> tuple[torch.Tensor, KVCache]:
     return model.output_layer.features(y, c), KVCache(kv, filled)
 
 
-def decode(model, x: torch.Tensor, cache: KVCache) -> torch.Tensor:
-    """An autoregressive ``model``'s features of x [b, l] at each row's first masked position (l - 1 in a row with
-    none), whose earlier positions ``cache`` holds (``usable``); written into the cache. -> [b, l, d], zero at the
-    other positions (a left-to-right step of one token reads no other)."""
+def decode(model, x: torch.Tensor, cache: KVCache, pos: torch.Tensor | None = None) -> torch.Tensor:
+    """An autoregressive ``model``'s features of x [b, l] at one position a row, ``pos`` [b] (None: each row's first
+    masked position, l - 1 in a row with none), whose earlier positions ``cache`` holds (``usable``) and whose
+    input x^{pos-1} is known; written into the cache. -> [b, l, d], zero at the other positions (a left-to-right
+    step of one token reads no other)."""
     b, l = x.shape
     start = model.cfg.dit.vocab_size - 1  # [MASK], the causal model's start token
-    pos = first_masked(x, start).clamp_max(l - 1)
+    pos = first_masked(x, start).clamp_max(l - 1) if pos is None else pos
     inputs = torch.where(pos > 0, x.gather(1, (pos - 1).clamp_min(0)[:, None])[:, 0], start)
     y, c = model.backbone.decode(inputs, pos, cache.layers)
     f = model.output_layer.features(y, c)  # [b, 1, d]

@@ -48,13 +48,13 @@ def exact_contraction_bytes(cfg) -> int:
     return SUMMING_COPIES * 8 * cfg.format.summing_values(cfg.rank, cfg.dit.out_vocab)
 
 
-def kv_cache_row_bytes(cfg) -> int:
-    """An autoregressive model's key-value cache of one sequence (``ttcore.models.kv_cache``), held between steps
-    and copied once more when runs step together: every block's keys and values at every position, float32 (an
-    upper bound under bf16), twice. 0 for a masked diffusion model."""
+def kv_cache_row_bytes(cfg, copies: int = 2) -> int:
+    """An autoregressive model's key-value cache of one sequence (``ttcore.models.kv_cache``): every block's keys
+    and values at every position, float32 (an upper bound under bf16), ``copies`` times (a generation's cache is
+    held between steps and copied once more when runs step together). 0 for a masked diffusion model."""
     if not getattr(cfg.dit, "causal", False):
         return 0
-    return 2 * 2 * cfg.dit.n_blocks * cfg.dit.length * cfg.dit.hidden_dim * 4
+    return copies * 2 * cfg.dit.n_blocks * cfg.dit.length * cfg.dit.hidden_dim * 4
 
 
 def forward_row_bytes(cfg) -> int:
@@ -63,21 +63,25 @@ def forward_row_bytes(cfg) -> int:
     return FORWARD_BYTES_PER_TOKEN_WIDTH * cfg.dit.length * cfg.dit.hidden_dim + kv_cache_row_bytes(cfg)
 
 
-def step_row_bytes(cfg, adaptive: bool, chooses: bool = False, chooser_outputs: int | None = None) -> int:
+def step_row_bytes(cfg, adaptive: bool, chooses: bool = False, chooser_outputs: int | None = None,
+                   ar_cfg=None) -> int:
     """Peak bytes per sequence of one step (``chooses``: the fast adaptive step's choice comes first, with
-    ``chooser_outputs`` outputs per position)."""
+    ``chooser_outputs`` outputs per position; ``ar_cfg``: the step holds that autoregressive model's key-value
+    cache of its rows, one copy: ``Step.ar_cache``)."""
+    extra = kv_cache_row_bytes(ar_cfg, copies=1) if ar_cfg is not None else 0
     if adaptive:
-        return forward_row_bytes(cfg) + chain_rule_row_bytes(cfg)
-    return forward_row_bytes(cfg) + predetermined_row_bytes(cfg) + (
+        return forward_row_bytes(cfg) + chain_rule_row_bytes(cfg) + extra
+    return forward_row_bytes(cfg) + predetermined_row_bytes(cfg) + extra + (
         chooser_row_bytes(cfg, chooser_outputs) if chooses else 0)
 
 
 def rows_per_pass(cfg, adaptive: bool, budget_bytes: int, exact: bool = False, chooses: bool = False,
-                  chooser_outputs: int | None = None) -> int:
+                  chooser_outputs: int | None = None, ar_cfg=None) -> int:
     """How many sequences one pass of a step may hold within ``budget_bytes``; 0 when not even one fits.
-    ``exact``: a TT step that sums the cores (counted for predetermined steps only)."""
+    ``exact``: a TT step that sums the cores (counted for predetermined steps only); ``ar_cfg``: as
+    ``step_row_bytes``."""
     fixed = exact_contraction_bytes(cfg) if exact and not adaptive else 0
-    return max(0, (budget_bytes - fixed) // step_row_bytes(cfg, adaptive, chooses, chooser_outputs))
+    return max(0, (budget_bytes - fixed) // step_row_bytes(cfg, adaptive, chooses, chooser_outputs, ar_cfg))
 
 
 def sampler_config(**settings) -> SamplerConfig:

@@ -72,11 +72,13 @@ class Step(Protocol):
     ``adaptive``: it picks positions by the chain rule over the model's full outputs (so it holds every
     position's full head outputs per sequence: admission's memory and compute rule); ``chooses``: it chooses
     its set from a cheap marginal pass over every masked position, then draws like a predetermined step.
-    ``constrains``: it draws constrained rows (``Rows.automaton``) from the joint restricted to the language."""
+    ``constrains``: it draws constrained rows (``Rows.automaton``) from the joint restricted to the language.
+    ``ar_cache``: its draw holds the paired autoregressive model's key-value cache of its rows (DCD)."""
 
     adaptive: bool
     chooses: bool
     constrains: bool
+    ar_cache: bool
 
     def __init__(self, config) -> None: ...
 
@@ -114,7 +116,7 @@ class ConfiguredStep:
     """What every step class starts from: the run's ``SamplerConfig``, the schedule's counts, a predetermined
     ordering's priorities when the configured ordering is one, and the work kind by the class's flags."""
 
-    adaptive = chooses = constrains = False
+    adaptive = chooses = constrains = ar_cache = False
 
     def __init__(self, config):
         self.config = config

@@ -18,13 +18,15 @@ for). Where x_t has no known token right of i the two inputs are equal and theta
 masked state is the AR model's own draw.
 
 Cost per step: the diffusion model's forward (the batch's), one more for each masked position left of a known
-token up to the last position of T, and one AR forward per position up to it (no key-value cache): the paper's
-sampling-time table puts DCD at 550 s a sequence against MDLM's 2.4."""
+token up to the last position of T, and the AR pass: one AR forward of the sequence, then one position at a time
+from its key-value cache up to the last position of T (``ttcore.models.kv_cache``; the released code keeps GPT-2's
+``past_key_values`` likewise). The paper's sampling-time table puts DCD at 550 s a sequence against MDLM's 2.4."""
 
 import torch
 
 from ttcore.distributions import Site, sample_categorical, uniforms
-from ttcore.models.ar import ar_conditionals, companion
+from ttcore.models.ar import companion, next_token_log_probs
+from ttcore.models.kv_cache import decode, prefill
 
 from ..orderings import chunked_priority
 from .base import ConfiguredStep, WorkKind
@@ -79,14 +81,21 @@ def dcd_step(model, ar, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, 
         theta[need] = copula_tilts(full, left_context_marginals(model, x, masked, need, temperature, contraction))
     u = uniforms(streams, b, l, x.device, Site.proposal)
     cur = x.clone()
-    for i in range(int(last.max()) + 1):
-        go = todo[:, i]
+    rows = todo.any(1).nonzero()[:, 0]  # the rows the AR pass draws in
+    sub, todo_sub, theta_sub, u_sub = cur[rows], todo[rows], theta[rows], u[rows]
+    start = int(todo_sub.int().argmax(1).min())  # the first position drawn: every row's first masked one or later
+    h, cache = prefill(ar, sub)  # the AR's features are right up to each row's first masked position
+    for i in range(start, int(last.max()) + 1):
+        if i > start:  # position i from the cache: what came before it is known or drawn in the rows that draw at i
+            h = decode(ar, sub, cache, torch.full_like(rows, i))
+        go = todo_sub[:, i]
         if not bool(go.any()):
             continue
-        at = torch.zeros_like(cur[go], dtype=torch.bool)
+        at = torch.zeros_like(sub, dtype=torch.bool)
         at[:, i] = True  # the AR head at position i alone
-        log_p = ar_conditionals(ar, cur[go], at).double() + theta[go, i]  # [n, v]
-        cur[go, i] = sample_categorical((log_p - log_p.amax(1, keepdim=True)).exp(), u=u[go, i])
+        log_p = next_token_log_probs(ar, h, at)[go].double() + theta_sub[go, i]  # [n, v]
+        sub[go, i] = sample_categorical((log_p - log_p.amax(1, keepdim=True)).exp(), u=u_sub[go, i])
+    cur[rows] = sub
     values[chosen] = cur[chosen]
     return values
 
@@ -94,6 +103,8 @@ def dcd_step(model, ar, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, 
 class DCDStep(ConfiguredStep):
     """DCD by name (``sampler: dcd``) over a diffusion model paired with an autoregressive one; the run's ordering
     must be predetermined."""
+
+    ar_cache = True
 
     @classmethod
     def accepts(cls, config) -> bool:
