@@ -21,10 +21,11 @@ length). Validity (one molecule), uniqueness, novelty and, with ``--fcd``, FCD t
 ``--http`` asks an embedded server (links to the checkpoints in a temporary folder; the service pairs the AR
 checkpoint itself) through ``/generate``, in requests of at most 256 seeded as the in-process batches are.
 ``speed`` times, side by side in one process, the seconds per sequence of a generation at ``--steps`` steps, batch
-size 1 (as the paper's sampling-time table, tab:owt-time, measures it): MDLM, the joint steps of the ``--diffusion``
-checkpoints, EDLM and DCD over the MDLM, and the AR model. When the first checkpoint is a joint one, the MDLM is a
-rank-1 model of its shape with random weights, and without ``--ar`` so is the AR model: their seconds are those of
-trained ones (timing only; the paper runs EDLM and DCD over MDLM and SEDD, rank-1 models).
+size 1 (as the paper's sampling-time table, tab:owt-time, measures it; ``--batch`` B: B sequences a generation):
+MDLM, the joint steps of the ``--diffusion`` checkpoints, EDLM and DCD over the MDLM, and the AR model. When the
+first checkpoint is a joint one, the MDLM is a rank-1 model of its shape with random weights, and without ``--ar``
+so is the AR model: their seconds are those of trained ones (timing only; the paper runs EDLM and DCD over MDLM and
+SEDD, rank-1 models).
 """
 
 import argparse
@@ -126,10 +127,10 @@ def _cell(args, label, name, model, k, settings, tok, url, training, reference) 
     from ttcore.metrics import molecule_metrics
 
     if url is None:
-        res = run_setting(model, tok, args.samples, k, args.batch, args.seed, **settings)
+        res = run_setting(model, tok, args.samples, k, args.batch or 256, args.seed, **settings)
         texts, seconds = res["texts"], res["seconds"]
     else:
-        texts, seconds = _over_http(url, name, args.samples, k, min(args.batch, 256), args.seed, settings)
+        texts, seconds = _over_http(url, name, args.samples, k, min(args.batch or 256, 256), args.seed, settings)
     m = molecule_metrics(texts, training)
     fcd = reference.compare(texts).get("fcd") if reference is not None else None
     fcd = float("nan") if fcd is None else fcd  # none asked, or fewer than two valid molecules
@@ -173,14 +174,14 @@ def speed(args) -> None:
               (f"AR ({ar_label}, KV cache)", ar, ar.cfg.dit.length, {"ordering": "left_to_right"}),
               (f"AR ({ar_label}, no KV cache)", ar, ar.cfg.dit.length, {"ordering": "left_to_right",
                                                                         "kv_cache": False})]
-    times = {label: [] for label, *_ in cases}
+    times, batch = {label: [] for label, *_ in cases}, args.batch or 1
     for label, m, steps, settings in cases:  # warm-up: allocator, kernels, the first call's imports
         run_setting(m, tok, 1, min(steps, 2) if m is not ar else steps, 1, args.seed, **settings)
     for r in range(args.repeats):  # alternating: each method's repeats spread over the same stretch of time
         for label, m, steps, settings in cases:
-            seconds = run_setting(m, tok, args.samples, steps, 1, args.seed + r, **settings)["seconds"]
+            seconds = run_setting(m, tok, args.samples, steps, batch, args.seed + r, **settings)["seconds"]
             times[label].append(seconds / args.samples)
-    print(f"{Path(args.diffusion[0]).name}, {args.precision}, batch size 1, median of {args.repeats} "
+    print(f"{Path(args.diffusion[0]).name}, {args.precision}, batch size {batch}, median of {args.repeats} "
           f"(seconds per sequence)")
     print(f"{'method':>44} | {'K':>4} | {'s / seq':>8} | {'x MDLM':>7}")
     first = statistics.median(times[cases[0][0]])
@@ -196,7 +197,7 @@ def main():
     ap.add_argument("--ar", help="the family's autoregressive checkpoint (training/train_ar.py)")
     ap.add_argument("--samples", type=int, default=1024)
     ap.add_argument("--steps", type=int, nargs="+", default=[2, 4, 8, 22])
-    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--batch", type=int, help="sequences a generation (quality: 256; speed: 1, the paper's)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--precision", default="auto", help="fp32, bf16 or auto (bf16 where the CPU has it)")

@@ -146,19 +146,22 @@ class DDiTBlock(nn.Module):
     def forward(self, x, rotary, c, kv: list | None = None):
         """x [b, l, d] -> [b, l, d]. ``kv`` (a causal block): a list that receives this block's keys and values
         [b, h, l, hd] (``ttcore.models.kv_cache``)."""
-        mods = self.adaLN_modulation(c)[:, None].chunk(6, dim=2)  # shift, scale, gate (attention; MLP): [b, 1, d]
+        mods = self.modulations(c)
         q, k, v = self._qkv(x, rotary, mods)
         if kv is not None:
             kv.append((k.contiguous(), v.contiguous()))
         att = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, is_causal=self.causal)
         return self._residuals(x, att, mods)
 
-    def decode(self, x, rotary, c, keys: torch.Tensor, values: torch.Tensor, pos: torch.Tensor):
+    def modulations(self, c) -> tuple:
+        """adaLN's shift, scale and gate of the attention and of the MLP from c [b, cond_dim]: six [b, 1, d]."""
+        return self.adaLN_modulation(c)[:, None].chunk(6, dim=2)
+
+    def decode(self, x, rotary, mods, keys: torch.Tensor, values: torch.Tensor, pos: torch.Tensor):
         """A causal block at one new position per sequence: x [b, 1, d] at positions ``pos`` [b], ``rotary``
-        their rows [b, 1, 1, hd]; its key and value are written into ``keys`` / ``values`` [b, h, l, hd] (the
-        earlier positions' from before) and it attends to positions <= pos, as ``forward``'s causal attention
-        does there. -> [b, 1, d]."""
-        mods = self.adaLN_modulation(c)[:, None].chunk(6, dim=2)
+        their rows [b, 1, 1, hd], ``mods`` its ``modulations``; its key and value are written into ``keys`` /
+        ``values`` [b, h, l, hd] (the earlier positions' from before) and it attends to positions <= pos, as
+        ``forward``'s causal attention does there. -> [b, 1, d]."""
         q, k, v = self._qkv(x, rotary, mods)
         rows = torch.arange(x.shape[0], device=x.device)
         keys[rows, :, pos], values[rows, :, pos] = k[:, :, 0].to(keys.dtype), v[:, :, 0].to(values.dtype)
@@ -222,16 +225,17 @@ class DiT(nn.Module):
                 x = block(x, rotary, c, kv)
         return x, c
 
-    def decode(self, inputs: torch.Tensor, pos: torch.Tensor, kv: list) -> tuple[torch.Tensor, torch.Tensor]:
+    def decode(self, inputs: torch.Tensor, pos: torch.Tensor, kv: list, mods: list) -> torch.Tensor:
         """A causal model's features at one new position per sequence: ``inputs`` [b] the tokens that positions
         ``pos`` [b] read (x^{pos-1}; the start token at 0), ``kv`` every block's (keys, values) [b, h, l, hd],
-        filled below pos and written at pos. -> (features [b, 1, d], c): those ``forward`` computes there."""
-        c = self.conditioning(inputs.shape[0], None, None, inputs.device)
+        filled below pos and written at pos, ``mods`` every block's ``modulations`` of the model's conditioning
+        (the same for every sequence and step: no time, no latent; [1, 1, d] each). -> [b, 1, d]: what
+        ``forward`` computes there."""
         x = self.vocab_embed(inputs[:, None])  # [b, 1, d]
         rotary = (self.rotary_cos[pos][:, None, None], self.rotary_sin[pos][:, None, None])
-        for block, (keys, values) in zip(self.blocks, kv):
-            x = block.decode(x, rotary, c, keys, values, pos)
-        return x, c
+        for block, (keys, values), m in zip(self.blocks, kv, mods):
+            x = block.decode(x, rotary, m, keys, values, pos)
+        return x
 
     def checkpointing_(self, on: bool = True) -> "DiT":
         """Activation checkpointing: in training, each block keeps only its input and recomputes the rest in

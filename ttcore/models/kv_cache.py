@@ -20,9 +20,13 @@ import torch
 @dataclass
 class KVCache:
     """Every block's keys and values of b sequences: ``layers`` [(keys, values)], each [b, h, l, hd];
-    positions below ``filled`` [b] hold those of the sequence's tokens."""
+    positions below ``filled`` [b] hold those of the sequence's tokens. ``c``: the model's conditioning [1,
+    cond_dim] and ``mods`` every block's adaLN modulations of it, the same for every sequence and step (an
+    autoregressive model has no time and no latent), computed once."""
     layers: list[tuple[torch.Tensor, torch.Tensor]]
     filled: torch.Tensor
+    c: torch.Tensor
+    mods: list
 
     @staticmethod
     def cat(caches: list["KVCache"]) -> "KVCache":
@@ -31,14 +35,15 @@ class KVCache:
             return caches[0]
         layers = [tuple(torch.cat([c.layers[i][j] for c in caches]) for j in (0, 1))
                   for i in range(len(caches[0].layers))]
-        return KVCache(layers, torch.cat([c.filled for c in caches]))
+        return KVCache(layers, torch.cat([c.filled for c in caches]), caches[0].c, caches[0].mods)
 
     def split(self, sizes: list[int]) -> list["KVCache"]:
         """Consecutive pieces of ``sizes`` sequences (views: no copy)."""
         if len(sizes) == 1:
             return [self]
         parts = [[(k.split(sizes), v.split(sizes)) for k, v in self.layers], self.filled.split(sizes)]
-        return [KVCache([(k[i], v[i]) for k, v in parts[0]], parts[1][i]) for i in range(len(sizes))]
+        return [KVCache([(k[i], v[i]) for k, v in parts[0]], parts[1][i], self.c, self.mods)
+                for i in range(len(sizes))]
 
 
 def first_masked(x: torch.Tensor, mask_id: int) -> torch.Tensor:
@@ -54,7 +59,8 @@ def prefill(model, x: torch.Tensor) -> tuple[torch.Tensor, KVCache]:
     kv = []
     y, c = model.backbone(x, kv=kv)
     filled = (first_masked(x, model.cfg.dit.vocab_size - 1) + 1).clamp_max(x.shape[1])
-    return model.output_layer.features(y, c), KVCache(kv, filled)
+    mods = [block.modulations(c[:1]) for block in model.backbone.blocks]
+    return model.output_layer.features(y, c), KVCache(kv, filled, c[:1], mods)
 
 
 def decode(model, x: torch.Tensor, cache: KVCache, pos: torch.Tensor | None = None) -> torch.Tensor:
@@ -66,8 +72,8 @@ def decode(model, x: torch.Tensor, cache: KVCache, pos: torch.Tensor | None = No
     start = model.cfg.dit.vocab_size - 1  # [MASK], the causal model's start token
     pos = first_masked(x, start).clamp_max(l - 1) if pos is None else pos
     inputs = torch.where(pos > 0, x.gather(1, (pos - 1).clamp_min(0)[:, None])[:, 0], start)
-    y, c = model.backbone.decode(inputs, pos, cache.layers)
-    f = model.output_layer.features(y, c)  # [b, 1, d]
+    y = model.backbone.decode(inputs, pos, cache.layers, cache.mods)
+    f = model.output_layer.features(y, cache.c)  # [b, 1, d]
     h = f.new_zeros(b, l, f.shape[-1])
     h[torch.arange(b, device=x.device), pos] = f[:, 0]
     cache.filled = torch.maximum(cache.filled, pos + 1)
