@@ -9,15 +9,18 @@ over the rank-1 diffusion checkpoint paired with it.
         checkpoints/qm9-cp-r64 --ar runs/qm9-ar --steps 22 --samples 16
     python benchmarks/ar_baselines.py quality --diffusion checkpoints/qm9-none-r1 --ar runs/qm9-ar --samples 1024 \
         --steps 2 4 8 --dcd-chunks 2 4 --fcd
+    python benchmarks/ar_baselines.py quality --diffusion checkpoints/qm9-tt-r16 --ar runs/qm9-ar --samples 1024 \
+        --steps 2 4 8 22 --joint-edlm --fcd
     python benchmarks/ar_baselines.py quality --diffusion DIR/qm9-base DIR/qm9-tt-r2 --ar DIR/qm9-ar --samples 8 \
-        --steps 2 [--dcd-chunks 1 2]                                                                   # smoke
+        --steps 2 [--dcd-chunks 1 2] [--joint-edlm]                                                    # smoke
     python benchmarks/ar_baselines.py speed --diffusion DIR/text-base --steps 4 --samples 1             # smoke
 
 ``quality`` samples, in process, ``--samples`` molecules a cell (random order, seeded, bf16 where the CPU has it):
 for each rank-1 diffusion checkpoint MDLM's own step, EDLM (k = 2, w = 1) and DCD with the AR checkpoint ``--ar``
 paired to it; for each joint checkpoint (CP, TT) its joint step; and the AR checkpoint at one token a step (K = its
 length). Validity (one molecule), uniqueness, novelty and, with ``--fcd``, FCD to the family's held-out split.
-``--dcd-chunks 1 2 4`` adds DCD's rows at those chunk sizes (chunks of adjacent positions in random order).
+``--dcd-chunks 1 2 4`` adds DCD's rows at those chunk sizes (chunks of adjacent positions in random order);
+``--joint-edlm`` EDLM's rows over each CP / TT checkpoint, whose joint is then EDLM's proposal.
 ``--http`` asks an embedded server (links to the checkpoints in a temporary folder; the service pairs the AR
 checkpoint itself) through ``/generate``, in requests of at most 256 seeded as the in-process batches are.
 ``speed`` times, side by side in one process, the seconds per sequence of a generation at ``--steps`` steps, batch
@@ -42,13 +45,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "training"))
 
 
-def _rows(diffusion, ar, ar_name: str, steps: list[int], dcd_chunks: list[int] = (1,)) -> list[tuple]:
-    """(label, checkpoint name, model, K, settings) of every cell; DCD once per chunk size (``dcd_chunk``)."""
+def _rows(diffusion, ar, ar_name: str, steps: list[int], dcd_chunks: list[int] = (1,),
+          joint_edlm: bool = False) -> list[tuple]:
+    """(label, checkpoint name, model, K, settings) of every cell; DCD once per chunk size (``dcd_chunk``);
+    ``joint_edlm``: EDLM over each joint checkpoint too (its joint as the proposal)."""
     cells = []
     for name, model in diffusion:
         if model.format.joint_head:
-            cells += [(f"{model.cfg.decomposition.upper()} r={model.cfg.rank} ({name})", name, model, k, {})
-                      for k in steps]
+            head = f"{model.cfg.decomposition.upper()} r={model.cfg.rank}"
+            cells += [(f"{head} ({name})", name, model, k, {}) for k in steps]
+            if ar is not None and joint_edlm:
+                cells += [(f"EDLM over {head} ({name} + {ar_name})", name, model, k, {"sampler": "edlm"})
+                          for k in steps]
         else:
             cells += [(f"MDLM ({name})", name, model, k, {}) for k in steps]
             if ar is not None:
@@ -98,7 +106,7 @@ def quality(args) -> None:
     ar, tok, _ = load_for_inference(args.ar, "cpu", args.precision) if args.ar else (None, None, None)
     tok = tok or load_for_inference(args.diffusion[0], "cpu", args.precision)[1]
     for _, model in diffusion:
-        if ar is not None and not model.format.joint_head:
+        if ar is not None and (args.joint_edlm or not model.format.joint_head):
             pair(model, ar)
     ds = dataset(TrainConfig(data=data_section(None, Path(args.diffusion[0]))))
     training = set(ds.train)
@@ -112,7 +120,7 @@ def quality(args) -> None:
           + (" (through HTTP)" if args.http else " (in process)"))
     try:
         for label, name, model, k, settings in _rows(diffusion, ar, Path(args.ar).name if args.ar else "",
-                                                     args.steps, args.dcd_chunks):
+                                                     args.steps, args.dcd_chunks, args.joint_edlm):
             _cell(args, label, name, model, k, settings, tok, url, training, reference)
     finally:
         if proc is not None:
@@ -187,7 +195,7 @@ def speed(args) -> None:
     first = statistics.median(times[cases[0][0]])
     for label, _, steps, _ in cases:
         t = statistics.median(times[label])
-        print(f"{label:>44} | {steps:>4} | {t:>8.3f} | {t / first:>7.2f}")
+        print(f"{label:>44} | {steps:>4} | {t:>8.4f} | {t / first:>7.2f}")
 
 
 def main():
@@ -204,6 +212,8 @@ def main():
     ap.add_argument("--dcd-chunks", type=int, nargs="+", default=[1],
                     help="quality: DCD's rows at these chunk sizes (dcd_chunk; 1 = random order, the TT paper's)")
     ap.add_argument("--fcd", action="store_true", help="quality: FCD to the held-out split")
+    ap.add_argument("--joint-edlm", action="store_true",
+                    help="quality: EDLM over each CP / TT checkpoint too, its joint as the proposal")
     ap.add_argument("--http", action="store_true", help="quality: through /generate of an embedded server (uvicorn, "
                                                         "one thread) instead of in process")
     args = ap.parse_args()

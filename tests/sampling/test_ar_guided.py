@@ -84,6 +84,59 @@ def test_edlm_step_is_sampling_importance_resampling_with_the_ar_energy(models, 
     assert 0.5 * np.abs(law - q).sum() > 0.05
 
 
+def _sir_law(q: np.ndarray, w: np.ndarray, k: int) -> np.ndarray:
+    """The law of sampling importance resampling: k i.i.d. candidates from q, one kept with probability w_j / sum w."""
+    law = np.zeros(len(q))
+    for combo in itertools.product(range(len(q)), repeat=k):
+        pr, ws = np.prod(q[list(combo)]), w[list(combo)]
+        for j, c in enumerate(combo):
+            law[c] += pr * ws[j] / ws.sum()
+    return law
+
+
+@pytest.mark.parametrize("fmt, perturb, noise", [("tt", 0.4, 2.0), ("cp", 0.2, 1.0)])  # joints far from their marginals
+def test_edlm_over_a_joint_head_resamples_draws_from_its_joint(fmt, perturb, noise):
+    """A CP / TT model's EDLM proposals are its joint's own draws, each with its exact likelihood: the step's law
+    is importance resampling from the joint (enumerated by the format's distribution, Eq. 6 / 9), not from the
+    product of its marginals."""
+    from ttcore.sampling.steps.edlm import joint_proposals
+
+    joint = tiny_model(fmt, V, L, 3, perturb=perturb, noise=noise)
+    ar = tiny_ar(V, L, perturb=0.8)
+    x = torch.tensor([MASK, 1, MASK, MASK])
+    chosen = x == MASK
+    free = [0, 2, 3]
+    outcomes = np.array(list(itertools.product(range(V), repeat=len(free))))
+    full = np.tile(x.numpy(), (len(outcomes), 1))
+    full[:, free] = outcomes
+    with torch.no_grad():
+        xs = x.expand(len(outcomes), L)
+        dist = joint.head_outputs(joint.features(xs), xs == MASK).joint(xs)
+        q = dist.log_prob(torch.tensor(full)).double().exp().numpy()
+        marg = np.array([dist.marginals(torch.where(xs == MASK, -1, xs))[0, i].double().numpy() for i in range(L)])
+    assert abs(q.sum() - 1) < 1e-6
+    seqs, p_ar = ar_joint(ar)
+    p = np.array([p_ar[(seqs == f).all(1)][0] for f in full])
+    law = _sir_law(q, p / q, 2)
+    q_rank1 = np.array([np.prod([marg[i, o[j]] for j, i in enumerate(free)]) for o in outcomes])
+    assert 0.5 * np.abs(law - _sir_law(q_rank1, p / q_rank1, 2)).sum() > 0.05  # the joint proposal matters here
+
+    def step(xs, masked, cs, streams):
+        return edlm_step(joint, ar, joint.features(xs), xs, masked, cs, torch.full((N,), 0.5, dtype=torch.float64), 2,
+                         1.0, 1.0, streams)
+
+    draws = one_step(step, x, chosen)
+    assert (draws[:, 1] == -1).all()
+    assert chi_square_pvalue(draws[:, free], law, outcomes) > 1e-3
+    with torch.no_grad():  # each candidate's log q is its exact log-likelihood under the joint
+        xs = x.expand(6, L)
+        cand, log_q = joint_proposals(joint, joint.features(xs), xs, xs == MASK, 3, Streams.of_request(5, 6), "head")
+    index = {tuple(f): n for n, f in enumerate(full.tolist())}
+    expected = np.log(q[[index[tuple(c)] for c in cand.reshape(-1, L).tolist()]]).reshape(6, 3)
+    assert np.allclose(log_q.numpy(), expected, atol=1e-5)
+    assert len({tuple(c) for c in cand.reshape(-1, L).tolist()}) > 1  # the candidates are not one draw repeated
+
+
 def test_edlm_outside_its_window_is_the_diffusion_step(models):
     diffusion, ar = models
     x = torch.tensor([MASK, MASK, 0, MASK])
@@ -142,11 +195,11 @@ def test_samplers_by_name_need_a_paired_ar_model():
         pair(diffusion, tiny_ar(V + 1, L))
 
 
-@pytest.mark.parametrize("sampler", ["edlm", "dcd"])
-def test_runs_finish_and_are_batch_invariant(sampler):
+@pytest.mark.parametrize("sampler, fmt", [("edlm", "none"), ("dcd", "none"), ("edlm", "tt")])
+def test_runs_finish_and_are_batch_invariant(sampler, fmt):
     from tiny import run_together
 
-    diffusion = tiny_model("none", V, L, 1, perturb=0.8, noise=0.0)
+    diffusion = tiny_model(fmt, V, L, 1 if fmt == "none" else 3, perturb=0.8, noise=0.5)
     pair(diffusion, tiny_ar(V, L))
     alone = run_together(diffusion, [make_run(diffusion, 6, 2, sampler=sampler, seed=5)])[0].tokens
     together = run_together(diffusion, [make_run(diffusion, 3, 3, seed=1),

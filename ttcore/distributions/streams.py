@@ -35,6 +35,7 @@ class Site(IntEnum):
     chain = 5  # the chain rule's picks
     proposal = 6  # an AR-guided step's proposals: EDLM's candidates, DCD's autoregressive draws
     select = 7  # EDLM's pick among its candidates
+    candidates = 64  # EDLM's joint proposals: candidate j's draw at its own sites, from 64 (j + 1) on (``offset``)
 
 
 def philox4x32(counter: tuple[torch.Tensor, ...], key: tuple[torch.Tensor, torch.Tensor],
@@ -91,6 +92,11 @@ class Streams:
     def rows(self, index) -> "Streams":
         return Streams(self.seed[index], self.row[index], self.step[index])
 
+    def offset(self, sites: int) -> "Streams":
+        """These streams with every site moved by ``sites``: a draw through library code that takes its uniforms
+        at fixed sites, repeated with new uniforms (EDLM's j-th joint candidate: ``Site.candidates`` (j + 1))."""
+        return _OffsetStreams(self.seed, self.row, self.step, sites)
+
     def uniform(self, site: int, width: int) -> torch.Tensor:
         """[b, width] float64 uniforms in [0, 1): lane i of each sequence at ``site``."""
         compiled = _compiled(self.device.type)
@@ -102,6 +108,23 @@ class Streams:
                 warnings.warn(f"compiled streams on {self.device.type} failed ({type(e).__name__}: {e}); drawing "
                               "with eager ops from now on (the same bits)", RuntimeWarning, stacklevel=2)
         return stream_uniforms(self.seed, self.row, self.step, int(site), width)
+
+
+class _OffsetStreams(Streams):
+    """``Streams.offset``: each site read ``sites`` further on."""
+
+    def __init__(self, seed, row, step, sites: int):
+        super().__init__(seed, row, step)
+        self.sites = sites
+
+    def rows(self, index) -> "Streams":
+        return _OffsetStreams(self.seed[index], self.row[index], self.step[index], self.sites)
+
+    def offset(self, sites: int) -> "Streams":
+        return _OffsetStreams(self.seed, self.row, self.step, self.sites + sites)
+
+    def uniform(self, site: int, width: int) -> torch.Tensor:
+        return super().uniform(int(site) + self.sites, width)
 
 
 def stream_uniforms(seed: torch.Tensor, row: torch.Tensor, step: torch.Tensor, site: int,

@@ -3,20 +3,26 @@ with its autoregressive energy, as a step over a diffusion checkpoint paired wit
 (``ttcore.models.ar.pair``).
 
 EDLM's denoiser is p(x | x_t) proportional to p_diff(x | x_t) exp(-E(x)), with the residual energy of an AR model
-E(x) = -log p_AR(x) + sum_{i masked} log p_diff(x^i | x_t): the product is p_AR(x) on the sequences that agree
+E(x) = -log p_AR(x) + log p_diff(x_M | x_t) (EDLM's rank-1 denoiser: sum_{i masked} log p_diff(x^i | x_t)): the
+product is p_AR(x) on the sequences that agree
 with x_t's known tokens, p_AR(x_M | x_known). It is sampled by importance sampling with the diffusion model as the
-proposal: k candidates x_1..x_k drawn from the diffusion model's per-position marginals (the rank-1 step's law), one
-of them picked with probability proportional to w_j = exp(-E(x_j)) = p_AR(x_j) / prod_{i masked} p_diff(x_j^i | x_t),
+proposal: k candidates x_1..x_k drawn from the diffusion model's denoiser p_diff(x_M | x_t), one of them picked with
+probability proportional to w_j = exp(-E(x_j)) = p_AR(x_j) / p_diff(x_j | x_t). For a rank-1 model (EDLM's own
+case) that denoiser is the product of its per-position marginals; for a CP / TT model it is the joint head's p(x |
+x_t), drawn jointly with its exact likelihood (``joint_proposals``: the joint head as EDLM's proposal, an
+AR-auxiliary method and a joint head combined, as the TT paper combines its heads with latent-variable ones; at a
+temperature other than 1 its exact marginals' product instead, the rank-1 view),
 and the step commits that candidate's tokens at its set T (the run's ordering and schedule, as any step). Only
 steps whose time t (1 - step / steps, the fraction still masked by the schedule) lies in the window
 |t - 1/2| <= w / 2 sample this way (EDLM's released code: 0.4 <= t <= 0.6); the others commit the first candidate,
 the plain diffusion step. Defaults: k = 2, w = 1 (every step), the settings the TT paper ran EDLM with.
 
-Cost per step: the diffusion model's forward (the batch's), then one AR forward over k candidates a sequence."""
+Cost per step: the diffusion model's forward (the batch's), then one AR forward over k candidates a sequence (and for
+a joint head, k joint draws and every masked position's full head outputs for the candidates' likelihoods)."""
 
 import torch
 
-from ttcore.distributions import Site, sample_categorical, uniforms
+from ttcore.distributions import Site, is_one, sample_categorical, uniforms
 from ttcore.models.ar import ar_log_prob, companion
 
 from .base import ConfiguredStep, WorkKind
@@ -33,17 +39,12 @@ def in_window(t: torch.Tensor, window: float) -> torch.Tensor:
     return (t - 0.5).abs() <= window / 2 + 1e-12
 
 
-def edlm_step(model, ar, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, chosen: torch.Tensor,
-              t: torch.Tensor, candidates: int, window: float, temperature, streams,
-              contraction: str = "head") -> torch.Tensor:
-    """One EDLM step: ``candidates`` proposals of every masked position from the diffusion model's marginals
-    (Site.proposal, lane j * l + i), one picked by ``edlm_log_weights`` (Site.select, lane 0) where ``in_window``,
-    the first elsewhere; its tokens at ``chosen`` [b, l] are returned ([b, l], -1 elsewhere)."""
+def marginal_proposals(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, k: int, temperature, streams,
+                       contraction: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """k candidates [b, k, l] of every masked position drawn from the model's per-position marginals p(x^i | x_t)
+    (a rank-1 model's factors; a joint head's exact marginals, the rank-1 view; Site.proposal, lane j * l + i), and
+    log q [b, k] (float64), q their product."""
     b, l = x.shape
-    k = candidates
-    values = torch.full_like(x, -1)
-    if not chosen.any():
-        return values
     marg = model.format.marginals_at(model.head, h, masked, masked, temperature, contraction)  # [m, v] float64
     rows = masked.nonzero()[:, 0]
     u = uniforms(streams, b, k * l, x.device, Site.proposal).view(b, k, l)
@@ -53,6 +54,47 @@ def edlm_step(model, ar, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor,
         drawn = sample_categorical(marg, u=u[:, j][masked])  # [m]
         cand[:, j][masked] = drawn
         log_q[:, j].index_add_(0, rows, marg.gather(1, drawn[:, None])[:, 0].clamp_min(1e-300).log())
+    return cand, log_q
+
+
+LOG_Q_BYTES = 256 << 20  # a joint proposal's log q holds every masked position's full head outputs: rows at a time
+
+
+def joint_proposals(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, k: int, streams,
+                    contraction: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """k candidates [b, k, l] of the masked positions drawn jointly from a CP / TT model's p(x | x_t) (its step's
+    draw with every masked position chosen: exact with respect to Eq. 6 / 9, no position summed out; candidate j
+    at ``Site.candidates`` (j + 1) on), and log q [b, k] (float64), each candidate's exact log-likelihood under that
+    joint (``HeadOutputs.log_prob``, in pieces of rows whose full head outputs fit ``LOG_Q_BYTES``)."""
+    b, l = x.shape
+    cand = x[:, None].repeat(1, k, 1)
+    for j in range(k):
+        drawn = model.format.draw(model.head, h, x, masked, masked, 1.0, streams.offset(Site.candidates * (j + 1)),
+                                  contraction)
+        cand[:, j] = torch.where(masked, drawn, x)
+    per_row = 3 * 4 * l * model.cfg.dit.out_vocab * model.format.outputs_per_position(model.cfg.rank) * k
+    piece = max(1, LOG_Q_BYTES // per_row)
+    log_q = [model.head_outputs(h[s:s + piece].repeat_interleave(k, 0), masked[s:s + piece].repeat_interleave(k, 0))
+             .log_prob(cand[s:s + piece].reshape(-1, l)).double().view(-1, k) for s in range(0, b, piece)]
+    return cand, torch.cat(log_q)
+
+
+def edlm_step(model, ar, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, chosen: torch.Tensor,
+              t: torch.Tensor, candidates: int, window: float, temperature, streams,
+              contraction: str = "head") -> torch.Tensor:
+    """One EDLM step: ``candidates`` proposals of every masked position from the diffusion model's denoiser, a CP /
+    TT model's joint (``joint_proposals``; at a temperature other than 1 its exact marginals) or a rank-1 model's
+    factors (``marginal_proposals``), one picked by ``edlm_log_weights`` (Site.select, lane 0) where ``in_window``,
+    the first elsewhere; its tokens at ``chosen`` [b, l] are returned ([b, l], -1 elsewhere)."""
+    b, l = x.shape
+    k = candidates
+    values = torch.full_like(x, -1)
+    if not chosen.any():
+        return values
+    if model.format.joint_head and is_one(temperature):
+        cand, log_q = joint_proposals(model, h, x, masked, k, streams, contraction)
+    else:
+        cand, log_q = marginal_proposals(model, h, x, masked, k, temperature, streams, contraction)
     use = in_window(t.to(torch.float64), window) & (k > 1)
     pick = torch.zeros(b, dtype=torch.long, device=x.device)
     if bool(use.any()):
