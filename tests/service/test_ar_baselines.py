@@ -71,6 +71,40 @@ def test_served_steps_from_the_cache_draw_what_the_whole_sequence_does(ar_server
         assert [s["text"] for s in r.json()["samples"]] == lone_run_texts(ar_root / "qm9-ar", body, kv_cache=False)
 
 
+def test_a_request_that_sits_out_steps_rebuilds_its_cache(ar_root):
+    """The real engine and Serving, in process: a reader that stops reading pauses its request after
+    ``MAX_BACKLOG`` unread steps; the request's key-value cache is dropped while it sits out, refilled by a prefill
+    when the reader reads again, and the answer is a lone uncached run's."""
+    import asyncio
+
+    from service.engine import MAX_BACKLOG, Engine
+    from service.registry import ModelRegistry
+    from service.schema import GenerateRequest
+    from service.serving import Serving
+
+    serving = Serving(ModelRegistry(ar_root, "cpu", "fp32"), Engine())
+    body = {"checkpoint": "qm9-ar", "num_samples": 2, "seed": 31, "ordering": "left_to_right"}
+
+    async def slow_reader():
+        ticket = serving.submit(GenerateRequest(**body))
+        events, dropped = serving.events(ticket), None
+        first = await anext(events)
+        for _ in range(100):  # the request runs MAX_BACKLOG steps ahead of its reader, then sits out
+            await asyncio.sleep(0.05)
+            if ticket.job.outputs.qsize() >= MAX_BACKLOG and ticket.job.run.kv is None:
+                dropped = ticket.job.run.step_index
+                break
+        return first, [e async for e in events], dropped, ticket.job.run.steps
+
+    first, rest, dropped, steps = asyncio.run(slow_reader())
+    assert dropped is not None and dropped < steps  # it sat out with its cache dropped before it was done
+    answer = rest[-1]
+    assert type(answer).__name__ == "GenerateResponse"
+    length = answer.steps
+    assert [s.text for s in answer.samples] == lone_run_texts(ar_root / "qm9-ar", dict(body, steps=length),
+                                                              kv_cache=False)
+
+
 @pytest.mark.parametrize("body, field, says", [
     ({"ordering": "random"}, "ordering", "left to right"),
     ({"steps": 3}, "steps", "steps must be >="),
