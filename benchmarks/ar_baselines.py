@@ -13,7 +13,7 @@ over the rank-1 diffusion checkpoint paired with it.
         --steps 2 4 8 22 --joint-edlm --fcd
     python benchmarks/ar_baselines.py quality --diffusion DIR/qm9-base DIR/qm9-tt-r2 --ar DIR/qm9-ar --samples 8 \
         --steps 2 [--dcd-chunks 1 2] [--joint-edlm]                                                    # smoke
-    python benchmarks/ar_baselines.py speed --diffusion DIR/text-base --steps 4 --samples 1             # smoke
+    python benchmarks/ar_baselines.py speed --diffusion DIR/text-base --steps 4 --samples 2 --batch 2  # smoke
 
 ``quality`` samples, in process, ``--samples`` molecules a cell (random order, seeded, bf16 where the CPU has it):
 for each rank-1 diffusion checkpoint MDLM's own step, EDLM (k = 2, w = 1) and DCD with the AR checkpoint ``--ar``

@@ -235,7 +235,7 @@ def test_ar_baselines_smoke(checkpoints, tmp_path):
     rows = [line.split("|")[0].strip() for line in served.splitlines() if re.search(r"\|\s+\d+ \|\s+[\d.]+ \|", line)]
     assert [r.split()[0] for r in rows] == ["MDLM", "EDLM", "DCD", "AR"], served
     out = _bench(ROOT / "benchmarks" / "ar_baselines.py", "speed", "--diffusion", checkpoints / "text-base",
-                 "--steps", 4, "--samples", 1, "--repeats", 1)
+                 "--steps", 4, "--samples", 2, "--batch", 2, "--repeats", 1)
     rows = re.findall(r"^\s*(\S+).*\|\s+\d+ \|\s+([\d.]+) \|\s+([\d.]+)$", out, re.M)
     assert [r[0] for r in rows] == ["MDLM", "EDLM", "DCD", "AR", "AR"] and all(float(r[1]) > 0 for r in rows), out
     assert "KV cache)" in out and "no KV cache)" in out  # the AR model with its cache and without, side by side

@@ -25,7 +25,7 @@ class WorkKind(StrEnum):
     chain_rule = "chain_rule"  # adaptive picks over every position's full head outputs
     constrained_step = "constrained_step"  # a step within an automaton's language: full outputs and its messages
     edlm_step = "edlm_step"  # EDLM: k candidates a sequence and one AR forward over them (``steps.edlm``)
-    dcd_step = "dcd_step"  # DCD: a diffusion forward per left-context position and an AR forward per position
+    dcd_step = "dcd_step"  # DCD: a diffusion forward per left-context position and an AR pass (a key-value cache's)
 
 
 @dataclass
