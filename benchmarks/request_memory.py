@@ -52,7 +52,7 @@ def one_case(path: str, n: int, steps: int, ordering: str, contraction: str, joi
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     per_pass = min(n, rows)
     estimate = (per_pass * cost.step_row_bytes(model.cfg, adaptive, chooses)
-                + (cost.exact_contraction_bytes(model.cfg) if exact else 0)) / 2**20
+                + (cost.summed_outputs_bytes(model.cfg) if exact else 0)) / 2**20
     return {"checkpoint": Path(path).name, "sequences": n, "steps": steps, "ordering": ordering,
             "contraction": contraction, "joint": joint, "path": adaptive_path, "rows_per_pass": per_pass,
             "measured_mb": peak - base,

@@ -235,3 +235,19 @@ def test_dcd_chunks_unmask_adjacent_positions_together():
                      {"sampler": "dcd", "dcd_chunk": 0}):
         with pytest.raises(InvalidSampler, match="dcd_chunk"):
             make_run(diffusion, 2, 2, **settings)
+
+
+def test_edlm_over_a_joint_head_reserves_the_memory_of_its_likelihoods():
+    """The candidates' exact likelihoods hold every masked position's full head outputs of a piece of rows:
+    admission reserves ``cost.summed_outputs_bytes`` for such a step (at least one row's), as for an exact
+    contraction; a rank-1 model's EDLM holds none."""
+    from ttcore.sampling import SamplerConfig, cost
+
+    tt, cp, rank1 = (tiny_model(f, V, L, r, perturb=0.4, noise=0.5) for f, r in (("tt", 3), ("cp", 3), ("none", 1)))
+    edlm = SamplerConfig(sampler="edlm")
+    assert edlm.step_kind(tt.cfg) == (False, True) and edlm.step_kind(cp.cfg) == (False, True)
+    assert edlm.step_kind(rank1.cfg) == (False, False) and SamplerConfig().step_kind(cp.cfg) == (False, False)
+    one_row = 3 * 4 * L * V * cp.format.outputs_per_position(3)
+    assert cost.summed_outputs_bytes(cp.cfg) == one_row
+    budget = 10 * cost.step_row_bytes(cp.cfg, False) + one_row
+    assert cost.rows_per_pass(cp.cfg, False, budget, True) == 10  # what is left after the reserve

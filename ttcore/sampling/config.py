@@ -114,7 +114,8 @@ class SamplerConfig:
         """``(adaptive, exact)`` of its steps on a model: adaptive steps hold every position's full head
         outputs per sequence; exact ones sum a format's full head outputs (``Decomposition.sums_exactly``)."""
         adaptive = self.step.adaptive
-        exact = model_cfg.format.sums_exactly(self.contraction, self.temperature, self.joint, adaptive)
+        exact = model_cfg.format.sums_exactly(self.contraction, self.temperature, self.joint, adaptive) or \
+            self.step.sums_outputs(model_cfg.format, self.temperature)
         return adaptive, exact
 
     def work_kind(self, model_cfg) -> WorkKind:

@@ -48,6 +48,14 @@ def exact_contraction_bytes(cfg) -> int:
     return SUMMING_COPIES * 8 * cfg.format.summing_values(cfg.rank, cfg.dit.out_vocab)
 
 
+def summed_outputs_bytes(cfg) -> int:
+    """What a step that sums or holds full head outputs reserves whatever its number of sequences: the exact
+    contraction's chunk (``exact_contraction_bytes``), or one sequence's full outputs at every position (float32,
+    ``SUMMING_COPIES`` times: EDLM's joint proposals' likelihoods, ``steps.edlm.joint_proposals``) if larger."""
+    one_row = SUMMING_COPIES * 4 * cfg.dit.length * cfg.dit.out_vocab * cfg.format.outputs_per_position(cfg.rank)
+    return max(exact_contraction_bytes(cfg), one_row)
+
+
 def kv_cache_row_bytes(cfg, copies: int = 2) -> int:
     """An autoregressive model's key-value cache of one sequence (``ttcore.models.kv_cache``): every block's keys
     and values at every position, float32 (an upper bound under bf16), ``copies`` times (a generation's cache is
@@ -80,7 +88,7 @@ def rows_per_pass(cfg, adaptive: bool, budget_bytes: int, exact: bool = False, c
     """How many sequences one pass of a step may hold within ``budget_bytes``; 0 when not even one fits.
     ``exact``: a TT step that sums the cores (counted for predetermined steps only); ``ar_cfg``: as
     ``step_row_bytes``."""
-    fixed = exact_contraction_bytes(cfg) if exact and not adaptive else 0
+    fixed = summed_outputs_bytes(cfg) if exact and not adaptive else 0
     return max(0, (budget_bytes - fixed) // step_row_bytes(cfg, adaptive, chooses, chooser_outputs, ar_cfg))
 
 

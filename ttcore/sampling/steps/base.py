@@ -107,6 +107,11 @@ class Step(Protocol):
         """This step's tokens: [b, l], -1 where nothing was drawn."""
         ...
 
+    def sums_outputs(self, fmt, temperature) -> bool:
+        """Whether, beyond what its format sums (``Decomposition.sums_exactly``), the step holds every masked
+        position's full head outputs at once (admission reserves ``cost.summed_outputs_bytes`` for it)."""
+        ...
+
     def work_kind(self, fmt) -> WorkKind:
         """What a step with these settings costs on a model of format ``fmt``."""
         ...
@@ -120,6 +125,9 @@ class ConfiguredStep:
 
     def __init__(self, config):
         self.config = config
+
+    def sums_outputs(self, fmt, temperature) -> bool:
+        return False
 
     def plan(self, run) -> torch.Tensor | None:
         ordering = PREDETERMINED.get(self.config.ordering)

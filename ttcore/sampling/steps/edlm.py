@@ -57,26 +57,28 @@ def marginal_proposals(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Te
     return cand, log_q
 
 
-LOG_Q_BYTES = 256 << 20  # a joint proposal's log q holds every masked position's full head outputs: rows at a time
-
-
 def joint_proposals(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, k: int, streams,
                     contraction: str) -> tuple[torch.Tensor, torch.Tensor]:
     """k candidates [b, k, l] of the masked positions drawn jointly from a CP / TT model's p(x | x_t) (its step's
     draw with every masked position chosen: exact with respect to Eq. 6 / 9, no position summed out; candidate j
     at ``Site.candidates`` (j + 1) on), and log q [b, k] (float64), each candidate's exact log-likelihood under that
-    joint (``HeadOutputs.log_prob``, in pieces of rows whose full head outputs fit ``LOG_Q_BYTES``)."""
+    joint (``HeadOutputs.log_prob``, in pieces of rows whose full head outputs, float32 three times, fit the bytes
+    admission reserves for a step that holds them, ``cost.summed_outputs_bytes``: at least one row)."""
+    from ..cost import SUMMING_COPIES, summed_outputs_bytes
+
     b, l = x.shape
     cand = x[:, None].repeat(1, k, 1)
+    log_q = torch.empty(b, k, dtype=torch.float64, device=x.device)
+    per_row = SUMMING_COPIES * 4 * l * model.cfg.dit.out_vocab * model.format.outputs_per_position(model.cfg.rank)
+    piece = summed_outputs_bytes(model.cfg) // per_row
     for j in range(k):
         drawn = model.format.draw(model.head, h, x, masked, masked, 1.0, streams.offset(Site.candidates * (j + 1)),
                                   contraction)
         cand[:, j] = torch.where(masked, drawn, x)
-    per_row = 3 * 4 * l * model.cfg.dit.out_vocab * model.format.outputs_per_position(model.cfg.rank) * k
-    piece = max(1, LOG_Q_BYTES // per_row)
-    log_q = [model.head_outputs(h[s:s + piece].repeat_interleave(k, 0), masked[s:s + piece].repeat_interleave(k, 0))
-             .log_prob(cand[s:s + piece].reshape(-1, l)).double().view(-1, k) for s in range(0, b, piece)]
-    return cand, torch.cat(log_q)
+        for s in range(0, b, piece):
+            log_q[s:s + piece, j] = model.head_outputs(h[s:s + piece], masked[s:s + piece]).log_prob(
+                cand[s:s + piece, j]).double()
+    return cand, log_q
 
 
 def edlm_step(model, ar, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, chosen: torch.Tensor,
@@ -125,6 +127,11 @@ class EDLMStep(ConfiguredStep):
         t = 1.0 - rows.step.double() / rows.steps.double()
         return edlm_step(rows.model, companion(rows.model), h, tokens, masked, chosen, t, c.edlm_candidates,
                          c.edlm_window, rows.temperature, rows.streams, c.contraction)
+
+    def sums_outputs(self, fmt, temperature) -> bool:
+        """Over a joint head at temperature 1 the candidates' likelihoods take every masked position's full head
+        outputs (``joint_proposals``; admission reserves ``cost.summed_outputs_bytes``)."""
+        return fmt.joint_head and is_one(temperature)
 
     def work_kind(self, fmt) -> WorkKind:
         return WorkKind.edlm_step
