@@ -169,6 +169,53 @@ def test_edlm_and_dcd_over_the_pair(ar_server, sampler):
     assert r.status_code == 422 and "edlm_candidates" in r.text
 
 
+def test_edlm_over_a_served_tt_draws_its_joint_candidates(checkpoints, ar_root, tmp_path):
+    """The real engine and Serving, in process, over a TT checkpoint paired with the AR one: ``sampler: edlm``
+    answers with the library's EDLM over the joint (its candidates the TT's own draws), in a batch with a plain
+    request and a rank-1 EDLM request, and at a temperature (the rank-1 view's proposals) too."""
+    import asyncio
+
+    from service.engine import Engine
+    from service.registry import ModelRegistry
+    from service.schema import GenerateRequest
+    from service.serving import Serving
+    from ttcore.models import load_for_inference
+    from ttcore.models.ar import pair
+    from ttcore.sampling import GenerationRun
+
+    root = tmp_path / "tt-and-ar"
+    root.mkdir()
+    for name in ("qm9-tt-r2",):
+        shutil.copytree(checkpoints / name, root / name)
+    shutil.copytree(ar_root / "qm9-ar", root / "qm9-ar")
+    shutil.copytree(ar_root / "qm9-base", root / "qm9-base")
+    serving = Serving(ModelRegistry(root, "cpu", "fp32"), Engine())
+    bodies = [{"checkpoint": "qm9-tt-r2", "num_samples": 5, "steps": 4, "seed": 8, "sampler": "edlm"},
+              {"checkpoint": "qm9-tt-r2", "num_samples": 3, "steps": 4, "seed": 9},
+              {"checkpoint": "qm9-base", "num_samples": 2, "steps": 4, "seed": 10, "sampler": "edlm"},
+              {"checkpoint": "qm9-tt-r2", "num_samples": 3, "steps": 4, "seed": 11, "sampler": "edlm",
+               "temperature": 0.7}]
+
+    async def together():
+        tickets, out = [serving.submit(GenerateRequest(**b)) for b in bodies], []
+        for t in tickets:  # all four step in the engine's batches while the first is read
+            out.append([e async for e in serving.events(t, steps=False)][-1])
+        return out
+
+    answers = asyncio.run(together())
+    tt, tok, _ = load_for_inference(root / "qm9-tt-r2", "cpu", "fp32")
+    pair(tt, load_for_inference(root / "qm9-ar", "cpu", "fp32")[0])
+    for body, answer in zip(bodies, answers):
+        assert type(answer).__name__ == "GenerateResponse", answer
+        if body["checkpoint"] != "qm9-tt-r2":
+            continue
+        run = GenerationRun(tt, body["num_samples"], 4, GenerateRequest(**body).to_sampler_config(), seed=body["seed"])
+        with tt.compute_context():
+            while not run.done:
+                run.step()
+        assert [s.text for s in answer.samples] == [tok.decode(row) for row in run.tokens.tolist()]
+
+
 def test_edlm_without_an_ar_checkpoint_is_refused(server):
     r = httpx.post(server + "/generate", json={"model": "qm9", "num_samples": 2, "sampler": "edlm"}, timeout=60)
     _refused(r, "sampler", "paired")
