@@ -10,9 +10,9 @@ over the rank-1 diffusion checkpoint paired with it.
     python benchmarks/ar_baselines.py quality --diffusion checkpoints/qm9-none-r1 --ar runs/qm9-ar --samples 1024 \
         --steps 2 4 8 --dcd-chunks 2 4 --fcd
     python benchmarks/ar_baselines.py quality --diffusion checkpoints/qm9-tt-r16 --ar runs/qm9-ar --samples 1024 \
-        --steps 2 4 8 22 --joint-edlm --fcd
+        --steps 2 4 8 22 --joint-edlm [--edlm-candidates 2 4] --fcd
     python benchmarks/ar_baselines.py quality --diffusion DIR/qm9-base DIR/qm9-tt-r2 --ar DIR/qm9-ar --samples 8 \
-        --steps 2 [--dcd-chunks 1 2] [--joint-edlm]                                                    # smoke
+        --steps 2 [--dcd-chunks 1 2] [--joint-edlm --edlm-candidates 2 3]                              # smoke
     python benchmarks/ar_baselines.py speed --diffusion DIR/text-base --steps 4 --samples 2 --batch 2  # smoke
 
 ``quality`` samples, in process, ``--samples`` molecules a cell (random order, seeded, bf16 where the CPU has it):
@@ -20,7 +20,8 @@ for each rank-1 diffusion checkpoint MDLM's own step, EDLM (k = 2, w = 1) and DC
 paired to it; for each joint checkpoint (CP, TT) its joint step; and the AR checkpoint at one token a step (K = its
 length). Validity (one molecule), uniqueness, novelty and, with ``--fcd``, FCD to the family's held-out split.
 ``--dcd-chunks 1 2 4`` adds DCD's rows at those chunk sizes (chunks of adjacent positions in random order);
-``--joint-edlm`` EDLM's rows over each CP / TT checkpoint, whose joint is then EDLM's proposal.
+``--joint-edlm`` EDLM's rows over each CP / TT checkpoint, whose joint is then EDLM's proposal (``--edlm-candidates
+2 4``: a row per k).
 ``--http`` asks an embedded server (links to the checkpoints in a temporary folder; the service pairs the AR
 checkpoint itself) through ``/generate``, in requests of at most 256 seeded as the in-process batches are.
 ``speed`` times, side by side in one process, the seconds per sequence of a generation at ``--steps`` steps, batch
@@ -46,17 +47,18 @@ sys.path.insert(0, str(ROOT / "training"))
 
 
 def _rows(diffusion, ar, ar_name: str, steps: list[int], dcd_chunks: list[int] = (1,),
-          joint_edlm: bool = False) -> list[tuple]:
+          joint_edlm: bool = False, edlm_candidates: list[int] = (2,)) -> list[tuple]:
     """(label, checkpoint name, model, K, settings) of every cell; DCD once per chunk size (``dcd_chunk``);
-    ``joint_edlm``: EDLM over each joint checkpoint too (its joint as the proposal)."""
+    ``joint_edlm``: EDLM over each joint checkpoint too (its joint as the proposal), once per candidate count
+    in ``edlm_candidates``."""
     cells = []
     for name, model in diffusion:
         if model.format.joint_head:
             head = f"{model.cfg.decomposition.upper()} r={model.cfg.rank}"
             cells += [(f"{head} ({name})", name, model, k, {}) for k in steps]
             if ar is not None and joint_edlm:
-                cells += [(f"EDLM over {head} ({name} + {ar_name})", name, model, k, {"sampler": "edlm"})
-                          for k in steps]
+                cells += [(f"EDLM{f' k={c}' if c != 2 else ''} over {head} ({name} + {ar_name})", name, model, k,
+                           {"sampler": "edlm", "edlm_candidates": c}) for c in edlm_candidates for k in steps]
         else:
             cells += [(f"MDLM ({name})", name, model, k, {}) for k in steps]
             if ar is not None:
@@ -120,7 +122,8 @@ def quality(args) -> None:
           + (" (through HTTP)" if args.http else " (in process)"))
     try:
         for label, name, model, k, settings in _rows(diffusion, ar, Path(args.ar).name if args.ar else "",
-                                                     args.steps, args.dcd_chunks, args.joint_edlm):
+                                                     args.steps, args.dcd_chunks, args.joint_edlm,
+                                                     args.edlm_candidates):
             _cell(args, label, name, model, k, settings, tok, url, training, reference)
     finally:
         if proc is not None:
@@ -214,6 +217,8 @@ def main():
     ap.add_argument("--fcd", action="store_true", help="quality: FCD to the held-out split")
     ap.add_argument("--joint-edlm", action="store_true",
                     help="quality: EDLM over each CP / TT checkpoint too, its joint as the proposal")
+    ap.add_argument("--edlm-candidates", type=int, nargs="+", default=[2],
+                    help="quality, with --joint-edlm: EDLM's k over the joint checkpoints (one row each)")
     ap.add_argument("--http", action="store_true", help="quality: through /generate of an embedded server (uvicorn, "
                                                         "one thread) instead of in process")
     args = ap.parse_args()

@@ -225,10 +225,10 @@ def test_ar_baselines_smoke(checkpoints, tmp_path):
     ar = make_ar_checkpoint(tmp_path / "qm9-ar", checkpoints / "qm9-base")
     out = _bench(ROOT / "benchmarks" / "ar_baselines.py", "quality", "--diffusion", checkpoints / "qm9-base",
                  checkpoints / "qm9-tt-r2", "--ar", ar, "--samples", 8, "--steps", 2, "--dcd-chunks", 1, 2,
-                 "--joint-edlm", timeout=900)
+                 "--joint-edlm", "--edlm-candidates", 2, 3, timeout=900)
     rows = [line.split("|")[0].strip() for line in out.splitlines() if re.search(r"\|\s+\d+ \|\s+[\d.]+ \|", line)]
     assert [" ".join(r.split()[:2]) for r in rows] == ["MDLM (qm9-base)", "EDLM (qm9-base", "DCD (qm9-base",
-                                                       "DCD c=2", "TT r=2", "EDLM over", "AR (qm9-ar)"], out
+                                                       "DCD c=2", "TT r=2", "EDLM over", "EDLM k=3", "AR (qm9-ar)"], out
     served = _bench(ROOT / "benchmarks" / "ar_baselines.py", "quality", "--diffusion", checkpoints / "qm9-base", "--ar",
                     ar, "--samples", 8, "--steps", 2, "--http", "--precision", "fp32", timeout=900)
     assert "(through HTTP)" in served
