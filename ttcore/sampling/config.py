@@ -112,7 +112,8 @@ class SamplerConfig:
 
     def step_kind(self, model_cfg) -> tuple[bool, bool]:
         """``(adaptive, exact)`` of its steps on a model: adaptive steps hold every position's full head
-        outputs per sequence; exact ones sum a format's full head outputs (``Decomposition.sums_exactly``)."""
+        outputs per sequence; exact ones sum a format's full head outputs (``Decomposition.sums_exactly``) or
+        hold them for some rows at once (``Step.sums_outputs``: EDLM over a joint head)."""
         adaptive = self.step.adaptive
         exact = model_cfg.format.sums_exactly(self.contraction, self.temperature, self.joint, adaptive) or \
             self.step.sums_outputs(model_cfg.format, self.temperature)
