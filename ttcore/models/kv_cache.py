@@ -80,10 +80,10 @@ def decode(model, x: torch.Tensor, cache: KVCache, pos: torch.Tensor | None = No
     return h
 
 
-def usable(cache: KVCache, x: torch.Tensor, mask_id: int) -> torch.Tensor:
-    """Per row [b] bool: whether ``decode`` can compute x's next position from ``cache`` (it holds every position
-    before x's first masked one)."""
-    return first_masked(x, mask_id).clamp_max(x.shape[1] - 1) <= cache.filled
+def usable(filled: torch.Tensor, x: torch.Tensor, mask_id: int) -> torch.Tensor:
+    """Per row [b] bool: whether ``decode`` can compute x's next position from a cache whose ``filled`` [b] it is
+    (the cache holds every position before x's first masked one)."""
+    return first_masked(x, mask_id).clamp_max(x.shape[1] - 1) <= filled
 
 
 def cached_features(model, caches: list[KVCache | None], sizes: list[int],
@@ -92,44 +92,28 @@ def cached_features(model, caches: list[KVCache | None], sizes: list[int],
     ``sizes`` each run's count, ``caches`` each run's cache or None. A run whose cache cannot serve (None, or not
     ``usable`` for all its rows) is prefilled, the others decoded: at most two backbone calls whatever the
     number of runs. -> (features [B, l, d], each run's cache after the step)."""
-    mask_id = model.cfg.dit.vocab_size - 1
-    starts = [0]
-    for n in sizes:
-        starts.append(starts[-1] + n)
+    rows = x.split(sizes)
     held = [i for i, c in enumerate(caches) if c is not None]
     if held:  # one wait for all of them
-        ok = usable(KVCache.cat([caches[i] for i in held]), _rows(x, starts, held), mask_id).tolist()
-        at, fits = 0, {}
-        for i in held:
-            fits[i], at = all(ok[at:at + sizes[i]]), at + sizes[i]
-        held = [i for i in held if fits[i]]
+        ok = usable(torch.cat([caches[i].filled for i in held]), torch.cat([rows[i] for i in held]),
+                    model.cfg.dit.vocab_size - 1).split([sizes[i] for i in held])
+        held = [i for i, fits in zip(held, torch.stack([o.all() for o in ok]).tolist()) if fits]
     fresh = [i for i in range(len(sizes)) if i not in held]
     out: list[KVCache | None] = [None] * len(sizes)
-    parts = []
-    if fresh:
-        h_fresh, cache = prefill(model, _rows(x, starts, fresh))
-        parts.append((fresh, h_fresh))
-        out_fresh = cache.split([sizes[i] for i in fresh])
-        for i, c in zip(fresh, out_fresh):
-            out[i] = c
-    if held:
-        cache = KVCache.cat([caches[i] for i in held])
-        parts.append((held, decode(model, _rows(x, starts, held), cache)))
-        for i, c in zip(held, cache.split([sizes[i] for i in held])):
-            out[i] = c
-    if len(parts) == 1 and parts[0][0] == list(range(len(sizes))):
-        return parts[0][1], out
-    h = torch.empty(x.shape[0], x.shape[1], parts[0][1].shape[-1], dtype=torch.float32
-                    if any(p.dtype != parts[0][1].dtype for _, p in parts) else parts[0][1].dtype, device=x.device)
-    for runs, part in parts:
-        h[_index(starts, runs, x.device)] = part.to(h.dtype)
-    return h, out
-
-
-def _index(starts: list[int], runs: list[int], device) -> torch.Tensor:
-    return torch.tensor([r for i in runs for r in range(starts[i], starts[i + 1])], device=device)
-
-
-def _rows(x: torch.Tensor, starts: list[int], runs: list[int]) -> torch.Tensor:
-    """The rows of these runs (all of them: x itself)."""
-    return x if len(runs) == len(starts) - 1 else x[_index(starts, runs, x.device)]
+    h_runs: list[torch.Tensor | None] = [None] * len(sizes)
+    for runs in (fresh, held):
+        if not runs:
+            continue
+        xs = torch.cat([rows[i] for i in runs])
+        if runs is fresh:
+            h, cache = prefill(model, xs)
+        else:
+            cache = KVCache.cat([caches[i] for i in runs])
+            h = decode(model, xs, cache)
+        if len(runs) == len(sizes):  # one call for every run: its features are the step's, in order
+            return h, cache.split(sizes)
+        part = [sizes[i] for i in runs]
+        h = h if h.dtype == torch.float64 else h.float()  # a prefill's and a decode's features meet in float32
+        for i, c, hi in zip(runs, cache.split(part), h.split(part)):
+            out[i], h_runs[i] = c, hi
+    return torch.cat(h_runs), out

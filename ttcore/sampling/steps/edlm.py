@@ -39,6 +39,12 @@ def in_window(t: torch.Tensor, window: float) -> torch.Tensor:
     return (t - 0.5).abs() <= window / 2 + 1e-12
 
 
+def proposes_jointly(fmt, temperature) -> bool:
+    """Whether EDLM's candidates come from the model's joint (``joint_proposals``): a CP / TT format at
+    temperature 1; otherwise from its per-position marginals (``marginal_proposals``)."""
+    return fmt.joint_head and is_one(temperature)
+
+
 def marginal_proposals(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, k: int, temperature, streams,
                        contraction: str) -> tuple[torch.Tensor, torch.Tensor]:
     """k candidates [b, k, l] of every masked position drawn from the model's per-position marginals p(x^i | x_t)
@@ -93,7 +99,7 @@ def edlm_step(model, ar, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor,
     values = torch.full_like(x, -1)
     if not chosen.any():
         return values
-    if model.format.joint_head and is_one(temperature):
+    if proposes_jointly(model.format, temperature):
         cand, log_q = joint_proposals(model, h, x, masked, k, streams, contraction)
     else:
         cand, log_q = marginal_proposals(model, h, x, masked, k, temperature, streams, contraction)
@@ -131,7 +137,7 @@ class EDLMStep(ConfiguredStep):
     def sums_outputs(self, fmt, temperature) -> bool:
         """Over a joint head at temperature 1 the candidates' likelihoods take every masked position's full head
         outputs (``joint_proposals``; admission reserves ``cost.summed_outputs_bytes``)."""
-        return fmt.joint_head and is_one(temperature)
+        return proposes_jointly(fmt, temperature)
 
     def work_kind(self, fmt) -> WorkKind:
         return WorkKind.edlm_step
