@@ -4,7 +4,10 @@ unconstrained, and what the SMILES grammar does for the served QM9 TT through HT
     python benchmarks/structured_output.py speed      # QM9 TT r = 16 with the grammar, text TT r = 4 with a regex
     python benchmarks/structured_output.py quality    # QM9 TT r = 16 over HTTP, K = 4 and 8, 1,024 molecules a cell
     python benchmarks/structured_output.py speed --checkpoints DIR --samples 2 --steps 2 --repeats 1     # smoke
-    python benchmarks/structured_output.py quality --checkpoints DIR --samples 8 --steps 2                # smoke
+    python benchmarks/structured_output.py quality --checkpoints DIR --checkpoint qm9-tt-r16 qm9-tt-r16-d2 \
+        --steps 1 2 4 8                                   # a teacher and its distilled students, by their names
+    python benchmarks/structured_output.py quality --checkpoints DIR --samples 8 --steps 2 \
+        --checkpoint qm9-tt-r2 qm9-cp-r3                                                                # smoke
     python benchmarks/structured_output.py violations # 20 regexes on text, the grammar on QM9 and MOSES
     python benchmarks/structured_output.py violations --checkpoints DIR --samples 2 --steps 2             # smoke
 
@@ -12,9 +15,10 @@ unconstrained, and what the SMILES grammar does for the served QM9 TT through HT
 the constraint, alternating ``--repeats`` times, and prints the median seconds per step of each and their ratio
 (constrained / free), with the automaton's states and token classes. ``quality`` serves the checkpoints on an
 embedded server (uvicorn, one thread: ``served_overhead``'s) and asks ``/generate`` for ``--samples`` molecules
-a cell (random order), with and without ``grammar: smiles``: validity (one molecule), uniqueness, novelty, FCD
-to QM9's held-out split, and of the invalid molecules the share RDKit rejects for each reason (parse, valence,
-aromaticity, other): a regular language can remove parse errors only, and not all of them (``_why_invalid``).
+a cell (random order) of each ``--checkpoint`` (a name in ``GET /models``), with and without ``grammar: smiles``:
+validity (one molecule), uniqueness, novelty, FCD to QM9's held-out split, and of the invalid molecules the share
+RDKit rejects for each reason (parse, valence, aromaticity, other): a regular language can remove parse errors
+only, and not all of them (``_why_invalid``).
 ``violations`` samples, in process, ``--samples`` sequences per regex of ``REGEXES`` on each text checkpoint and
 per grammar on each SMILES checkpoint, and counts the samples outside their language (each checked by Python's
 ``re.fullmatch`` on the decoded text, or by the grammar's automaton on the tokens).
@@ -143,34 +147,33 @@ def quality(args) -> None:
     training = set(ds.train)
     reference = Reference(next(iter(ds.references.values())), "cpu")
     proc, url = start_server(ROOT, args.checkpoints, "auto")  # served_overhead's: the embedded server, ready
-    print(f"{'checkpoint':>14} | {'K':>3} | {'grammar':>7} | {'valid %':>7} {'unique %':>8} {'novel %':>7} "
+    print(f"{'checkpoint':>16} | {'K':>3} | {'grammar':>7} | {'valid %':>7} {'unique %':>8} {'novel %':>7} "
           f"{'FCD':>6} | invalid: {'parse':>6} {'valence':>7} {'aromatic':>8} {'other':>5} | {'s':>5}")
     try:
-        checkpoint = args.checkpoint or next(m["checkpoint"] for m in httpx.get(url + "/models").json()["models"]
-                                             if m["model"] == "qm9" and m["decomposition"] == "tt")
-        for k in args.steps:
-            for grammar in (None, "smiles"):
-                texts, t0, batch = [], time.perf_counter(), min(args.samples, 256)
-                for seed in range(0, args.samples, batch):
-                    body = {"checkpoint": checkpoint, "num_samples": batch, "steps": k, "seed": seed,
-                            "timeout_s": 600, **({"grammar": grammar} if grammar else {})}
-                    r = httpx.post(url + "/generate", json=body, timeout=900)
-                    if r.status_code != 200:
-                        raise SystemExit(f"{body}: {r.status_code} {r.text[:300]}")
-                    texts += [s["text"] for s in r.json()["samples"]]
-                seconds = time.perf_counter() - t0
-                m = molecule_metrics(texts, training)
-                fcd = reference.compare(texts)["fcd"]
-                why = [_why_invalid(t) for t in texts]
-                bad = [w for w in why if w != "valid"]
+        checkpoints = args.checkpoint or [next(m["checkpoint"] for m in httpx.get(url + "/models").json()["models"]
+                                               if m["model"] == "qm9" and m["decomposition"] == "tt")]
+        for checkpoint, k, grammar in ((c, k, g) for c in checkpoints for k in args.steps for g in (None, "smiles")):
+            texts, t0, batch = [], time.perf_counter(), min(args.samples, 256)
+            for seed in range(0, args.samples, batch):
+                body = {"checkpoint": checkpoint, "num_samples": batch, "steps": k, "seed": seed,
+                        "timeout_s": 600, **({"grammar": grammar} if grammar else {})}
+                r = httpx.post(url + "/generate", json=body, timeout=900)
+                if r.status_code != 200:
+                    raise SystemExit(f"{body}: {r.status_code} {r.text[:300]}")
+                texts += [s["text"] for s in r.json()["samples"]]
+            seconds = time.perf_counter() - t0
+            m = molecule_metrics(texts, training)
+            fcd = reference.compare(texts)["fcd"]
+            why = [_why_invalid(t) for t in texts]
+            bad = [w for w in why if w != "valid"]
 
-                def share(reason, bad=bad):
-                    return f"{100 * bad.count(reason) / max(1, len(bad)):.0f}%"
-                print(f"{checkpoint:>14} | {k:>3} | {grammar or '-':>7} | {100 * m['validity']:>7.1f} "
-                      f"{100 * m['uniqueness']:>8.1f} {100 * m['novelty']:>7.1f} "
-                      f"{'-' if fcd is None else f'{fcd:.3f}':>6} | {len(bad):>5} of {len(texts)}: "
-                      f"{share('parse'):>6} {share('valence'):>7} {share('aromaticity'):>8} "
-                      f"{share('other'):>5} | {seconds:>5.1f}")
+            def share(reason, bad=bad):
+                return f"{100 * bad.count(reason) / max(1, len(bad)):.0f}%"
+            print(f"{checkpoint:>16} | {k:>3} | {grammar or '-':>7} | {100 * m['validity']:>7.1f} "
+                  f"{100 * m['uniqueness']:>8.1f} {100 * m['novelty']:>7.1f} "
+                  f"{'-' if fcd is None else f'{fcd:.3f}':>6} | {len(bad):>5} of {len(texts)}: "
+                  f"{share('parse'):>6} {share('valence'):>7} {share('aromaticity'):>8} "
+                  f"{share('other'):>5} | {seconds:>5.1f}")
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -186,7 +189,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("part", choices=["speed", "quality", "violations"])
     ap.add_argument("--checkpoints", type=Path, default=ROOT / "checkpoints")
-    ap.add_argument("--checkpoint", help="quality: the checkpoint to ask for (default: the first QM9 TT)")
+    ap.add_argument("--checkpoint", nargs="*", default=[],
+                    help="quality: the checkpoints to ask for, by their names in GET /models (default: the first QM9 "
+                         "TT)")
     ap.add_argument("--samples", type=int, help="speed: sequences a run (64); quality: molecules a cell (1024); "
                                                 "violations: samples a constraint (500)")
     ap.add_argument("--steps", type=int, nargs="*", help="speed: steps a run (4); quality: K values (4 8)")

@@ -207,9 +207,10 @@ def test_structured_output_smoke(checkpoints):
     rows = [line for line in out.splitlines() if re.search(r"\|\s+\d+\s+\d+ \|.*\|\s+[\d.]+x$", line)]
     assert any("grammar smiles" in r for r in rows) and any("regex" in r for r in rows), out
     out = _bench(ROOT / "benchmarks" / "structured_output.py", "quality", "--checkpoints", checkpoints, "--samples", 8,
-                 "--steps", 2, timeout=900)
-    rows = [line for line in out.splitlines() if re.match(r"\s*qm9-tt-r2 \|\s+2 \|", line)]
-    assert len(rows) == 2 and "smiles" in rows[1], out
+                 "--steps", 2, "--checkpoint", "qm9-tt-r2", "qm9-cp-r3", timeout=900)
+    rows = [line for line in out.splitlines() if re.match(r"\s*qm9-(tt-r2|cp-r3) \|\s+2 \|", line)]
+    assert [r.split("|")[0].strip() for r in rows] == ["qm9-tt-r2"] * 2 + ["qm9-cp-r3"] * 2, out
+    assert "smiles" in rows[1] and "smiles" in rows[3], out
     out = _bench(ROOT / "benchmarks" / "structured_output.py", "violations", "--checkpoints", checkpoints,
                  "--samples", 2, "--steps", 2, timeout=900)
     rows = [line for line in out.splitlines() if re.search(r"\|\s+2 \|\s+0 \|", line)]  # 2 samples, 0 outside
