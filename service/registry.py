@@ -88,10 +88,11 @@ def _base(cfg) -> str:
 
 
 def _distilled(recorded) -> dict | None:
-    """A checkpoint's record of its distillation (``distill.py``: teacher, objective, steps), or None."""
+    """A checkpoint's record of its distillation (``distill.py``: teacher, objective, steps; a progressive run's
+    rounds and first teacher), or None."""
     if not isinstance(recorded, dict) or not isinstance(recorded.get("steps"), int) or recorded["steps"] < 1:
         return None
-    keep = ("teacher", "objective", "steps", "teacher_steps", "teacher_ordering", "states")
+    keep = ("teacher", "objective", "steps", "teacher_steps", "teacher_ordering", "states", "rounds", "first_teacher")
     return {k: recorded[k] for k in keep if k in recorded}
 
 

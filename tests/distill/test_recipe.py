@@ -1,5 +1,7 @@
 """``training/distill.py`` end to end at smoke size: distil, resume exactly, serve the student beside its teacher."""
 
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -104,3 +106,55 @@ def test_a_student_grown_past_its_teachers_rank_distils_resumes_exactly_and_serv
         assert info["rank"] == 4 and info["distilled"]["teacher"] == "qm9-tt-r2", info
         done = httpx.post(url + "/generate", json={"checkpoint": "qm9-tt-r4-d2", "num_samples": 3}, timeout=60)
         assert done.status_code == 200 and len(done.json()["samples"]) == 3 and done.json()["steps"] == 2, done.text
+
+
+def test_progressive_rounds_write_the_last_student_to_out_and_serve_it(checkpoints, tmp_path):
+    """``--rounds 2`` from a TT r = 2 teacher: round 1 distils 8 teacher steps into 4 (``OUT-round-1``), round 2
+    those 4 into 2 (OUT itself, the checkpoint a user serves); the budget counts both rounds; a ``--resume`` of the
+    finished run trains nothing more (both rounds' weights unchanged); the service shows the rounds."""
+    teacher, out = checkpoints / "qm9-tt-r2", tmp_path / "qm9-tt-r2-p2"
+    printed = _distill(teacher, out, 2, "--rounds", "2", "--states", "data")
+    assert "2 steps (joint, 2 round(s)); budget 8 teacher and 4 student forward passes of 8 sequences" in printed
+    first, _, _ = load_checkpoint(tmp_path / "qm9-tt-r2-p2-round-1")
+    last, _, _ = load_checkpoint(out)
+    assert first.cfg.extra["distilled"] == {"teacher": "qm9-tt-r2", "objective": "joint", "steps": 4,
+                                            "teacher_steps": 8, "teacher_ordering": "random", "states": "data",
+                                            "rounds": 2, "first_teacher": "qm9-tt-r2"}
+    assert last.cfg.extra["distilled"]["teacher"] == "qm9-tt-r2-p2-round-1"
+    assert last.cfg.extra["distilled"]["steps"] == 2 and last.cfg.extra["distilled"]["teacher_steps"] == 4
+    assert not all(torch.equal(p, q) for p, q in zip(first.state_dict().values(), last.state_dict().values()))
+    _distill(teacher, out, 2, "--rounds", "2", "--states", "data", "--resume")
+    again, _, _ = load_checkpoint(out)
+    assert all(torch.equal(p, q) for p, q in zip(last.state_dict().values(), again.state_dict().values()))
+    with _served((out, "qm9-tt-r2-p2")) as url:
+        info = httpx.get(url + "/models").json()["models"][0]
+        assert info["distilled"]["rounds"] == 2 and info["distilled"]["first_teacher"] == "qm9-tt-r2", info
+        done = httpx.post(url + "/generate", json={"checkpoint": "qm9-tt-r2-p2", "num_samples": 2}, timeout=60)
+        assert done.status_code == 200 and done.json()["steps"] == 2, done.text
+
+
+def test_torchrun_distils_on_two_processes_and_resumes_exactly(checkpoints, tmp_path):
+    """``torchrun --nproc_per_node 2 training/distill.py``: each process distils its share of the batch with its
+    own teacher streams; process 0 writes the student, the replicas end identical (``check_replicas``), and 1 step
+    then a resumed 2 give the weights of 3 steps in one run, bit for bit."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+
+    def torchrun(out: Path, steps: int, *extra: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                               str(ROOT / "training" / "distill.py"), "--config", "qm9_distill", "--teacher",
+                               str(checkpoints / "qm9-tt-r2"), "--data", str(SAMPLE), "--steps", "2", "--k", "2",
+                               "--out", str(out), "--max-steps", str(steps), "--quiet", "--set", "batch_size=8",
+                               "precision=fp32", "val_batches=1", "threads=1", "total_steps=4", *extra],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+        return done.stdout
+
+    printed = torchrun(tmp_path / "straight", 3)
+    assert printed.count("distilled ") == 1, printed  # process 0 only
+    assert json.loads((tmp_path / "straight" / "train_state" / "state.json").read_text())["processes"] == 2
+    torchrun(tmp_path / "resumed", 1)
+    torchrun(tmp_path / "resumed", 3, "--resume")
+    a, _, _ = load_checkpoint(tmp_path / "straight")
+    b, _, _ = load_checkpoint(tmp_path / "resumed")
+    assert a.cfg.extra["distilled"]["teacher"] == "qm9-tt-r2"
+    assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values()))
