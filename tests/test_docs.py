@@ -130,9 +130,12 @@ def test_a_card_cell_expands_into_the_cards_own_numbers():
     from model_cards import cards, expand_card_cells
 
     table = "| validity % (FCD) | K = 4 | K = 22 |\n| --- | --- | --- |\n| TT | card:qm9-tt-r16 |\n"
-    rows = [line for line in (ROOT / "checkpoints" / "qm9-tt-r16" / "model_card.md").read_text().splitlines()
+    lines = (ROOT / "checkpoints" / "qm9-tt-r16" / "model_card.md").read_text().splitlines()
+    split = lambda line: [x.strip() for x in line.strip().strip("|").split("|")]  # noqa: E731
+    columns = split(next(line for line in lines if line.startswith("| ordering | K | avg steps |")))
+    rows = [dict(zip(columns, split(line))) for line in lines
             if line.startswith("| random | 4 |") or line.startswith("| random | 22 |")]
-    want = [f"{c[3]} ({c[6]})" for c in ([x.strip() for x in r.strip("|").split("|")] for r in rows)]
+    want = [f"{r['validity %']} ({r['FCD']})" for r in rows]
     assert expand_card_cells(table, cards()).splitlines()[2] == f"| TT | {want[0]} | {want[1]} |"
     with pytest.raises(ValueError, match="no bundled checkpoint"):
         expand_card_cells(table.replace("qm9-tt-r16", "qm9-tt-r99"), cards())
