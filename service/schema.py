@@ -386,8 +386,8 @@ class ModelInfo(BaseModel):
                                                                 "metrics), so a client need not fetch the card.")
     distilled: dict | None = Field(None, description="A distilled checkpoint (`training/distill.py`): its "
                                    "`teacher`, `objective`, `steps` (what it was distilled for, and what a request "
-                                   "that sets no `steps` gets) and `teacher_steps`; a progressive run's last "
-                                   "student also its `rounds` and `first_teacher`; null otherwise.")
+                                   "that sets no `steps` gets) and `teacher_steps`; a progressive run's students "
+                                   "also its `rounds` and `first_teacher`; null otherwise.")
     estimated_seconds: dict[str, float] = Field(
         default_factory=dict, description="Admission's current compute estimates on this server, per sequence "
         "(an upper bound of recent requests, approximate: a timing taken when a request first needed the kind, "

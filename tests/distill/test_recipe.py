@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import httpx
@@ -133,21 +134,28 @@ def test_progressive_rounds_write_the_last_student_to_out_and_serve_it(checkpoin
         assert done.status_code == 200 and done.json()["steps"] == 2, done.text
 
 
+def _recipe(checkpoints: Path, out: Path, steps: int, *extra: str) -> list[str]:
+    """distill.py's arguments at smoke size, as one process of two runs them."""
+    return [str(ROOT / "training" / "distill.py"), "--config", "qm9_distill", "--teacher",
+            str(checkpoints / "qm9-tt-r2"), "--data", str(SAMPLE), "--steps", "2", "--k", "2", "--out", str(out),
+            "--max-steps", str(steps), "--quiet", "--set", "batch_size=8", "precision=fp32", "val_batches=1",
+            "threads=1", "total_steps=4", *extra]
+
+
+def _torchrun(checkpoints: Path, out: Path, steps: int, *extra: str, env: dict | None = None) -> str:
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           *_recipe(checkpoints, out, steps, *extra)], cwd=ROOT, capture_output=True, text=True,
+                          env=env or dict(os.environ, OMP_NUM_THREADS="1"), timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return done.stdout
+
+
 def test_torchrun_distils_on_two_processes_and_resumes_exactly(checkpoints, tmp_path):
     """``torchrun --nproc_per_node 2 training/distill.py``: each process distils its share of the batch with its
     own teacher streams; process 0 writes the student, the replicas end identical (``check_replicas``), and 1 step
     then a resumed 2 give the weights of 3 steps in one run, bit for bit."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-
     def torchrun(out: Path, steps: int, *extra: str) -> str:
-        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                               str(ROOT / "training" / "distill.py"), "--config", "qm9_distill", "--teacher",
-                               str(checkpoints / "qm9-tt-r2"), "--data", str(SAMPLE), "--steps", "2", "--k", "2",
-                               "--out", str(out), "--max-steps", str(steps), "--quiet", "--set", "batch_size=8",
-                               "precision=fp32", "val_batches=1", "threads=1", "total_steps=4", *extra],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-        return done.stdout
+        return _torchrun(checkpoints, out, steps, *extra)
 
     printed = torchrun(tmp_path / "straight", 3)
     assert printed.count("distilled ") == 1, printed  # process 0 only
@@ -158,3 +166,39 @@ def test_torchrun_distils_on_two_processes_and_resumes_exactly(checkpoints, tmp_
     b, _, _ = load_checkpoint(tmp_path / "resumed")
     assert a.cfg.extra["distilled"]["teacher"] == "qm9-tt-r2"
     assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_the_text_distill_config_distils_a_text_model(checkpoints, tmp_path):
+    """The documented text command's config (``text_distill``: the text corpus, batches of 16) at its smallest: the
+    tiny text model distilled for 2 steps, its record written and served with its steps."""
+    done = subprocess.run([sys.executable, str(ROOT / "training" / "distill.py"), "--config", "text_distill",
+                           "--teacher", str(checkpoints / "text-base"), "--steps", "2", "--k", "2", "--states", "data",
+                           "--out", str(tmp_path / "text-d2"), "--max-steps", "2", "--quiet", "--set", "batch_size=4",
+                           "data.length=32", "precision=fp32", "val_batches=1", "threads=1", "total_steps=2"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "budget 4 teacher and 2 student forward passes of 4 sequences" in done.stdout, done.stdout
+    student, _, _ = load_checkpoint(tmp_path / "text-d2")
+    assert student.cfg.extra["family"] == "text" and student.cfg.extra["distilled"]["teacher"] == "text-base"
+    with _served((tmp_path / "text-d2", "text-d2")) as url:
+        got = httpx.post(url + "/generate", json={"checkpoint": "text-d2", "num_samples": 2}, timeout=60)
+        assert got.status_code == 200 and got.json()["steps"] == 2, got.text
+
+
+def test_ray_train_distils_as_torchrun_does(checkpoints, tmp_path):
+    """``training/ray_train.py training/distill.py ...``: the recipe under Ray Train's TorchTrainer (2 workers, gloo)
+    writes the student that ``torchrun --nproc_per_node 2`` writes, weight for weight."""
+    pytest.importorskip("ray.train.torch", reason="needs ray[train]")
+    short = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths must stay under 108 bytes
+    env = dict(os.environ, OMP_NUM_THREADS="1", RAY_AUTH_MODE="disabled", RAY_TMPDIR=short)
+    _torchrun(checkpoints, tmp_path / "torchrun", 2, env=env)
+    ray = subprocess.run([sys.executable, str(ROOT / "training" / "ray_train.py"), "--workers", "2", "--",
+                          *_recipe(checkpoints, tmp_path / "ray", 2)], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert ray.returncode == 0, ray.stdout[-2000:] + ray.stderr[-3000:]
+    assert json.loads((tmp_path / "ray" / "train_state" / "state.json").read_text())["processes"] == 2
+    a, _, _ = load_checkpoint(tmp_path / "torchrun")
+    b, _, _ = load_checkpoint(tmp_path / "ray")
+    assert b.cfg.extra["distilled"]["teacher"] == "qm9-tt-r2"
+    assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values()))
+    shutil.rmtree(short, ignore_errors=True)
