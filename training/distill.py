@@ -13,11 +13,11 @@ The student starts from the teacher's weights (``--student DIR``: from another c
 student step than its teacher's head has).
 ``--rounds R`` distils progressively as SDTT does: round i's student takes half the steps of its teacher (k = 2) and
 teaches round i + 1; the first teacher runs ``steps * 2^R`` steps, the last student ``steps``; the last student is
-written to OUT, the others beside it (``OUT-round-i``); ``--max-steps`` is each round's budget. The teacher samples with
-``--teacher-ordering`` (random by default, the student's order). Teacher samples are drawn on the fly, each batch
-from streams keyed by (seed, step), so a resumed run is exact. The card and ``config.json`` record the teacher,
-objective and step count (``model.extra.distilled``; the service's ``GET /models`` shows it); the final line states
-the budget in teacher and student forward passes and wall time.
+written to OUT, the others beside it (``OUT-round-i``); ``--max-steps`` is each round's budget. The teacher
+samples with ``--teacher-ordering`` (random by default, the student's order). Teacher samples are drawn on the
+fly, each batch from streams keyed by (seed, step), so a resumed run is exact. The card and ``config.json``
+record the teacher, objective and step count (``model.extra.distilled``; the service's ``GET /models`` shows it);
+the final line states the budget in teacher and student forward passes and wall time.
 """
 
 import time
@@ -78,7 +78,6 @@ def main():
 
 def distil_round(args, cfg, teacher_dir: Path, start: Path, out: Path, steps: int, k: int) -> dict:
     """One round: a student of ``steps`` steps fitted to ``teacher_dir`` at ``k * steps`` steps. -> its meta."""
-    first = Path(args.teacher)
     resuming = args.resume and out.exists() and load_train_state(out) is not None
     model, tokenizer, _ = load_checkpoint(out if resuming else start)
     if args.objective == "di4c" and not model.latent_dim:
@@ -92,9 +91,9 @@ def distil_round(args, cfg, teacher_dir: Path, start: Path, out: Path, steps: in
     # the family stays the starting checkpoint's: a student serves the family its teacher serves
     model.cfg.extra["distilled"] = {"teacher": teacher_dir.name, "objective": args.objective, "steps": steps,
                                     "teacher_steps": k * steps, "teacher_ordering": args.teacher_ordering,
-                                    "states": args.states,
-                                    **({"rounds": args.rounds, "first_teacher": first.name} if args.rounds > 1
-                                       else {})}
+                                    "states": args.states, **({"rounds": args.rounds,
+                                                                "first_teacher": Path(args.teacher).name}
+                                                               if args.rounds > 1 else {})}
     train, val = tensors(dataset(cfg, tokenizer))
 
     def objective(student, x0, generator, step):
