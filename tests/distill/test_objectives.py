@@ -77,6 +77,38 @@ def test_the_joint_objective_fits_a_teachers_joint_that_no_factorized_student_ca
     assert results["tt"] < 0.05 and results["none"] > 0.6, results
 
 
+def test_the_teachers_completion_follows_its_enumerated_k_step_law():
+    """``teacher_completion`` (what the student is fitted to) draws from the teacher's k-step law: a TT teacher's two
+    left-to-right steps from the fully masked state, 20,000 completions against the law enumerated as the product of
+    its two steps' exact step laws (``step_log_prob``, itself checked against the served draw above); that law is
+    > 0.05 in total variation from the teacher's one-step joint, so a teacher that took one step would fail."""
+    from ttcore.distill import step_log_prob, teacher_completion
+    from ttcore.sampling import GenerationRun, SamplerConfig
+
+    length, n = 3, 20_000
+    teacher = tiny_model("tt", V, length, 2, perturb=0.8, noise=0.8)
+    mask_id = teacher.cfg.dit.vocab_size - 1
+    config = SamplerConfig(ordering="left_to_right")
+    with torch.no_grad():
+        done = teacher_completion(teacher, torch.full((n, length), mask_id), torch.zeros(n, dtype=torch.long),
+                                  steps=1, k=2, config=config, seed=7)
+        run = GenerationRun(teacher, 1, 2, config, seed=0)  # which positions the first of the two steps commits
+        run.step()
+        first = (run.tokens != mask_id)[0]
+        assert 0 < int(first.sum()) < length
+        outcomes = torch.tensor(list(itertools.product(range(V), repeat=length)))
+        x_t = torch.full_like(outcomes, mask_id)
+        after = torch.where(first, outcomes, x_t)  # the state after the first step
+        law = (step_log_prob(teacher, x_t, first.expand_as(x_t), outcomes)
+               + step_log_prob(teacher, after, (~first).expand_as(x_t), outcomes)).exp().double()
+        one_step = step_log_prob(teacher, x_t, torch.ones_like(x_t, dtype=torch.bool), outcomes).exp().double()
+    assert abs(law.sum().item() - 1) < 1e-5
+    assert 0.5 * (law - one_step).abs().sum().item() > 0.05, "the test cannot tell k steps from one"
+    assert (done != mask_id).all()
+    p = chi_square_pvalue(done.numpy(), (law / law.sum()).numpy(), outcomes.numpy())
+    assert p > 1e-3, p
+
+
 def test_mixture_terms_against_enumerated_products():
     """``mixture_terms``: log of the mean over components of the product over M, and the sum over M of the log
     mixture marginals, against explicit loops."""
