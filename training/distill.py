@@ -89,11 +89,11 @@ def distil_round(args, cfg, teacher_dir: Path, start: Path, out: Path, steps: in
         p.requires_grad_(False)
     teacher_config = SamplerConfig(ordering=args.teacher_ordering)
     # the family stays the starting checkpoint's: a student serves the family its teacher serves
-    model.cfg.extra["distilled"] = {"teacher": teacher_dir.name, "objective": args.objective, "steps": steps,
-                                    "teacher_steps": k * steps, "teacher_ordering": args.teacher_ordering,
-                                    "states": args.states, **({"rounds": args.rounds,
-                                                                "first_teacher": Path(args.teacher).name}
-                                                               if args.rounds > 1 else {})}
+    record = {"teacher": teacher_dir.name, "objective": args.objective, "steps": steps, "teacher_steps": k * steps,
+              "teacher_ordering": args.teacher_ordering, "states": args.states}
+    if args.rounds > 1:  # a progressive run: where its chain of teachers started
+        record.update(rounds=args.rounds, first_teacher=Path(args.teacher).name)
+    model.cfg.extra["distilled"] = record
     train, val = tensors(dataset(cfg, tokenizer))
 
     def objective(student, x0, generator, step):

@@ -20,12 +20,16 @@ SAMPLE = ROOT / "tests" / "data" / "qm9_sample.txt"
 pytestmark = pytest.mark.slow  # training and a server
 
 
+def _recipe(teacher: Path, out: Path, steps: int, *extra: str) -> list[str]:
+    """distill.py's arguments at smoke size (2 student steps of 2 teacher steps, batches of 8)."""
+    return [str(ROOT / "training" / "distill.py"), "--config", "qm9_distill", "--teacher", str(teacher), "--data",
+            str(SAMPLE), "--steps", "2", "--k", "2", "--out", str(out), "--max-steps", str(steps), "--quiet", "--set",
+            "batch_size=8", "precision=fp32", "val_batches=1", "log_every=1", "threads=1", "total_steps=4", *extra]
+
+
 def _distill(teacher: Path, out: Path, steps: int, *extra: str) -> str:
-    done = subprocess.run([sys.executable, str(ROOT / "training" / "distill.py"), "--config", "qm9_distill",
-                           "--teacher", str(teacher), "--data", str(SAMPLE), "--steps", "2", "--k", "2", "--out",
-                           str(out), "--max-steps", str(steps), "--quiet", "--set", "batch_size=8", "precision=fp32",
-                           "val_batches=1", "log_every=1", "threads=1", "total_steps=4", *extra],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, *_recipe(teacher, out, steps, *extra)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
@@ -134,18 +138,10 @@ def test_progressive_rounds_write_the_last_student_to_out_and_serve_it(checkpoin
         assert done.status_code == 200 and done.json()["steps"] == 2, done.text
 
 
-def _recipe(checkpoints: Path, out: Path, steps: int, *extra: str) -> list[str]:
-    """distill.py's arguments at smoke size, as one process of two runs them."""
-    return [str(ROOT / "training" / "distill.py"), "--config", "qm9_distill", "--teacher",
-            str(checkpoints / "qm9-tt-r2"), "--data", str(SAMPLE), "--steps", "2", "--k", "2", "--out", str(out),
-            "--max-steps", str(steps), "--quiet", "--set", "batch_size=8", "precision=fp32", "val_batches=1",
-            "threads=1", "total_steps=4", *extra]
-
-
 def _torchrun(checkpoints: Path, out: Path, steps: int, *extra: str, env: dict | None = None) -> str:
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           *_recipe(checkpoints, out, steps, *extra)], cwd=ROOT, capture_output=True, text=True,
-                          env=env or dict(os.environ, OMP_NUM_THREADS="1"), timeout=600)
+                           *_recipe(checkpoints / "qm9-tt-r2", out, steps, *extra)], cwd=ROOT, capture_output=True,
+                          text=True, env=env or dict(os.environ, OMP_NUM_THREADS="1"), timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     return done.stdout
 
@@ -193,8 +189,8 @@ def test_ray_train_distils_as_torchrun_does(checkpoints, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", RAY_AUTH_MODE="disabled", RAY_TMPDIR=short)
     _torchrun(checkpoints, tmp_path / "torchrun", 2, env=env)
     ray = subprocess.run([sys.executable, str(ROOT / "training" / "ray_train.py"), "--workers", "2", "--",
-                          *_recipe(checkpoints, tmp_path / "ray", 2)], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=600)
+                          *_recipe(checkpoints / "qm9-tt-r2", tmp_path / "ray", 2)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
     assert ray.returncode == 0, ray.stdout[-2000:] + ray.stderr[-3000:]
     assert json.loads((tmp_path / "ray" / "train_state" / "state.json").read_text())["processes"] == 2
     a, _, _ = load_checkpoint(tmp_path / "torchrun")
