@@ -187,14 +187,16 @@ def test_ray_train_distils_as_torchrun_does(checkpoints, tmp_path):
     pytest.importorskip("ray.train.torch", reason="needs ray[train]")
     short = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths must stay under 108 bytes
     env = dict(os.environ, OMP_NUM_THREADS="1", RAY_AUTH_MODE="disabled", RAY_TMPDIR=short)
-    _torchrun(checkpoints, tmp_path / "torchrun", 2, env=env)
-    ray = subprocess.run([sys.executable, str(ROOT / "training" / "ray_train.py"), "--workers", "2", "--",
-                          *_recipe(checkpoints / "qm9-tt-r2", tmp_path / "ray", 2)], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert ray.returncode == 0, ray.stdout[-2000:] + ray.stderr[-3000:]
-    assert json.loads((tmp_path / "ray" / "train_state" / "state.json").read_text())["processes"] == 2
-    a, _, _ = load_checkpoint(tmp_path / "torchrun")
-    b, _, _ = load_checkpoint(tmp_path / "ray")
-    assert b.cfg.extra["distilled"]["teacher"] == "qm9-tt-r2"
-    assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values()))
-    shutil.rmtree(short, ignore_errors=True)
+    try:
+        _torchrun(checkpoints, tmp_path / "torchrun", 2, env=env)
+        ray = subprocess.run([sys.executable, str(ROOT / "training" / "ray_train.py"), "--workers", "2", "--",
+                              *_recipe(checkpoints / "qm9-tt-r2", tmp_path / "ray", 2)], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=600)
+        assert ray.returncode == 0, ray.stdout[-2000:] + ray.stderr[-3000:]
+        assert json.loads((tmp_path / "ray" / "train_state" / "state.json").read_text())["processes"] == 2
+        a, _, _ = load_checkpoint(tmp_path / "torchrun")
+        b, _, _ = load_checkpoint(tmp_path / "ray")
+        assert b.cfg.extra["distilled"]["teacher"] == "qm9-tt-r2"
+        assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values()))
+    finally:  # a failed run leaves no Ray session behind (its logs fill /tmp)
+        shutil.rmtree(short, ignore_errors=True)

@@ -80,6 +80,18 @@ def test_moses_table_recipe(tmp_path):
     assert clash.returncode != 0 and "not {" in clash.stderr  # kept molecules of another run are never reused
 
 
+def _copy_working_tree(dest: Path):
+    """What the device tool carries: tracked files and untracked ones git does not ignore (never a virtual
+    environment, a docs build or a data cache that happen to sit in the checkout: CI's ``.venv-guidellm`` copied so
+    filled its disk), less the bundled checkpoints and results the lease script does not read."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.split("\0")
+    for name in listed:
+        if name and not name.startswith(("checkpoints/", "results/")) and (ROOT / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, dest / name)
+
+
 def test_the_gpu_lease_moses_script_runs_at_smoke_size(tmp_path):
     """training/device_moses.sh at its rehearsal size on CPU, with the MOSES file given as a directory (as the
     device, which has no registry, gets it): the base and the TT r=8 fine-tune sized to their minutes, the
@@ -128,7 +140,7 @@ def test_the_gpu_lease_moses_script_runs_at_smoke_size(tmp_path):
 
     # a later lease: the pair's exports and the samples carried back, nothing trained; too little time to sample
     carry = tmp_path / "later"
-    shutil.copytree(ROOT, carry, ignore=shutil.ignore_patterns(".venv", ".git", "checkpoints", "runs", "results"))
+    _copy_working_tree(carry)
     shutil.copytree(tmp_path / "runs" / "export", carry / ".lease" / "moses-export",
                     ignore=shutil.ignore_patterns("moses-base"))
     later = subprocess.run(["bash", str(carry / "training" / "device_moses.sh")], cwd=carry,

@@ -155,16 +155,18 @@ def test_ray_train_runs_the_recipe_as_torchrun_does(tmp_path):
               "--max-steps", "6", "--set", "threads=1", "val_every=3"]
     short = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths must stay under 108 bytes
     env = dict(os.environ, OMP_NUM_THREADS="1", RAY_AUTH_MODE="disabled", RAY_TMPDIR=short)
-    torchrun = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                               "2", *recipe, "--out", str(tmp_path / "torchrun")], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=600)
-    assert torchrun.returncode == 0, torchrun.stderr[-3000:]
-    ray = subprocess.run([sys.executable, str(ROOT / "training" / "ray_train.py"), "--workers", "2", "--", *recipe,
-                          "--out", str(tmp_path / "ray")], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=600)
-    assert ray.returncode == 0, ray.stdout[-2000:] + ray.stderr[-3000:]
-    state = json.loads((tmp_path / "ray" / "train_state" / "state.json").read_text())
-    assert state["step"] == 6 and state["processes"] == 2
-    a, b = load_file(tmp_path / "torchrun" / "model.safetensors"), load_file(tmp_path / "ray" / "model.safetensors")
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    shutil.rmtree(short, ignore_errors=True)
+    try:
+        torchrun = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                                   "2", *recipe, "--out", str(tmp_path / "torchrun")], cwd=ROOT, env=env,
+                                  capture_output=True, text=True, timeout=600)
+        assert torchrun.returncode == 0, torchrun.stderr[-3000:]
+        ray = subprocess.run([sys.executable, str(ROOT / "training" / "ray_train.py"), "--workers", "2", "--", *recipe,
+                              "--out", str(tmp_path / "ray")], cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=600)
+        assert ray.returncode == 0, ray.stdout[-2000:] + ray.stderr[-3000:]
+        state = json.loads((tmp_path / "ray" / "train_state" / "state.json").read_text())
+        assert state["step"] == 6 and state["processes"] == 2
+        a, b = load_file(tmp_path / "torchrun" / "model.safetensors"), load_file(tmp_path / "ray" / "model.safetensors")
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    finally:  # a failed run leaves no Ray session behind (its logs fill /tmp)
+        shutil.rmtree(short, ignore_errors=True)
