@@ -36,6 +36,8 @@ case "${1:-}" in
     # drives the server over HTTP, not a dependency of ours (its pins must not move the project's)
     if [ ! -x .venv-guidellm/bin/guidellm ]; then
       "$VENV/bin/python" -m venv .venv-guidellm
+      # guidellm requires torch: the pinned CPU build first, or pip takes CUDA's (6 GB instead of 1)
+      .venv-guidellm/bin/pip install -q --disable-pip-version-check torch==2.13.0
       .venv-guidellm/bin/pip install -q --disable-pip-version-check guidellm==0.8.1
     fi
     # the playground's browser test drives Debian's chromium (Playwright never downloads a browser here);
