@@ -1,9 +1,12 @@
 """What the evaluation recipes share (``evaluate.py``, ``evaluate_likelihood.py``, ``evaluate_moses.py``): the
 checkpoints to read, a sampler setting run in batches, rows written as CSV and JSON, plots, the data a
-checkpoint was trained on, and model-card sections replaced in place."""
+checkpoint was trained on, model-card sections replaced in place, and a setting's molecules kept on disk (drawn on
+one machine, measured on another)."""
 
 import csv
+import gzip
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -63,6 +66,40 @@ def run_setting(model, tok, n: int, steps: int, batch: int, seed: int, memory_mb
             "avg_steps": sum(per_sample_steps) / len(per_sample_steps), "seconds": time.time() - t0}
 
 
+def setting_slug(label: str) -> str:
+    """A sampler setting's label as a file name: ``random K=4`` -> random-K4, ``EB gamma=0.5 fast`` ->
+    EB-gamma0.5-fast (dots kept: names are built by concatenation, never by suffix)."""
+    return re.sub(r"[^A-Za-z0-9.]+", "-", label.replace("=", "")).strip("-")
+
+
+def kept_setting(stem: Path, want: dict) -> dict | None:
+    """The molecules a run kept at ``stem`` (``stem.smi.gz``, and ``stem.json`` saying how they were drawn) when
+    they were drawn with ``want``; None when none are kept there. Kept with other settings, or fewer than the
+    ``.json`` says: SystemExit (another run's molecules are never taken for these)."""
+    smi, kept = stem.with_name(stem.name + ".smi.gz"), stem.with_name(stem.name + ".json")
+    if not kept.exists():
+        return None
+    meta = json.loads(kept.read_text())
+    if any(meta.get(key) != value for key, value in want.items()):
+        raise SystemExit(f"{kept} was drawn with {meta}, not {want}: use another --samples-dir")
+    with gzip.open(smi, "rt") as f:
+        texts = f.read().split("\n")
+    if len(texts) != meta["samples"]:
+        raise SystemExit(f"{smi} holds {len(texts)} molecules, its .json says {meta['samples']}")
+    return dict(meta, texts=texts, kept=True)
+
+
+def keep_setting(stem: Path, meta: dict, texts: list[str]) -> None:
+    """Keep a setting's molecules at ``stem``: the molecules first, then the ``.json`` that says they are complete
+    (a run killed between the two leaves no setting that looks drawn)."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    smi, tmp = stem.with_name(stem.name + ".smi.gz"), stem.with_name(stem.name + ".smi.gz.tmp")
+    with gzip.open(tmp, "wt") as f:
+        f.write("\n".join(texts))
+    tmp.replace(smi)
+    stem.with_name(stem.name + ".json").write_text(json.dumps(meta))
+
+
 def write_rows(rows: list[dict], stem: Path) -> None:
     """rows as CSV and JSON next to each other."""
     with open(stem.with_suffix(".csv"), "w", newline="") as f:
@@ -106,10 +143,10 @@ def save_plot(fig, ax, path: Path, xlabel: str, ylabel: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def data_section(data: str | None, path: Path) -> DataSection:
+def data_section(data: str | None, path: Path | None) -> DataSection:
     """``--data`` (a corpus or a file, read as the checkpoint's tokenizer and metrics say), or the data section
-    the checkpoint was trained on; checkpoints without a recorded config: QM9."""
-    values = read_train_config(path)
+    the checkpoint was trained on; checkpoints without a recorded config, and no checkpoint (None): QM9's."""
+    values = read_train_config(path) if path is not None else None
     trained = TrainConfig.from_dict(values).data if values is not None else DataSection()
     if data is None or data == trained.source:
         return trained

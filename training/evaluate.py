@@ -26,6 +26,12 @@ What is measured follows the family's ``metrics`` (its data section): molecules 
 recipes: ``evaluate_likelihood.py`` (validation NLL, ELBO perplexity, the head's contraction error; any
 family), ``evaluate_moses.py`` (the MOSES benchmark table); ``_report.py`` holds what they share.
 
+Molecules can be drawn on one machine and measured on another (a GPU lease has no RDKit): ``--samples-dir DIR``
+keeps each setting's molecules (``DIR/<checkpoint>/<setting>.smi.gz`` and a ``.json`` saying how they were drawn)
+and reuses those already there; ``--sample-only`` draws into it and stops, within ``--max-minutes`` (exit 3 when
+a setting is left for the next run); ``--from-samples --data qm9`` measures what it holds without loading any
+checkpoint (``--checkpoints`` then names the checkpoints to read, by name).
+
 For every checkpoint, ordering and K it generates ``--samples`` molecules (in batches), and for every
 EB-Sampler gamma it records the average number of steps each molecule took. Writes
 ``results.csv`` / ``results.json`` and ``validity.png`` (one panel per ordering, one line per
@@ -35,6 +41,8 @@ checkpoint) plus ``eb.png`` under ``--out`` and prints the tables.
 import argparse
 import itertools
 import json
+import sys
+import time
 from pathlib import Path
 
 from _common import dataset
@@ -42,6 +50,8 @@ from _report import (
     checkpoint_dirs,
     count_schedule,
     data_section,
+    keep_setting,
+    kept_setting,
     lines,
     pyplot,
     remove_section,
@@ -49,11 +59,13 @@ from _report import (
     run_setting,
     save_plot,
     series,
+    setting_slug,
     this_command,
     write_rows,
 )
 
-from ttcore.metrics import get_metrics_kind, molecule_metrics
+from ttcore.decompositions import get_decomposition
+from ttcore.metrics import get_metrics_kind  # molecule_metrics (RDKit) only where molecules are measured
 from ttcore.models import load_for_inference
 from ttcore.recipes import TrainConfig
 from ttcore.sampling import PREDETERMINED, SamplerConfig
@@ -298,19 +310,52 @@ def main():
                     help="fixed samplers: tokens per step (ttcore.sampling.schedules); each a line of its own")
     ap.add_argument("--temperatures", type=float, nargs="+", default=[1.0],
                     help="fixed samplers: softmax temperatures (below 1 trades diversity for validity)")
+    ap.add_argument("--samples-dir", help="molecules: keep each setting's molecules here, and reuse those kept")
+    ap.add_argument("--sample-only", action="store_true",
+                    help="molecules: draw into --samples-dir and stop (no metrics, no RDKit)")
+    ap.add_argument("--from-samples", action="store_true",
+                    help="molecules: measure what --samples-dir holds, loading no checkpoint (needs --data; "
+                         "--checkpoints: names of its subdirectories)")
+    ap.add_argument("--max-minutes", type=float, help="start no sampling batch after this many minutes (exit 3)")
     args = ap.parse_args()
+    if (args.sample_only or args.from_samples) and not args.samples_dir:
+        ap.error("--sample-only and --from-samples read or write --samples-dir: give it")
+    if args.sample_only and args.from_samples:
+        ap.error("--sample-only draws, --from-samples measures: one of them")
+    if args.from_samples and (args.data is None or args.cards):
+        ap.error("--from-samples loads no checkpoint: give --data (the family's data), and no --cards")
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    section = data_section(args.data, checkpoint_dirs(args.checkpoints)[0])
+    if args.from_samples:
+        section = data_section(args.data, None)
+    else:
+        section = data_section(args.data, checkpoint_dirs(args.checkpoints)[0])
     args.data = section.source
     evaluation = EVALUATIONS[get_metrics_kind(section.metrics).evaluation]  # the family's metrics kind says which
+    if args.samples_dir and evaluation is not evaluate_molecules:
+        ap.error("--samples-dir keeps molecules: a family with metrics: molecules")
+    if not args.sample_only:
+        out.mkdir(parents=True, exist_ok=True)
     return evaluation(args, out, section)
 
 
 def evaluate_molecules(args, out: Path, section) -> None:
     """A family with ``metrics: molecules``: validity, uniqueness and novelty (and with ``--distribution`` the
     MOSES metrics) per checkpoint and sampler setting. -> results.csv / .json, plots, the printed tables."""
-    paths = checkpoint_dirs(args.checkpoints)
+    samples_dir = Path(args.samples_dir) if args.samples_dir else None
+    if args.from_samples:  # the checkpoints are names here: their molecules were drawn elsewhere
+        names = args.checkpoints if args.checkpoints != ["checkpoints"] else sorted(
+            d.name for d in samples_dir.iterdir() if d.is_dir())
+        paths = [Path(name) for name in names]
+    else:
+        paths = checkpoint_dirs(args.checkpoints)
+    deadline = time.time() + 60 * args.max_minutes if args.max_minutes is not None else None
+    if args.sample_only:
+        for path in paths:
+            if _molecule_rows(args, path, None, None, True, deadline) is None:
+                print(f"stopped at {args.max_minutes:g} minutes before {path.name} was drawn")
+                return 3
+        print(f"kept every setting of {len(paths)} checkpoint(s) under {samples_dir}")
+        return 0
     ds = dataset(TrainConfig(data=section))
     training = set(ds.train)
     reference = data_row = None
@@ -321,7 +366,13 @@ def evaluate_molecules(args, out: Path, section) -> None:
         reference = Reference(held_out, "cuda" if args.device.startswith("cuda") else "cpu")
         data_row = reference.compare(sorted(training)[:: max(1, len(training) // args.samples)][: args.samples])
     one_molecule = get_metrics_kind(section.metrics).one_molecule
-    rows = [row for path in paths for row in _molecule_rows(args, path, training, reference, one_molecule)]
+    rows = []
+    for path in paths:
+        got = _molecule_rows(args, path, training, reference, one_molecule, deadline)
+        if got is None:
+            print(f"stopped at {args.max_minutes:g} minutes before {path.name} was drawn")
+            return 3
+        rows += got
     write_rows(rows, out / "results")
     if args.cards:  # one table per card: the distribution metrics are columns of it when measured
         if reference is None:
@@ -354,27 +405,77 @@ def _molecule_settings(args, fmt) -> list[tuple]:
                                             joint=s[4])]
 
 
-def _molecule_rows(args, path: Path, training: set[str], reference, one_molecule: bool) -> list[dict]:
-    """One checkpoint's rows: each setting sampled once (settings with the same unmasking counts share a run);
-    ``one_molecule``: validity requires one connected molecule (the family's metrics kind says)."""
-    model, tok, _ = load_for_inference(path, args.device, args.precision)
-    cfg = model.cfg
+def _setting_label(ordering, steps, gamma, contraction, joint, schedule, temperature, path_kind) -> str:
+    """A setting as ``evaluate_moses.py`` names it (``random K=4``, ``EB gamma=0.5 fast``), plus what departs from
+    the defaults: the name of its kept molecules under ``--samples-dir``."""
+    if gamma is not None:
+        return f"EB gamma={gamma:g}" + (" fast" if path_kind == "fast" else "")
+    return (f"{ordering} K={steps}" + (f" {contraction} contraction" if contraction != "head" else "")
+            + ("" if joint else " rank-1 view") + ("" if schedule == "loglinear" else f" {schedule}")
+            + ("" if temperature == 1.0 else f" T={temperature:g}") + (" fast" if path_kind == "fast" else ""))
+
+
+def _kept_checkpoint(samples_dir: Path, name: str) -> dict:
+    """What the molecules kept for checkpoint ``name`` say of it (decomposition, rank, length)."""
+    for kept in sorted((samples_dir / name).glob("*.json")):
+        return json.loads(kept.read_text())["checkpoint"]
+    raise SystemExit(f"no molecules kept for {name} under {samples_dir}")
+
+
+def _molecule_rows(args, path: Path, training: set[str] | None, reference, one_molecule: bool,
+                   deadline: float | None = None) -> list[dict] | None:
+    """One checkpoint's rows: each setting sampled once (settings with the same unmasking counts share a run),
+    or read from ``--samples-dir`` where kept there; ``one_molecule``: validity requires one connected molecule
+    (the family's metrics kind says). ``--sample-only``: drawn and kept, not measured (``training`` None).
+    None: ``deadline`` passed before a setting was drawn."""
+    samples_dir = Path(args.samples_dir) if args.samples_dir else None
+    model = tok = None
+    if args.from_samples:
+        described = _kept_checkpoint(samples_dir, path.name)
+    else:
+        model, tok, _ = load_for_inference(path, args.device, args.precision)
+        described = {"decomposition": model.cfg.decomposition, "rank": model.cfg.rank,
+                     "length": model.cfg.dit.length}
+    if training is not None:
+        from ttcore.metrics import molecule_metrics
     rows, done = [], {}  # (ordering, gamma, contraction, joint, temperature, path, unmasking counts) -> (res, m)
     for ordering, steps, gamma, contraction, joint, schedule, temperature, path_kind in _molecule_settings(
-            args, model.format):
+            args, get_decomposition(described["decomposition"])):
         kw = {"eb_gamma": gamma} if gamma is not None else {"ordering": ordering, "contraction": contraction,
                                                              "schedule": schedule}
         kw.update(joint=joint, temperature=temperature, adaptive_path=path_kind)
         key = (ordering, gamma, contraction, joint, temperature, path_kind,  # K >= l only adds idle steps
-               count_schedule(cfg.dit.length, steps, schedule) if gamma is None else steps)
+               count_schedule(described["length"], steps, schedule) if gamma is None else steps)
         if key not in done:  # the same counts and seeds give the same run: computed once
-            res = run_setting(model, tok, args.samples, steps, args.batch, args.seed, args.memory_mb, **kw)
+            label = _setting_label(ordering, steps, gamma, contraction, joint, schedule, temperature, path_kind)
+            want = {"samples": args.samples, "seed": args.seed, "precision": args.precision, "sampler": label,
+                    "steps": steps, "data": args.data}
+            stem = samples_dir / path.name / setting_slug(label) if samples_dir else None
+            res = kept_setting(stem, want) if stem is not None else None
+            if res is None and args.from_samples:
+                raise SystemExit(f"{path.name}: no molecules kept for {label!r} under {samples_dir}")
+            if res is None:
+                res = run_setting(model, tok, args.samples, steps, args.batch, args.seed, args.memory_mb, deadline,
+                                  **kw)
+                if res is None:
+                    return None
+                if stem is not None:
+                    keep_setting(stem, dict(want, avg_steps=res["avg_steps"], seconds=res["seconds"],
+                                            device=args.device, batch=args.batch, checkpoint=described),
+                                 res["texts"])
+            if training is None:  # --sample-only
+                print(f"{path.name:>16} {label:>20}: {args.samples} kept"
+                      + (" (from an earlier run)" if res.get("kept") else f" ({res['seconds']:.0f} s)"), flush=True)
+                done[key] = res, None
+                continue
             m = molecule_metrics(res["texts"], training, one_molecule)
             if reference is not None and gamma is None:
                 m.update(reference.compare(res["texts"]))
             done[key] = res, m
         res, m = done[key]
-        row = {"checkpoint": path.name, "decomposition": cfg.decomposition, "rank": cfg.rank,
+        if m is None:
+            continue
+        row = {"checkpoint": path.name, "decomposition": described["decomposition"], "rank": described["rank"],
                "ordering": ordering, "contraction": contraction, "joint": joint, "steps": steps,
                "eb_gamma": gamma, "schedule": schedule, "temperature": temperature,
                "adaptive_path": path_kind, "avg_steps": res["avg_steps"],
@@ -393,4 +494,4 @@ EVALUATIONS = {"molecules": evaluate_molecules, "text": evaluate_text, "sequence
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -19,14 +19,12 @@ comparisons.
 """
 
 import argparse
-import gzip
 import json
-import re
 import sys
 import time
 from pathlib import Path
 
-from _report import checkpoint_dirs, run_setting, this_command, write_rows
+from _report import checkpoint_dirs, keep_setting, kept_setting, run_setting, setting_slug, this_command, write_rows
 
 from ttcore.data import moses_files, read_sequences
 from ttcore.data.qm9 import default_cache_dir
@@ -65,37 +63,21 @@ def table(rows: list[dict], caption: str) -> str:
     return "\n".join(lines) + f"\n\n{caption}\n"
 
 
-def _slug(label: str) -> str:
-    return re.sub(r"[^A-Za-z0-9.]+", "-", label.replace("=", "")).strip("-")  # random-K4, EB-gamma0.5-fast
-
-
 def sample_setting(model, tok, args, label: str, k: int, kw: dict, stem: Path | None,
                    deadline: float | None) -> dict | None:
     """One setting's molecules and how they were drawn: read from ``stem`` (``--samples-dir``) when a run with
     the same samples, seed and precision left them there, else drawn (and kept at ``stem``). None: the
     deadline passed first."""
     want = {"samples": args.samples, "seed": args.seed, "precision": args.precision, "sampler": label, "steps": k}
-    if stem is not None:  # names by concatenation: a label's dots (gamma 0.5) are not suffixes
-        smi, kept, tmp = (stem.with_name(stem.name + ext) for ext in (".smi.gz", ".json", ".smi.gz.tmp"))
-    if stem is not None and kept.exists():
-        meta = json.loads(kept.read_text())
-        if any(meta.get(key) != value for key, value in want.items()):
-            raise SystemExit(f"{kept} was drawn with {meta}, not {want}: use another --samples-dir")
-        with gzip.open(smi, "rt") as f:
-            texts = f.read().split("\n")
-        if len(texts) != args.samples:
-            raise SystemExit(f"{smi} holds {len(texts)} molecules, its .json says {args.samples}")
-        return dict(meta, texts=texts, kept=True)
+    got = kept_setting(stem, want) if stem is not None else None
+    if got is not None:
+        return got
     res = run_setting(model, tok, args.samples, k, args.batch, args.seed, args.memory_mb, deadline, **kw)
     if res is None:
         return None
     meta = dict(want, avg_steps=res["avg_steps"], seconds=res["seconds"], device=args.device, batch=args.batch)
-    if stem is not None:  # molecules first, then the .json that says they are complete
-        stem.parent.mkdir(parents=True, exist_ok=True)
-        with gzip.open(tmp, "wt") as f:
-            f.write("\n".join(res["texts"]))
-        tmp.replace(smi)
-        kept.write_text(json.dumps(meta))
+    if stem is not None:
+        keep_setting(stem, meta, res["texts"])
     return dict(meta, texts=res["texts"])
 
 
@@ -128,7 +110,7 @@ def main():
     plan, drawn = settings(args.steps, args.eb_gammas, args.eb_max_steps, args.adaptive_path), {}
     for label, k, kw in plan:
         for path, (model, tok) in models.items():  # K-major: a run cut short leaves whole comparisons
-            stem = samples_dir / path.name / _slug(label) if samples_dir else None
+            stem = samples_dir / path.name / setting_slug(label) if samples_dir else None
             got = sample_setting(model, tok, args, label, k, kw, stem, deadline)
             if got is None:
                 print(f"stopped at {args.max_minutes:g} minutes before {path.name} {label}: "
