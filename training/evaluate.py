@@ -324,6 +324,8 @@ def main():
         ap.error("--sample-only draws, --from-samples measures: one of them")
     if args.from_samples and (args.data is None or args.cards):
         ap.error("--from-samples loads no checkpoint: give --data (the family's data), and no --cards")
+    if args.sample_only and args.cards:
+        ap.error("--sample-only measures nothing: no --cards")
     out = Path(args.out)
     if args.from_samples:
         section = data_section(args.data, None)
@@ -331,8 +333,8 @@ def main():
         section = data_section(args.data, checkpoint_dirs(args.checkpoints)[0])
     args.data = section.source
     evaluation = EVALUATIONS[get_metrics_kind(section.metrics).evaluation]  # the family's metrics kind says which
-    if args.samples_dir and evaluation is not evaluate_molecules:
-        ap.error("--samples-dir keeps molecules: a family with metrics: molecules")
+    if (args.samples_dir or args.max_minutes is not None) and evaluation is not evaluate_molecules:
+        ap.error("--samples-dir and --max-minutes: a family with metrics: molecules")
     if not args.sample_only:
         out.mkdir(parents=True, exist_ok=True)
     return evaluation(args, out, section)

@@ -77,3 +77,16 @@ def test_device_distill_rehearsal_and_its_samples_measured_here(checkpoints, tmp
                               "--steps", "3", "--orderings", "random", "--eb-gammas", "--data", DATA],
                              cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert missing.returncode != 0 and "no molecules kept for 'random K=3'" in missing.stderr
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--sample-only"], "read or write --samples-dir"),
+    (["--sample-only", "--from-samples", "--samples-dir", "s"], "one of them"),
+    (["--from-samples", "--samples-dir", "s"], "give --data"),
+    (["--sample-only", "--samples-dir", "s", "--cards"], "no --cards"),
+    (["--checkpoints", "checkpoints/text-tt-r4", "--samples-dir", "s"], "a family with metrics: molecules"),
+])
+def test_split_sampling_refuses_what_it_cannot_do(args, says, tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "training" / "evaluate.py"), *args, "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and says in done.stderr, done.stderr[-2000:]
