@@ -51,4 +51,6 @@ USER 1000
 EXPOSE 8000 8080
 HEALTHCHECK --interval=15s --timeout=5s --start-period=90s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ.get('PORT', '8000'), timeout=4)"]
+# deploy/local-images.sh removes the ttcore image a rebuild replaces (untagged) by this label
+LABEL org.opencontainers.image.title="ttcore"
 ENTRYPOINT ["sh", "deploy/entrypoint.sh"]
