@@ -91,13 +91,15 @@ def kept_setting(stem: Path, want: dict) -> dict | None:
 
 def keep_setting(stem: Path, meta: dict, texts: list[str]) -> None:
     """Keep a setting's molecules at ``stem``: the molecules first, then the ``.json`` that says they are complete
-    (a run killed between the two leaves no setting that looks drawn)."""
+    (a run killed between the two, or while writing either, leaves no setting that looks drawn)."""
     stem.parent.mkdir(parents=True, exist_ok=True)
     smi, tmp = stem.with_name(stem.name + ".smi.gz"), stem.with_name(stem.name + ".smi.gz.tmp")
     with gzip.open(tmp, "wt") as f:
         f.write("\n".join(texts))
     tmp.replace(smi)
-    stem.with_name(stem.name + ".json").write_text(json.dumps(meta))
+    kept, tmp = stem.with_name(stem.name + ".json"), stem.with_name(stem.name + ".json.tmp")
+    tmp.write_text(json.dumps(meta))
+    tmp.replace(kept)
 
 
 def write_rows(rows: list[dict], stem: Path) -> None:
