@@ -50,7 +50,7 @@ import json, sys
 s = json.load(open(sys.argv[1]))
 t = s.get("throughput", {})
 step, per_step, share = s["step"], s["seconds_per_step"], 100 * t.get("mfu", 0)
-print(f"{sys.argv[2]}: step {step}, {per_step:.3f} s/step, student MFU {share:.2f}% of the {t.get('peak')} peak "
+print(f"{sys.argv[2]}: step {step}, {per_step:.3f} s/step, student MFU {share:.2f}% of the {t.get('peak')} "
       "(its own training FLOPs; the teacher's k forward passes a step are not counted)")
 EOF
 done

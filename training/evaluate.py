@@ -354,7 +354,7 @@ def evaluate_molecules(args, out: Path, section) -> None:
     if args.sample_only:
         for path in paths:
             if _molecule_rows(args, path, None, None, True, deadline) is None:
-                print(f"stopped at {args.max_minutes:g} minutes before {path.name} was drawn")
+                _stopped(args, path)
                 return 3
         print(f"kept every setting of {len(paths)} checkpoint(s) under {samples_dir}")
         return 0
@@ -372,7 +372,7 @@ def evaluate_molecules(args, out: Path, section) -> None:
     for path in paths:
         got = _molecule_rows(args, path, training, reference, one_molecule, deadline)
         if got is None:
-            print(f"stopped at {args.max_minutes:g} minutes before {path.name} was drawn")
+            _stopped(args, path)
             return 3
         rows += got
     write_rows(rows, out / "results")
@@ -405,6 +405,11 @@ def _molecule_settings(args, fmt) -> list[tuple]:
     return [s + (p,) for s in settings for p in args.adaptive_paths  # the path matters to adaptive joints
             if p == "exact" or path_matters(ordering="random" if s[2] is not None else s[0], eb_gamma=s[2],
                                             joint=s[4])]
+
+
+def _stopped(args, path: Path) -> None:
+    print(f"stopped at {args.max_minutes:g} minutes before every setting of {path.name} was drawn "
+          "(what was kept stays)")
 
 
 def _setting_label(ordering, steps, gamma, contraction, joint, schedule, temperature, path_kind) -> str:

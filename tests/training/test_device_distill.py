@@ -53,6 +53,12 @@ def test_device_distill_rehearsal_and_its_samples_measured_here(checkpoints, tmp
         assert kept == [f"random-K{k}.{ext}" for k in (1, 2, 4, 8) for ext in ("json", "smi.gz")]
     assert sorted(p.name for p in out.iterdir()) == ["distill.log", "qm9-tt-r64-d2.log", "qm9-tt-r64-d4.log",
                                                      "samples"]
+    cut = subprocess.run([sys.executable, str(ROOT / "training" / "evaluate.py"), "--checkpoints",
+                          str(runs / "qm9-tt-r64-d4"), "--sample-only", "--samples-dir", str(tmp_path / "cut"),
+                          "--samples", "16", "--steps", "1", "--orderings", "random", "--eb-gammas", "--max-minutes",
+                          "0"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert cut.returncode == 3 and "stopped at 0 minutes before every setting of qm9-tt-r64-d4" in cut.stdout
+    assert not (tmp_path / "cut").exists()  # a setting cut short is not kept
 
     # measured here from the kept molecules, no checkpoint loaded (the students are not here): the rows a direct
     # run of the students gives (same seeds; the drawing above ran where RDKit was not importable)
