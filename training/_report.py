@@ -102,6 +102,24 @@ def keep_setting(stem: Path, meta: dict, texts: list[str]) -> None:
     tmp.replace(kept)
 
 
+def kept_or_drawn(stem: Path | None, want: dict, draw, **record) -> dict | None:
+    """A setting's molecules: those kept at ``stem`` when drawn with ``want`` (``kept_setting``), else ``draw()``
+    (``run_setting``'s result, or None when its deadline passed), kept at ``stem`` with ``want``, the draw's steps
+    and seconds and ``record``. ``draw`` None: only kept molecules will do (SystemExit naming the setting)."""
+    got = kept_setting(stem, want) if stem is not None else None
+    if got is not None:
+        return got
+    if draw is None:
+        raise SystemExit(f"no molecules kept for {want['sampler']!r} at {stem}")
+    res = draw()
+    if res is None:
+        return None
+    meta = dict(want, avg_steps=res["avg_steps"], seconds=res["seconds"], **record)
+    if stem is not None:
+        keep_setting(stem, meta, res["texts"])
+    return dict(meta, texts=res["texts"])
+
+
 def write_rows(rows: list[dict], stem: Path) -> None:
     """rows as CSV and JSON next to each other."""
     with open(stem.with_suffix(".csv"), "w", newline="") as f:

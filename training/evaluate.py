@@ -43,6 +43,7 @@ import itertools
 import json
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 from _common import dataset
@@ -50,8 +51,7 @@ from _report import (
     checkpoint_dirs,
     count_schedule,
     data_section,
-    keep_setting,
-    kept_setting,
+    kept_or_drawn,
     lines,
     pyplot,
     remove_section,
@@ -458,26 +458,19 @@ def _molecule_rows(args, path: Path, training: set[str] | None, reference, one_m
             want = {"samples": args.samples, "seed": args.seed, "precision": args.precision, "sampler": label,
                     "steps": steps, "data": args.data}
             stem = samples_dir / path.name / setting_slug(label) if samples_dir else None
-            res = kept_setting(stem, want) if stem is not None else None
-            if res is None and args.from_samples:
-                raise SystemExit(f"{path.name}: no molecules kept for {label!r} under {samples_dir}")
+            draw = None if args.from_samples else partial(run_setting, model, tok, args.samples, steps, args.batch,
+                                                          args.seed, args.memory_mb, deadline, **kw)
+            res = kept_or_drawn(stem, want, draw, device=args.device, batch=args.batch, checkpoint=described)
             if res is None:
-                res = run_setting(model, tok, args.samples, steps, args.batch, args.seed, args.memory_mb, deadline,
-                                  **kw)
-                if res is None:
-                    return None
-                if stem is not None:
-                    keep_setting(stem, dict(want, avg_steps=res["avg_steps"], seconds=res["seconds"],
-                                            device=args.device, batch=args.batch, checkpoint=described),
-                                 res["texts"])
-            if training is None:  # --sample-only
+                return None
+            m = None
+            if training is not None:
+                m = molecule_metrics(res["texts"], training, one_molecule)
+                if reference is not None and gamma is None:
+                    m.update(reference.compare(res["texts"]))
+            else:  # --sample-only
                 print(f"{path.name:>16} {label:>20}: {args.samples} kept"
                       + (" (from an earlier run)" if res.get("kept") else f" ({res['seconds']:.0f} s)"), flush=True)
-                done[key] = res, None
-                continue
-            m = molecule_metrics(res["texts"], training, one_molecule)
-            if reference is not None and gamma is None:
-                m.update(reference.compare(res["texts"]))
             done[key] = res, m
         res, m = done[key]
         if m is None:

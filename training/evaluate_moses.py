@@ -22,9 +22,10 @@ import argparse
 import json
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
-from _report import checkpoint_dirs, keep_setting, kept_setting, run_setting, setting_slug, this_command, write_rows
+from _report import checkpoint_dirs, kept_or_drawn, run_setting, setting_slug, this_command, write_rows
 
 from ttcore.data import moses_files, read_sequences
 from ttcore.data.qm9 import default_cache_dir
@@ -69,16 +70,8 @@ def sample_setting(model, tok, args, label: str, k: int, kw: dict, stem: Path | 
     the same samples, seed and precision left them there, else drawn (and kept at ``stem``). None: the
     deadline passed first."""
     want = {"samples": args.samples, "seed": args.seed, "precision": args.precision, "sampler": label, "steps": k}
-    got = kept_setting(stem, want) if stem is not None else None
-    if got is not None:
-        return got
-    res = run_setting(model, tok, args.samples, k, args.batch, args.seed, args.memory_mb, deadline, **kw)
-    if res is None:
-        return None
-    meta = dict(want, avg_steps=res["avg_steps"], seconds=res["seconds"], device=args.device, batch=args.batch)
-    if stem is not None:
-        keep_setting(stem, meta, res["texts"])
-    return dict(meta, texts=res["texts"])
+    return kept_or_drawn(stem, want, partial(run_setting, model, tok, args.samples, k, args.batch, args.seed,
+                                             args.memory_mb, deadline, **kw), device=args.device, batch=args.batch)
 
 
 def main():

@@ -150,14 +150,11 @@ def test_torchrun_distils_on_two_processes_and_resumes_exactly(checkpoints, tmp_
     """``torchrun --nproc_per_node 2 training/distill.py``: each process distils its share of the batch with its
     own teacher streams; process 0 writes the student, the replicas end identical (``check_replicas``), and 1 step
     then a resumed 2 give the weights of 3 steps in one run, bit for bit."""
-    def torchrun(out: Path, steps: int, *extra: str) -> str:
-        return _torchrun(checkpoints, out, steps, *extra)
-
-    printed = torchrun(tmp_path / "straight", 3)
+    printed = _torchrun(checkpoints, tmp_path / "straight", 3)
     assert printed.count("distilled ") == 1, printed  # process 0 only
     assert json.loads((tmp_path / "straight" / "train_state" / "state.json").read_text())["processes"] == 2
-    torchrun(tmp_path / "resumed", 1)
-    torchrun(tmp_path / "resumed", 3, "--resume")
+    _torchrun(checkpoints, tmp_path / "resumed", 1)
+    _torchrun(checkpoints, tmp_path / "resumed", 3, "--resume")
     a, _, _ = load_checkpoint(tmp_path / "straight")
     b, _, _ = load_checkpoint(tmp_path / "resumed")
     assert a.cfg.extra["distilled"]["teacher"] == "qm9-tt-r2"
