@@ -7,6 +7,8 @@ in each front end's shape, bugs), and the routers (``service.routes``, ``service
     GET  /health     liveness          GET /ready   models loaded          GET /metrics   Prometheus
 """
 
+import asyncio
+import contextlib
 import logging
 import time
 
@@ -26,6 +28,34 @@ from .security import DOCS_ASSETS, SecurityConfig, SecurityHeaders, SecurityMidd
 from .serving import Serving
 
 log = logging.getLogger("ttcore.app")
+
+LOOP_PROBE_S = 0.02  # how often the event-loop probe wakes (``probe_event_loop``)
+
+
+async def probe_event_loop(metrics, interval_s: float = LOOP_PROBE_S) -> None:
+    """How long the event loop is held: sleep ``interval_s``, and count how late each wake-up came
+    (``ttcore_event_loop_lag_seconds``, its largest ``ttcore_event_loop_lag_max_seconds``). A late wake-up is
+    time no request, /health or /ready could be answered in; work that takes more than a few milliseconds
+    belongs on a thread or a model's worker."""
+    loop, largest = asyncio.get_running_loop(), 0.0
+    while True:
+        start = loop.time()
+        await asyncio.sleep(interval_s)
+        late = max(0.0, loop.time() - start - interval_s)
+        metrics.loop_lag.observe(late)
+        if late > largest:
+            largest = late
+            metrics.loop_lag_max.set(largest)
+
+
+@contextlib.asynccontextmanager
+async def lifespan(app: FastAPI):
+    """While the app serves: the event-loop probe (uvicorn and Ray Serve's replicas both run an app's lifespan)."""
+    probe = asyncio.create_task(probe_event_loop(app.state.serving.metrics), name="event-loop-probe")
+    try:
+        yield
+    finally:
+        probe.cancel()
 
 
 def _refused(r: Refusal) -> JSONResponse:
@@ -84,7 +114,7 @@ def create_app(serving: Serving, security: SecurityConfig | None = None) -> Fast
     security = security or SecurityConfig.from_args(ServiceArgs())
     # the API pages (/docs, /redoc) with Swagger UI and ReDoc served from the fastapi-offline package, not a
     # CDN: they render on a machine without internet access
-    app = FastAPIOffline(title="ttcore", version="0.1.0", static_url=DOCS_ASSETS,
+    app = FastAPIOffline(title="ttcore", version="0.1.0", static_url=DOCS_ASSETS, lifespan=lifespan,
                   description="Few-step masked diffusion with CP / Tensor-Train joint distributions. With API "
                               "keys configured, every route but /health and /ready needs `Authorization: Bearer "
                               "<key>` (/metrics and the docs unless the server makes them public).")

@@ -56,6 +56,10 @@ class ServiceArgs(BaseModel):
     max_stream_mb: float = Field(16.0, gt=0, description="a streamed /generate answer is estimated before it is "
                                                          "admitted (every step event holds every sequence) and "
                                                          "refused with a 422 above this many MB")
+    max_automata_mb: float = Field(32.0, gt=0, description="the automata of admitted regex / grammar requests "
+                                                           "kept for the next request that asks the same (least "
+                                                           "recently used dropped past this many MB; refused "
+                                                           "requests' automata are never kept)")
     reader_timeout_s: float = Field(30.0, gt=0, description="a request whose client stops reading (its unread "
                                                             "backlog full) is cancelled after this")
     allowed_hosts: list[str] | None = Field(

@@ -45,6 +45,16 @@ class Metrics:
                                    ["key", "reason"], registry=r)
         self.score_pieces = Counter("ttcore_score_pieces", "Pieces of /score work run on a model's worker between "
                                     "generation steps (a micro-batch, or one ELBO draw of one)", ["model"], registry=r)
+        self.automata_bytes = Gauge("ttcore_automaton_cache_bytes", "Bytes of the automata kept for regex / "
+                                    "grammar requests (admitted requests' only; bounded by --max-automata-mb)",
+                                    registry=r)
+        self.automata = Gauge("ttcore_automaton_cache_entries", "Automata kept for regex / grammar requests",
+                              registry=r)
+        self.loop_lag = Histogram("ttcore_event_loop_lag_seconds", "How late the event loop's probe woke up (time "
+                                  "the loop was held by work on it: no request or /health answered meanwhile)",
+                                  buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30), registry=r)
+        self.loop_lag_max = Gauge("ttcore_event_loop_lag_max_seconds", "The largest event-loop lag since the start",
+                                  registry=r)
         self.timeouts = Counter("ttcore_timeouts", "Requests ended by their deadline", ["model"], registry=r)
         self.too_large = Counter("ttcore_too_large", "Requests refused by admission (422): more compute or "
                                  "memory than the server's limits", ["model", "field"], registry=r)

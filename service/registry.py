@@ -68,7 +68,7 @@ class LoadedModel:
 
     def __post_init__(self):
         if self.constraints is None:
-            self.constraints = Constraints(self.tokenizer)
+            self.constraints = Constraints(self.tokenizer, self.name)
 
     @property
     def metrics(self) -> MetricsKind:

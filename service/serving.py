@@ -15,6 +15,7 @@ from ttcore.sampling import GenerationRun, InvalidSampler
 
 from . import admission
 from .config import ServiceArgs
+from .constraints import AutomatonCache
 from .engine import Engine, EngineError, Job, StepOutput
 from .refusals import Overloaded, TooLarge, Unsupported
 from .registry import ModelRegistry
@@ -54,6 +55,21 @@ class Failure:
         return {"id": self.id, "error": self.message, "code": self.kind}
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A request checked against its checkpoint (``Serving.prepare``): the request with the checkpoint's
+    defaults, its prompt's tokens (None: no prompt), sampler settings, automaton (its cache key, the field that
+    asked for it) and kind of work."""
+    request: GenerateRequest
+    lm: object
+    prompt: torch.Tensor | None
+    config: object
+    key: tuple | None
+    constraint: object
+    field: str
+    work: object
+
+
 @dataclass
 class Ticket:
     """A request as serving tracks it: its engine job, the time the front end spent decoding its outputs, and
@@ -84,29 +100,24 @@ class Serving:
         self.max_step_s = engine.stall_s / 2 if args.max_step_s is None else args.max_step_s
         self.max_stream_bytes = int(args.max_stream_mb * 2**20)
         self._background: set[asyncio.Task] = set()  # re-timings after refusals (``retime``)
+        self.automata = AutomatonCache(int(args.max_automata_mb * 2**20))  # admitted requests' automata
         for lm in registry.models:
             lm.metrics.checker()  # says at start-up, not at the first answer, when a check's dependency is missing
 
     async def admit(self, request: GenerateRequest) -> Ticket:
-        """``submit`` for a client's request. A kind of work no request has needed yet is timed first, on the
-        model's worker (``Speed.ensure``: a second at most). A compute refusal (``TooLarge``) of a kind that no
-        request has measured yet re-times that kind afterwards, in the background (``Speed.recalibrate``), so
-        that a timing inflated by a busy machine does not go on refusing requests the machine now serves, and
-        no client waits for it. Must run on the event loop."""
-        lm = self.resolve(request)
-        request = self.with_defaults(request, lm)
-        if request.regex is not None or request.grammar is not None:  # built off the event loop (a child
-            # process for a regex, up to its time limit), then found in the checkpoint's cache by ``submit``
-            await asyncio.to_thread(lm.constraints.of, request.regex, request.grammar, request.prompt)
-        try:
-            config = request.to_sampler_config()
-            kind = work_of(lm.model.cfg, config, request.steps, self.constraint(lm, request, config)[0]).kind
-        except InvalidSampler:
-            kind = None  # submit refuses it
-        if kind is not None and lm.speed.needs(kind):
+        """``submit`` for a client's request, with everything that can take more than a few milliseconds off the
+        event loop: the request is checked against its checkpoint on a thread (``prepare``: its automaton built,
+        bounded, or found among the admitted ones, and its satisfiability decided there). A kind of work no
+        request has needed yet is timed first, on the model's worker (``Speed.ensure``: a second at most). A
+        compute refusal (``TooLarge``) of a kind that no request has measured yet re-times that kind afterwards,
+        in the background (``Speed.recalibrate``), so that a timing inflated by a busy machine does not go on
+        refusing requests the machine now serves, and no client waits for it. Must run on the event loop."""
+        prepared = await asyncio.to_thread(self.prepare, request)
+        lm, kind = prepared.lm, prepared.work.kind
+        if lm.speed.needs(kind):
             await self.engine.run_on_worker(lm, lambda: lm.speed.ensure(lm.model, kind), calibration=True)
         try:
-            return self.submit(request)
+            return self.submit(prepared)
         except TooLarge as e:
             self.metrics.too_large.labels(lm.family, e.field).inc()
             if e.compute and lm.speed.may_recalibrate(kind):
@@ -143,16 +154,35 @@ class Serving:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    @staticmethod
-    def constraint(lm, request, config):
-        """The request's automaton (``service.constraints``; None: unconstrained) and the field that asked for it.
-        Raises Unsupported: a bad or empty language, one no sequence of the model's length is in, or settings that
-        cannot draw within it (``joint: false``; the exact chain rule, which re-runs the automaton's messages every
-        pick: ``adaptive_path: fast`` draws the same constrained joint)."""
+    def prepare(self, request: GenerateRequest) -> "Prepared":
+        """The request checked against its checkpoint, once (raises ModelNotFound, PromptError, Unsupported):
+        defaults, prompt tokens, sampler settings, the constraint and the kind of work. Safe
+        on a thread (``admit`` runs it so); on the event loop only for what admission has seen (a further
+        ``valid_only`` round: its automaton kept)."""
+        lm = self.resolve(request)
+        request = self.with_defaults(request, lm)
+        prompt = self.registry.encode_prompt(lm, request.prompt) if request.prompt else None
+        if request.valid_only and not lm.metrics.validates:
+            raise Unsupported("valid_only", f"valid_only needs a family whose metrics check samples (molecules); "
+                                            f"{lm.name}'s family {lm.family} is measured by {lm.info.metrics}")
+        try:
+            config = request.to_sampler_config()
+        except InvalidSampler as e:  # settings no step class runs together (the schema checked each alone)
+            raise Unsupported(e.field, str(e)) from None
+        key, constraint, field = self.constraint(lm, request, config, prompt)
+        return Prepared(request, lm, prompt, config, key, constraint, field,
+                        work_of(lm.model.cfg, config, request.steps, constraint))
+
+    def constraint(self, lm, request, config, prompt=None):
+        """The request's automaton (``service.constraints``; None: unconstrained): -> (its cache key, it, the
+        field that asked for it). Raises Unsupported: a bad or empty language, one no sequence of the model's
+        length (agreeing with the prompt) is in, or settings that cannot draw within it (``joint: false``; the
+        exact chain rule, which re-runs the automaton's messages every pick: ``adaptive_path: fast`` draws the
+        same constrained joint). Seconds for a new regex over a text vocabulary (``prepare`` runs on a thread)."""
         field = "grammar" if request.grammar is not None else "regex"
-        constraint = lm.constraints.of(request.regex, request.grammar, request.prompt)
-        if constraint is None:
-            return None, field
+        key = lm.constraints.key(request.regex, request.grammar, request.prompt)
+        if key is None:
+            return None, None, field
         if lm.info.base == "ar":
             raise Unsupported(field, f"{field} is served by the masked diffusion checkpoints (an autoregressive one "
                                      "draws no joint of the masked positions to restrict)")
@@ -164,43 +194,46 @@ class Serving:
         if not config.step.constrains:  # the step class says whether it draws within a language
             raise Unsupported(field, f"{field}: sampler {config.sampler} draws no joint of the masked positions to "
                                      "restrict")
+        constraint = self.automata.get(key) or lm.constraints.build(key)
         length = lm.model.cfg.dit.length
-        if not constraint.satisfiable(torch.full((1, length), -1)).item():
+        if not constraint.fits(length):
             raise Unsupported(field, f"{field}: no sequence of this model's {length} tokens is in the language")
-        return constraint, field
+        if prompt is not None:  # decided here, kept with the automaton: the run's own check finds it
+            template = torch.where(prompt == lm.tokenizer.mask_id, -1, prompt)
+            if not constraint.admits(template):
+                raise Unsupported("prompt", f"{field}: no sequence of the model's length that agrees with the "
+                                            "prompt is in the language")
+        return key, constraint, field
 
-    def submit(self, request: GenerateRequest) -> Ticket:
+    def submit(self, prepared: "Prepared | GenerateRequest") -> Ticket:
         """Admit a request (raises ModelNotFound, PromptError, Unsupported, TooLarge, Overloaded). Must run on
-        the event loop."""
-        lm = self.resolve(request)
-        request = self.with_defaults(request, lm)
-        prompt = self.registry.encode_prompt(lm, request.prompt) if request.prompt else None
+        the event loop; a ``GenerateRequest`` is prepared here (``prepare``): give ``admit`` a client's."""
+        if isinstance(prepared, GenerateRequest):
+            prepared = self.prepare(prepared)
+        request, lm, config, constraint = prepared.request, prepared.lm, prepared.config, prepared.constraint
         timeout = min(request.timeout_s or self.max_timeout_s, self.max_timeout_s)
-        if request.valid_only and not lm.metrics.validates:
-            raise Unsupported("valid_only", f"valid_only needs a family whose metrics check samples (molecules); "
-                                            f"{lm.name}'s family {lm.family} is measured by {lm.info.metrics}")
-        try:
-            config = request.to_sampler_config()
-        except InvalidSampler as e:  # settings no step class runs together (the schema checked each alone)
-            raise Unsupported(e.field, str(e)) from None
         if request.stream:
             admission.check_stream(request.num_samples, request.steps, lm.model.cfg.dit.length, request.step_tokens,
                                    MAX_VALID_ROUNDS if request.valid_only else 1, self.max_stream_bytes)
-        constraint, field = self.constraint(lm, request, config)
-        work = work_of(lm.model.cfg, config, request.steps, constraint)
-        lm.speed.ensure(lm.model, work.kind)  # ``admit`` timed it on the worker already
+        lm.speed.ensure(lm.model, prepared.work.kind)  # ``admit`` timed it on the worker already
         plan = admission.plan(lm.model, lm.speed, num_samples=request.num_samples, steps=request.steps,
                               config=config, timeout_s=timeout, memory_budget=self.memory_budget,
-                              step_limit_s=self.max_step_s, constraint=constraint, constraint_field=field)
+                              step_limit_s=self.max_step_s, constraint=constraint, constraint_field=prepared.field)
         try:
             run = GenerationRun(lm.model, request.num_samples, request.steps, config, seed=request.seed,
-                                prompt=prompt, device=self.registry.device,
+                                prompt=prepared.prompt, device=self.registry.device,
                                 max_rows_per_pass=plan.max_rows_per_pass, constraint=constraint)
         except ConstraintError as e:  # no accepted sequence agrees with the prompt
-            raise Unsupported("prompt" if request.prompt else field, f"{field}: {e}") from None
+            field = "prompt" if request.prompt else prepared.field
+            raise Unsupported(field, f"{prepared.field}: {e}") from None
         except InvalidSampler as e:  # what the model cannot run (an AR checkpoint's order, edlm without a pair)
             raise Unsupported(e.field, str(e)) from None
-        return Ticket(self.engine.submit(lm, run, plan.seconds, timeout, work=work))
+        ticket = Ticket(self.engine.submit(lm, run, plan.seconds, timeout, work=prepared.work))
+        if constraint is not None:  # kept only once a request that uses it is admitted
+            self.automata.put(prepared.key, constraint)
+            self.metrics.automata_bytes.set(self.automata.bytes)
+            self.metrics.automata.set(len(self.automata))
+        return ticket
 
     async def events(self, job: Ticket, steps: bool = True, request: GenerateRequest | None = None):
         """Typed events: a ``StepEvent`` per denoising step (decoded only when ``steps``: a non-streaming
@@ -247,7 +280,9 @@ class Serving:
                 stopped_early = "deadline"
                 break
             try:
-                job.next_round = job = self.submit(request.model_copy(update={"seed": seed, "timeout_s": left}))
+                again = await asyncio.to_thread(self.prepare, request.model_copy(update={"seed": seed,
+                                                                                          "timeout_s": left}))
+                job.next_round = job = self.submit(again)
             except TooLarge:  # what is left of the deadline cannot fit a round
                 stopped_early = "deadline"
                 break

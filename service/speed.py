@@ -50,7 +50,7 @@ def reference_automaton(vocab: int):
     classes = min(REFERENCE_CLASSES, vocab)
     q = torch.arange(REFERENCE_STATES)[:, None]
     delta = (7 * q + torch.arange(vocab)[None] % classes + 1) % REFERENCE_STATES
-    return TokenDFA(delta, torch.ones(REFERENCE_STATES, dtype=torch.bool))
+    return TokenDFA.of_tokens(delta, torch.ones(REFERENCE_STATES, dtype=torch.bool))
 
 
 @dataclass(frozen=True)

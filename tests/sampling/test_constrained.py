@@ -30,7 +30,7 @@ def _parity() -> TokenDFA:
             delta[q, 1] = 2 * (1 - parity)
             if not last2:
                 delta[q, 2] = 2 * parity + 1
-    return TokenDFA(delta, torch.tensor([True, True, False, False]))
+    return TokenDFA.of_tokens(delta, torch.tensor([True, True, False, False]))
 
 
 def _enumerated_step(model, x_t, chosen, dfa):
@@ -118,7 +118,7 @@ def test_a_row_whose_joint_underflows_on_the_whole_language_is_rescued_inside_it
     rare = int(probs.mean(0).argmin())
     delta = torch.full((1, V), -1)
     delta[0, rare] = 0
-    only = TokenDFA(delta, torch.tensor([True]))  # the rare token everywhere
+    only = TokenDFA.of_tokens(delta, torch.tensor([True]))  # the rare token everywhere
     with torch.no_grad():
         done = run_together(model, [GenerationRun(model, 4, 2, SamplerConfig(temperature=0.01), seed=0,
                                                   constraint=only)])[0]

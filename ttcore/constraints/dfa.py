@@ -1,13 +1,18 @@
 """A deterministic automaton over a model's output tokens (``TokenDFA``): what a constrained step multiplies its
 joint by (``ttcore.distributions.automaton``). Built from a regular expression (``regex``) or a grammar
 (``smiles``); every builder ends in ``TokenDFA.finish``: the model's end padding appended, states that cannot
-reach acceptance removed, the size bound checked."""
+reach acceptance removed, the size bound checked.
 
-from dataclasses import dataclass
-from functools import cached_property
+Tokens that move every state alike form a class, and an automaton is kept over its classes: ``moves`` [Q, C] and
+each token's class [V], never the [Q, V] table (a text regex of 500 states has about 20 classes over 8,192
+tokens: 20 KB instead of 33 MB), in the smallest integer type that holds Q. Everything here (trimming, a
+prefix, satisfiability) runs over the classes: O(Q C) a position, not O(Q V)."""
+
+from dataclasses import dataclass, field
 
 import torch
 
+KEPT_TEMPLATES = 16  # templates whose satisfiability an automaton keeps (``TokenDFA.admits``)
 MAX_STATES = 512  # states a constraint may keep after trimming (the constrained step's work grows with them)
 
 
@@ -15,36 +20,83 @@ class ConstraintError(ValueError):
     """A constraint that cannot be used: empty, too large, or not satisfiable by any sequence asked for."""
 
 
-@dataclass(frozen=True)
+def smallest_int(max_value: int) -> torch.dtype:
+    """The smallest signed integer type that holds -1 .. ``max_value``."""
+    for dtype in (torch.int8, torch.int16, torch.int32):
+        if max_value <= torch.iinfo(dtype).max:
+            return dtype
+    return torch.int64
+
+
+def canonical_classes(moves: torch.Tensor, token_class: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Classes renumbered so that no class is empty and no two have the same column of ``moves`` [Q, C]:
+    -> (moves [Q, C'] long, token_class [V] long), C' <= C."""
+    used, token_class = torch.unique(token_class.long(), return_inverse=True)  # drop classes no token is in
+    columns, merge = torch.unique(moves.long()[:, used].T, dim=0, return_inverse=True)  # equal columns: one class
+    return columns.T.contiguous(), merge[token_class]
+
+
+@dataclass(frozen=True, eq=False)
 class TokenDFA:
-    """``delta`` [Q, V] long: the state after each token (-1: rejected), start state 0; ``accepting`` [Q] bool."""
-    delta: torch.Tensor
+    """``moves`` [Q, C]: the state after a token of each class (-1: rejected), start state 0; ``token_class`` [V]:
+    each token's class (every class non-empty, no two alike: ``canonical_classes``); ``accepting`` [Q] bool. Build
+    it from a [Q, V] table with ``TokenDFA.of_tokens``."""
+    moves: torch.Tensor
+    token_class: torch.Tensor
     accepting: torch.Tensor
+    _fits: dict = field(default_factory=dict, repr=False)  # template -> ``admits`` (the last few asked)
+
+    @classmethod
+    def over_classes(cls, moves: torch.Tensor, token_class: torch.Tensor, accepting: torch.Tensor) -> "TokenDFA":
+        """Classes made canonical, stored compactly (moves in ``smallest_int(Q)``, classes in ``smallest_int(C)``)."""
+        moves, token_class = canonical_classes(moves, token_class)
+        return cls(moves.to(smallest_int(moves.shape[0])), token_class.to(smallest_int(moves.shape[1])),
+                   accepting.bool())
+
+    @classmethod
+    def of_tokens(cls, delta: torch.Tensor, accepting: torch.Tensor) -> "TokenDFA":
+        """From ``delta`` [Q, V], the state after each token (-1: rejected)."""
+        return cls.over_classes(delta, torch.arange(delta.shape[1]), accepting)
 
     @property
     def num_states(self) -> int:
-        return self.delta.shape[0]
+        return self.moves.shape[0]
+
+    @property
+    def num_classes(self) -> int:
+        return self.moves.shape[1]
 
     @property
     def vocab_size(self) -> int:
-        return self.delta.shape[1]
+        return self.token_class.shape[0]
 
-    @cached_property
+    @property
+    def nbytes(self) -> int:
+        """Bytes the automaton holds (what a cache of automata counts)."""
+        return sum(t.element_size() * t.numel() for t in (self.moves, self.token_class, self.accepting))
+
+    @property
     def classes(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tokens that move every state alike, as one class: (token_class [V], the transitions over the classes
-        [Q, C]). A constrained step's messages run over the classes (``ttcore.distributions.automaton``)."""
-        from ttcore.distributions.automaton import token_classes
+        """(token_class [V] long, moves [Q, C] long): a constrained step's messages run over the classes
+        (``ttcore.distributions.automaton``)."""
+        return self.token_class.long(), self.moves.long()
 
-        return token_classes(self.delta)
+    @property
+    def delta(self) -> torch.Tensor:
+        """The [Q, V] table, state after each token (long): for small automata and tests; Q V entries."""
+        return self.moves.long()[:, self.token_class.long()]
+
+    def step(self, q: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """The states after reading ``tokens`` from states ``q`` (same shape; -1 in or out: rejected)."""
+        nxt = self.moves.long()[q.clamp_min(0), self.token_class.long()[tokens]]
+        return torch.where(q >= 0, nxt, q)
 
     def run(self, ids) -> int:
         """The state after reading ``ids`` from the start (-1: rejected on the way)."""
-        q = 0
+        q = torch.zeros(1, dtype=torch.long)
         for i in ids:
-            q = int(self.delta[q, int(i)])
-            if q < 0:
-                return -1
-        return q
+            q = self.step(q, torch.tensor([int(i)]))
+        return int(q)
 
     def accepts(self, ids) -> bool:
         q = self.run(ids)
@@ -54,34 +106,43 @@ class TokenDFA:
         """Whether each row of ``ids`` [n, l] is accepted, all rows at once. -> [n] bool."""
         q = torch.zeros(ids.shape[0], dtype=torch.long)
         for i in range(ids.shape[1]):
-            q = torch.where(q >= 0, self.delta[q.clamp_min(0), ids[:, i]], q)
+            q = self.step(q, ids[:, i])
         return (q >= 0) & self.accepting[q.clamp_min(0)]
 
     def padded(self, pad_id: int) -> "TokenDFA":
         """The language followed by any number of ``pad_id`` (a model's end padding): a new accepting state that
         reads only padding, entered by padding from every accepting state; padding is rejected elsewhere."""
-        q, v = self.delta.shape
-        delta = torch.cat([self.delta, torch.full((1, v), -1, dtype=torch.long)])
-        delta[:, pad_id] = -1
-        delta[torch.cat([self.accepting, torch.tensor([True])]), pad_id] = q
-        return TokenDFA(delta, torch.cat([self.accepting, torch.tensor([True])]))
+        q, c = self.moves.shape
+        moves = torch.cat([self.moves.long(), torch.full((1, c), -1, dtype=torch.long)])  # the new state's row
+        pad_column = torch.where(torch.cat([self.accepting, torch.tensor([True])]), q, -1)
+        token_class = self.token_class.long().clone()
+        token_class[pad_id] = c  # padding in a class of its own
+        return TokenDFA.over_classes(torch.cat([moves, pad_column[:, None]], 1), token_class,
+                                     torch.cat([self.accepting, torch.tensor([True])]))
 
     def with_prefix(self, ids) -> "TokenDFA":
         """``ids`` exactly, then the language: len(ids) new states read the prefix, the old start follows."""
-        n, v = len(ids), self.vocab_size
-        chain = torch.full((n, v), -1, dtype=torch.long)
-        chain[torch.arange(n), torch.tensor(ids, dtype=torch.long)] = torch.arange(1, n + 1)
-        delta = torch.cat([chain, torch.where(self.delta >= 0, self.delta + n, self.delta)])
-        return TokenDFA(delta, torch.cat([torch.zeros(n, dtype=torch.bool), self.accepting]))
+        n, c = len(ids), self.num_classes
+        distinct = sorted(set(int(i) for i in ids))
+        token_class = self.token_class.long().clone()
+        own = torch.arange(c, c + len(distinct))  # each prefix token in a class of its own, moving as before
+        token_class[distinct] = own
+        old = self.moves.long()
+        moves = torch.cat([old, old[:, self.token_class.long()[distinct]]], 1)  # [Q, C + d]
+        moves = torch.where(moves >= 0, moves + n, moves)
+        chain = torch.full((n, moves.shape[1]), -1, dtype=torch.long)
+        chain[torch.arange(n), token_class[torch.tensor(ids, dtype=torch.long)]] = torch.arange(1, n + 1)
+        return TokenDFA.over_classes(torch.cat([chain, moves]), token_class,
+                                     torch.cat([torch.zeros(n, dtype=torch.bool), self.accepting]))
 
     def trimmed(self) -> "TokenDFA":
         """Only the states reachable from the start that can still reach acceptance (the others are rejection in
         disguise), renumbered with the start first. Raises ``ConstraintError`` for an empty language."""
-        q_n = self.num_states
+        moves, q_n = self.moves.long(), self.num_states
         reach = torch.zeros(q_n, dtype=torch.bool)
         reach[0] = True
         while True:
-            nxt = self.delta[reach].flatten()
+            nxt = moves[reach].flatten()
             new = reach.clone()
             new[nxt[nxt >= 0]] = True
             if torch.equal(new, reach):
@@ -89,8 +150,7 @@ class TokenDFA:
             reach = new
         live = self.accepting.clone()
         while True:
-            to_live = torch.where(self.delta >= 0, live[self.delta.clamp_min(0)], False).any(1)
-            new = live | to_live
+            new = live | torch.where(moves >= 0, live[moves.clamp_min(0)], False).any(1)
             if torch.equal(new, live):
                 break
             live = new
@@ -99,9 +159,8 @@ class TokenDFA:
             raise ConstraintError("the language is empty: no sequence of tokens is accepted")
         index = torch.full((q_n + 1,), -1, dtype=torch.long)  # old state (or -1 at the end) -> new
         index[keep.nonzero()[:, 0]] = torch.arange(int(keep.sum()))
-        old = self.delta[keep]
-        delta = index[torch.where(old >= 0, old, q_n)]
-        return TokenDFA(delta, self.accepting[keep])
+        kept = moves[keep]
+        return TokenDFA.over_classes(index[torch.where(kept >= 0, kept, q_n)], self.token_class, self.accepting[keep])
 
     def finish(self, pad_id: int | None, max_states: int = MAX_STATES) -> "TokenDFA":
         """Padding appended (``pad_id``; None: the model never pads), trimmed, at most ``max_states`` states."""
@@ -114,26 +173,34 @@ class TokenDFA:
     def satisfiable(self, template: torch.Tensor) -> torch.Tensor:
         """Whether some accepted sequence agrees with each row of ``template`` [n, l] (token ids; -1 free).
         -> [n] bool. Any sequence agreeing with it has positive probability under a model (softmax outputs),
-        so this is exactly whether a constrained generation from the template exists."""
+        so this is exactly whether a constrained generation from the template exists. Boolean reachability
+        over the classes: a free position moves the reachable states by the automaton's [Q, Q] adjacency, a
+        known token by its class's column; O(l n Q^2) at most."""
         n, l = template.shape
-        reach = torch.zeros(n, self.num_states, dtype=torch.bool)
-        reach[:, 0] = True
-        can = self.delta >= 0
+        moves, q_n = self.moves.long(), self.num_states
+        adjacency = torch.zeros(q_n, q_n + 1)  # [Q, Q + 1]: whether some token leads q to q' (column Q: rejected)
+        adjacency[torch.arange(q_n)[:, None].expand_as(moves), torch.where(moves >= 0, moves, q_n)] = 1
+        adjacency = adjacency[:, :q_n]
+        reach = torch.zeros(n, q_n)
+        reach[:, 0] = 1
         for i in range(l):
             t = template[:, i]
-            step = torch.zeros_like(reach)
-            free = t < 0
-            if free.any():  # every token: the states any token leads to
-                onto = reach[free][:, :, None] & can[None]  # [f, Q, V]
-                targets = torch.zeros_like(reach[free])
-                rows, qs, vs = onto.nonzero(as_tuple=True)
-                targets[rows, self.delta[qs, vs]] = True
-                step[free] = targets
-            if (~free).any():
-                rows = (~free).nonzero()[:, 0]
-                nxt = self.delta[:, t[rows]].T  # [k, Q]: each row's token from every state
-                ok = reach[rows] & (nxt >= 0)
-                r2, q2 = ok.nonzero(as_tuple=True)
-                step[rows[r2], nxt[r2, q2]] = True
-            reach = step
-        return (reach & self.accepting[None]).any(1)
+            free = (reach @ adjacency).clamp_max(1)  # [n, Q]
+            nxt = moves[:, self.token_class.long()[t.clamp_min(0)]].T  # [n, Q]: each row's token from each state
+            known = torch.zeros(n, q_n + 1).scatter_add_(1, torch.where(nxt >= 0, nxt, q_n), reach)[:, :q_n]
+            reach = torch.where((t < 0)[:, None], free, known.clamp_max(1))
+        return (reach * self.accepting).sum(1) > 0
+
+    def admits(self, template: torch.Tensor) -> bool:
+        """``satisfiable`` of one template [l] (token ids; -1 free), kept with the automaton (the last
+        ``KEPT_TEMPLATES`` asked): a server asks it at admission, its run again when it starts."""
+        key = tuple(template.tolist())
+        if key not in self._fits:
+            if len(self._fits) >= KEPT_TEMPLATES:
+                self._fits.pop(next(iter(self._fits)))
+            self._fits[key] = bool(self.satisfiable(template[None].cpu()).item())
+        return self._fits[key]
+
+    def fits(self, length: int) -> bool:
+        """Whether some accepted sequence has exactly ``length`` tokens (``admits`` of an all-free template)."""
+        return self.admits(torch.full((length,), -1))

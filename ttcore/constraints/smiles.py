@@ -75,4 +75,4 @@ def smiles_dfa(pieces: list[str], pad_id: int | None, max_depth: int = MAX_DEPTH
             row.append(-1 if nxt is None else index[nxt])
         rows.append(row)
     accepting = torch.tensor([s[0] in ("atom", "close") and s[1] == 0 and not s[2] for s in order])
-    return TokenDFA(torch.tensor(rows, dtype=torch.long), accepting).finish(pad_id, MAX_STATES)
+    return TokenDFA.of_tokens(torch.tensor(rows, dtype=torch.long), accepting).finish(pad_id, MAX_STATES)
