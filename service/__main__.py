@@ -16,11 +16,14 @@ from pydantic import ValidationError
 
 from .app import create_app
 from .config import EmbeddedArgs, add_arguments
+from .engine import SHUTDOWN_MESSAGE
 from .http_guard import access_log_config, guarded_h11
 from .security import ApiKeyError, SecurityConfig, load_api_keys
 from .serving import build_serving
 
 log = logging.getLogger("ttcore.service")
+
+CUT_FLUSH_S = 1.0  # after a drain's timeout cuts its requests: the most their closing events get to leave
 
 
 def _loopback(host: str) -> bool:
@@ -52,7 +55,7 @@ def main():
     serving = build_serving(args)
     config = uvicorn.Config(create_app(serving, security), host=args.host, port=args.port, log_level=args.log_level,
                             http=guarded_h11(args.read_timeout_s), log_config=access_log_config(),
-                            timeout_graceful_shutdown=5)
+                            timeout_graceful_shutdown=2)
     DrainingServer(config, serving.engine, args.drain_timeout_s).run()
 
 
@@ -63,7 +66,7 @@ class DrainingServer(uvicorn.Server):
 
     def __init__(self, config: uvicorn.Config, engine, drain_timeout_s: float):
         super().__init__(config)
-        self.engine, self.drain_timeout_s, self.drain_started = engine, drain_timeout_s, None
+        self.engine, self.drain_timeout_s, self.drain_started, self.cut_at = engine, drain_timeout_s, None, None
 
     def handle_exit(self, sig, frame) -> None:
         if self.drain_started is not None or self.drain_timeout_s == 0:
@@ -73,10 +76,21 @@ class DrainingServer(uvicorn.Server):
         log.info("draining: %d requests in flight, at most %g s", self.engine.in_flight, self.drain_timeout_s)
 
     async def on_tick(self, counter: int) -> bool:
-        if self.drain_started is not None and (
-                self.engine.in_flight == 0 or time.monotonic() - self.drain_started > self.drain_timeout_s):
-            log.info("drained (%d requests still in flight): exiting", self.engine.in_flight)
-            return True
+        """Every 0.1 s on the event loop: past the drain's timeout, the requests still in flight are cut, each
+        ending with its error (a stream's last event ``code: shutdown``, a whole answer 503), and the server
+        exits once they are answered (within ``CUT_FLUSH_S``)."""
+        if self.drain_started is not None:
+            now = time.monotonic()
+            if self.cut_at is None and now - self.drain_started > self.drain_timeout_s and self.engine.in_flight:
+                self.cut_at = now
+                log.info("drain timed out: %d requests still in flight, ended with a shutdown error",
+                         self.engine.cut(SHUTDOWN_MESSAGE))
+            if self.engine.in_flight == 0 and (self.cut_at is None or now - self.cut_at > CUT_FLUSH_S
+                                               or not self.server_state.connections):
+                log.info("drained: exiting")
+                return True
+            if self.cut_at is not None and now - self.cut_at > CUT_FLUSH_S:
+                return True
         return await super().on_tick(counter)
 
 

@@ -15,6 +15,7 @@ cancelled); a cancelled request leaves at the next step.
 """
 
 import asyncio
+import collections
 import contextlib
 import ctypes
 import ctypes.util
@@ -40,6 +41,7 @@ log = logging.getLogger("ttcore.engine")
 
 MAX_BACKLOG = 8  # unread outputs per request before its request pauses
 DRAIN_RETRY_AFTER_S = 5  # what a draining server's 503 tells a client (another replica, or this one restarted)
+SHUTDOWN_MESSAGE = "the server shut down before the request finished (its drain timed out): retry it elsewhere"
 CALIBRATION_STALL_S = 120.0  # timing a kind of work (the server's own, a few steps) counts as stalled only past this
 IDLE_RELEASE_S = 1.0  # a model's queue empty this long: the memory its requests freed goes back to the OS
 
@@ -87,7 +89,8 @@ class StepOutput:
 @dataclass
 class EngineError:
     """The request is over without an answer: ``kind`` is ``timeout`` (its deadline passed), ``cancelled``
-    (its client went away or stopped reading) or ``failed`` (a step raised); ``message`` is safe to show."""
+    (its client went away or stopped reading), ``shutdown`` (the server's drain timed out: ``Engine.cut``) or
+    ``failed`` (a step raised); ``message`` is safe to show."""
     message: str
     kind: str = "failed"
 
@@ -105,6 +108,7 @@ class Job:
     started: float | None = None  # first step began
     first_output: float | None = None
     cancelled: bool = False
+    shutdown: bool = False  # ended by a drain past its timeout (``Engine.cut``)
     finished: bool = False
     paused_since: float | None = None  # its backlog of unread outputs is full
     forward_s: float = 0.0  # its share of the backbone passes it took part in (split by sequences)
@@ -139,11 +143,22 @@ class _Batcher:
         self.busy_since: float | None = None  # a step is running on the worker since then
         self.calibrating_since: float | None = None  # the server is timing a kind of work on the worker since then
         self.dirty = False  # steps ran since the queue was last empty (freed memory to give back)
+        self.pieces: collections.deque = collections.deque()  # other work for the worker (``Engine.run_on_worker``)
         on_cuda = next(lm.model.parameters()).device.type == "cuda"
         self.forward = ForwardGraphs(lm.model) if on_cuda and engine.cuda_graphs else None  # None: eager
 
     def add(self, job: Job) -> None:
         self.jobs.append(job)
+        self._start()
+
+    def add_piece(self, fn, calibration: bool) -> asyncio.Future:
+        """Queue ``fn`` for the worker (``Engine.run_on_worker``): -> a future of its result."""
+        future = asyncio.get_running_loop().create_future()
+        self.pieces.append((fn, future, calibration))
+        self._start()
+        return future
+
+    def _start(self) -> None:
         self.wake.set()
         if self.task is None or self.task.done():
             self.task = asyncio.get_running_loop().create_task(self._loop(), name=f"batcher-{self.lm.name}")
@@ -179,6 +194,9 @@ class _Batcher:
                 job.paused_since = None
 
     async def _loop(self) -> None:
+        """The worker's schedule, fair by construction: each turn runs one denoising step of the batch (when any
+        request can step), then at most one queued piece of other work (a /score piece, a timing), so a
+        generation step runs between any two pieces, however many scores are queued."""
         loop = asyncio.get_running_loop()
         while True:
             self._expire(time.perf_counter())
@@ -187,7 +205,11 @@ class _Batcher:
             for job in self.jobs:  # a run that sits out this step lets its key-value cache go (an autoregressive
                 if id(job) not in stepping:  # model's: its next step refills it), so caches held stay one batch's
                     job.run.kv = None
-            if not batch:
+            if batch:
+                await self._step_batch(loop, batch)
+            if self.pieces:
+                await self._run_piece(loop)
+            elif not batch:
                 self.wake.clear()
                 if self.jobs:  # all paused (readers behind) or waiting: look again soon
                     with contextlib.suppress(asyncio.TimeoutError):
@@ -200,29 +222,50 @@ class _Batcher:
                         except asyncio.TimeoutError:
                             self.dirty = False
                             await loop.run_in_executor(self.executor, release_freed_memory)
-                    if not self.jobs:
+                    if not self.jobs and not self.pieces:
                         await self.wake.wait()
-                continue
-            self.busy_since, self.dirty = time.perf_counter(), True
-            try:
-                outputs = await loop.run_in_executor(self.executor, self._step, batch)
-            except Exception as e:  # noqa: BLE001 - a failed step fails its requests, not the server
-                log.exception("engine step failed for %s", self.lm.name)
-                for job in batch:
-                    job.outputs.put_nowait(EngineError(f"{type(e).__name__}: {e}"))
-                    self._finish(job)
-                continue
-            finally:
-                self.busy_since = None
-            now = time.perf_counter()
-            for job, out in zip(batch, outputs):
-                if job.first_output is None:
-                    job.first_output = now
-                    self.engine.metrics.first_event.labels(self.lm.family).observe(now - job.arrived)
-                job.outputs.put_nowait(out)
-                if out.finished:
-                    self._observe(job)
-                    self._finish(job)
+
+    async def _run_piece(self, loop) -> None:
+        """The oldest queued piece on the worker (one whose caller stopped waiting is dropped)."""
+        fn, future, calibration = self.pieces.popleft()
+        if future.done():  # its caller was cancelled meanwhile
+            return
+        attr = "calibrating_since" if calibration else "busy_since"
+        setattr(self, attr, time.perf_counter())
+        try:
+            result = await loop.run_in_executor(self.executor, fn)
+        except Exception as e:  # noqa: BLE001 - the caller's, raised where it awaits
+            if not future.done():
+                future.set_exception(e)
+        else:
+            if not future.done():
+                future.set_result(result)
+        finally:
+            setattr(self, attr, None)
+            self.dirty = True  # its freed memory is given back once idle
+
+    async def _step_batch(self, loop, batch: list[Job]) -> None:
+        """One denoising step of ``batch`` on the worker; its outputs to their requests."""
+        self.busy_since, self.dirty = time.perf_counter(), True
+        try:
+            outputs = await loop.run_in_executor(self.executor, self._step, batch)
+        except Exception as e:  # noqa: BLE001 - a failed step fails its requests, not the server
+            log.exception("engine step failed for %s", self.lm.name)
+            for job in batch:
+                job.outputs.put_nowait(EngineError(f"{type(e).__name__}: {e}"))
+                self._finish(job)
+            return
+        finally:
+            self.busy_since = None
+        now = time.perf_counter()
+        for job, out in zip(batch, outputs):
+            if job.first_output is None:
+                job.first_output = now
+                self.engine.metrics.first_event.labels(self.lm.family).observe(now - job.arrived)
+            job.outputs.put_nowait(out)
+            if out.finished:
+                self._observe(job)
+                self._finish(job)
 
     def _observe(self, job: Job) -> None:
         """Admission's estimates follow what requests really take (finished, or stopped by their deadline)."""
@@ -321,7 +364,7 @@ class Engine:
     def idle(self, lm: LoadedModel) -> bool:
         """Whether ``lm`` has no request in flight (admission runs an unmeasured kind's first request then)."""
         batcher = self._batchers.get(lm.name)
-        return batcher is None or (not batcher.jobs and batcher.busy_since is None
+        return batcher is None or (not batcher.jobs and not batcher.pieces and batcher.busy_since is None
                                    and batcher.calibrating_since is None)
 
     def submit(self, lm: LoadedModel, run: GenerationRun, cost_s: float = 0.0,
@@ -374,21 +417,28 @@ class Engine:
                 self.abort(job.id)
 
     async def run_on_worker(self, lm: LoadedModel, fn, calibration: bool = False):
-        """Run ``fn()`` on ``lm``'s worker thread, between its denoising steps (scoring uses the model too).
+        """Run ``fn()`` on ``lm``'s worker thread, between its denoising steps (scoring uses the model too): queued,
+        and run after the next step of the model's batch (``_Batcher._loop``: one piece between two steps).
         ``calibration``: the server timing a kind of work (``Speed.ensure``), which /health does not count as a
         stalled step (a first timing of an exact contraction took 10 s on a loaded machine) unless it passes
         ``CALIBRATION_STALL_S``."""
         batcher = self._batchers.get(lm.name)
         if batcher is None:
             batcher = self._batchers[lm.name] = _Batcher(self, lm)
-        attr = "calibrating_since" if calibration else "busy_since"
-        setattr(batcher, attr, time.perf_counter())
-        try:
-            return await asyncio.get_running_loop().run_in_executor(batcher.executor, fn)
-        finally:
-            setattr(batcher, attr, None)
-            batcher.dirty = True  # its freed memory is given back once idle
-            batcher.wake.set()  # the loop, idle or not, looks again (and starts its idle countdown)
+        return await batcher.add_piece(fn, calibration)
+
+    def cut(self, message: str) -> int:
+        """End every request in flight now, each with ``EngineError(message, "shutdown")`` (a stream's last event
+        says so; a /score request's next piece refuses with 503): a drain past its timeout. -> requests cut."""
+        cut = list(self._jobs.values())
+        for job in cut:
+            job.shutdown = job.cancelled = True
+            batcher = self._batchers.get(job.lm.name)
+            if job.run is not None and batcher is not None and job in batcher.jobs:
+                batcher.jobs.remove(job)
+                job.outputs.put_nowait(EngineError(message, "shutdown"))
+                self._release(job, cancelled=False)
+        return len(cut)
 
     def abort(self, job_id: str) -> None:
         job = self._jobs.get(job_id)

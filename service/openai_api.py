@@ -64,10 +64,11 @@ def model_id(lm: LoadedModel) -> str:
 
 
 def openai_error(status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error", headers: dict | None = None) -> JSONResponse:
-    """OpenAI's error object (a message quoting the client's input is cut to 200 characters, a param to 64)."""
+                 kind: str = "invalid_request_error", headers: dict | None = None, whole: bool = False) -> JSONResponse:
+    """OpenAI's error object (a message quoting the client's input is cut to 200 characters, unless ``whole``:
+    the server's own text, its quotes of the input cut already; a param to 64)."""
     return JSONResponse(status_code=status, headers=headers,
-                        content={"error": {"message": clip(message), "type": kind,
+                        content={"error": {"message": message if whole else clip(message), "type": kind,
                                            "param": None if param is None else clip(param, 64), "code": code}})
 
 
@@ -102,7 +103,8 @@ def openai_refused(r: Refusal) -> JSONResponse:
     """A refusal as OpenAI's error object: 422 becomes 400 (OpenAI's invalid request), ``num_samples`` is ``n``."""
     param = {"num_samples": "n"}.get(r.loc[0], r.loc[0]) if r.loc else None
     kind = "server_error" if r.status >= 500 else "invalid_request_error"
-    return openai_error(400 if r.status == 422 else r.status, r.message, param, r.code, kind, headers=r.headers or None)
+    return openai_error(400 if r.status == 422 else r.status, r.message, param, r.code, kind, headers=r.headers or None,
+                        whole=r.status == 404)  # the checkpoints available, all of them
 
 
 router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"])

@@ -5,7 +5,9 @@ OpenAI's Completions and Chat Completions APIs; diffusion settings are extra fie
 import time
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, field_validator
+
+from ttcore.tokenizers.symbols import MASK
 
 from .schema import (
     MAX_PROMPT_CHARS,
@@ -16,6 +18,18 @@ from .schema import (
     ConstraintFields,
     SamplerFields,
 )
+
+
+def _only_false(value: bool) -> bool:
+    if value:
+        raise ValueError("only false is supported")
+    return value
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's ``response_format``: only plain text (structured output is ``regex`` / ``grammar``)."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["text"]
 
 
 class _OpenAIRequest(SamplerFields, ConstraintFields):
@@ -51,6 +65,15 @@ class _OpenAIRequest(SamplerFields, ConstraintFields):
     repetition_penalty: float = Field(1.0, ge=1, le=1, description="Only 1 (no penalties on joint draws).")
     top_k: int = Field(-1, ge=-1, le=0, description="Only -1 or 0 (off): every token is drawn from the joint.")
     logit_bias: dict[str, float] | None = Field(None, max_length=0, description="Only null or {}.")
+    # what OpenAI's SDKs send at their neutral values (a client's extras at their defaults are accepted)
+    response_format: ResponseFormat | None = Field(None, description='Only {"type": "text"} (or null).')
+    tools: list | None = Field(None, max_length=0, description="Only null or [] (these models call no tools).")
+    tool_choice: Literal["none"] | None = Field(None, description='Only "none" (or null).')
+    parallel_tool_calls: bool | None = Field(None, description="Accepted (no tools are called).")
+    store: Annotated[StrictBool, AfterValidator(_only_false)] | None = Field(
+        None, description="Only false or null (nothing is stored).")
+    metadata: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] | None = Field(
+        None, max_length=16, description="Accepted and ignored (at most 16 pairs).")
 
     @property
     def completion_limit(self) -> int | None:
@@ -87,15 +110,22 @@ class ChatMessage(BaseModel):
     content: str | list[TextPart] = Field(max_length=MAX_PROMPT_CHARS)
     name: str | None = Field(None, max_length=64)
 
+    @field_validator("content")
+    @classmethod
+    def _literal_unicode(cls, value):
+        for text in [value] if isinstance(value, str) else [p.text for p in value]:
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError("must be valid Unicode text (it holds a lone surrogate)") from None
+            if MASK in text:  # a prompt with it is a template, whose answer is the whole sequence, system text too
+                raise ValueError(f"a message may not hold {MASK}: message contents are literal text, and {MASK} "
+                                 "is the models' placeholder (use /v1/completions or /generate with a template)")
+        return value
+
     @property
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-
-
-def _only_false(value: bool) -> bool:
-    if value:
-        raise ValueError("only false is supported")
-    return value
 
 
 class ChatCompletionRequest(_OpenAIRequest):
@@ -113,7 +143,7 @@ class ChatCompletionRequest(_OpenAIRequest):
     logprobs: Annotated[StrictBool, AfterValidator(_only_false)] = Field(
         False, json_schema_extra={"const": False},
         description="Only false; see POST /score for exact log-probabilities.")
-    top_logprobs: None = Field(None, description="Not supported (null only).")
+    top_logprobs: int | None = Field(None, ge=0, le=0, description="Only 0 or null (see POST /score).")
 
     @property
     def completion_limit(self) -> int | None:

@@ -64,7 +64,8 @@ class ScoreCancelled(Exception):
 
 REFUSED = (ModelNotFound, PromptError, TooLarge, Unsupported, Overloaded, ScoreInputError, ScoreTimeout,
            ScoreCancelled)
-FAILURE_STATUS = {"timeout": 504, "cancelled": 499, "failed": 500}  # 499: nginx's "client closed request"
+FAILURE_STATUS = {"timeout": 504, "cancelled": 499, "failed": 500,  # 499: nginx's "client closed request"
+                  "shutdown": 503}
 
 
 def failure_status(kind: str) -> int:

@@ -15,6 +15,7 @@ from ttcore.models.ar import pair
 
 from .constraints import Constraints, grammars_of
 from .refusals import ModelNotFound, PromptError
+from .security import clip
 from .speed import Speed
 
 log = logging.getLogger("ttcore.registry")
@@ -203,8 +204,8 @@ class ModelRegistry:
         what else is given); defaults pick the best available for ``steps`` (``_preference``)."""
         if not self.models:
             raise ModelNotFound("no checkpoints are loaded", [])
-        if checkpoint is None:
-            family = family or self.models[0].family
+        if checkpoint is None and family is None:  # "" names no family: 404, not the first one
+            family = self.models[0].family
         pool = [lm for lm in self.models if (checkpoint is None or lm.name == checkpoint)
                 and (family is None or lm.family == family)
                 and (decomposition is None or lm.info.decomposition == decomposition)
@@ -212,8 +213,10 @@ class ModelRegistry:
         if not pool:
             available = [{"model": lm.family, "decomposition": lm.info.decomposition, "rank": lm.info.rank,
                           "checkpoint": lm.name} for lm in self.models]
-            want = f"model={family!r}, decomposition={decomposition!r}, rank={rank!r}" + (
-                f", checkpoint={checkpoint!r}" if checkpoint is not None else "")
+            def said(v):  # the client's text, cut
+                return v if v is None else clip(v, 64)
+            want = f"model={said(family)!r}, decomposition={said(decomposition)!r}, rank={rank!r}" + (
+                f", checkpoint={said(checkpoint)!r}" if checkpoint is not None else "")
             have = "; ".join(f"{a['model']}/{a['decomposition']}/r{a['rank']} ({a['checkpoint']})" for a in available)
             raise ModelNotFound(f"no loaded checkpoint matches {want}; available: {have}", available)
         return max(pool, key=lambda lm: _preference(lm, steps))

@@ -13,7 +13,8 @@ from ttcore.sampling import cost
 from ttcore.sampling.steps import WorkKind
 
 from . import admission
-from .refusals import ScoreCancelled, ScoreInputError, ScoreTimeout, TooLarge
+from .engine import DRAIN_RETRY_AFTER_S, SHUTDOWN_MESSAGE
+from .refusals import Overloaded, ScoreCancelled, ScoreInputError, ScoreTimeout, TooLarge
 from .schema import Score, ScoreRequest, ScoreResponse
 from .serving import Serving
 
@@ -96,6 +97,8 @@ async def _run(serving: Serving, request: ScoreRequest, lm, job, encoded, rows: 
         for t in ([None] if times is None else times):
             if late():
                 raise ScoreTimeout(f"the request's deadline of {job.timeout_s:g} s passed")
+            if job.shutdown:
+                raise Overloaded(SHUTDOWN_MESSAGE, DRAIN_RETRY_AFTER_S)
             if job.cancelled:
                 raise ScoreCancelled("the request was cancelled")
             if gone is not None and await gone():

@@ -128,6 +128,14 @@ def test_edlm_over_a_joint_head_resamples_draws_from_its_joint(fmt, perturb, noi
     draws = one_step(step, x, chosen)
     assert (draws[:, 1] == -1).all()
     assert chi_square_pvalue(draws[:, free], law, outcomes) > 1e-3
+
+    def rank_one(xs, masked, cs, streams):  # joint: false, exact marginals: resampling from their product
+        return edlm_step(joint, ar, joint.features(xs), xs, masked, cs, torch.full((N,), 0.5, dtype=torch.float64), 2,
+                         1.0, 1.0, streams, contraction="exact", joint=False)
+
+    draws = one_step(rank_one, x, chosen)
+    assert chi_square_pvalue(draws[:, free], _sir_law(q_rank1, p / q_rank1, 2), outcomes) > 1e-3
+    assert chi_square_pvalue(draws[:, free], law, outcomes) < 1e-6  # and not the joint's law
     with torch.no_grad():  # each candidate's log q is its exact log-likelihood under the joint
         xs = x.expand(6, L)
         cand, log_q = joint_proposals(joint, joint.features(xs), xs, xs == MASK, 3, Streams.of_request(5, 6), "head")

@@ -12,7 +12,8 @@ matrices P(x)[q, q'] = 1[delta(q, x) = q']. Their product G_i(x) (x) P(x) is aga
 and the messages of a hidden Markov chain give it exactly (with respect to the chain given: a TT's full cores,
 so its unchosen positions are summed exactly, not by the contracted-core head): ``backward_messages``
 beta_i[a, q] (the mass of every accepted continuation after position i from rank state a and automaton state
-q), ``log_acceptance`` log Z, ``constrained_marginals`` p(x^i | x in L), and ``constrained_sample``, a draw of
+q), ``log_acceptance`` log Z (the accepted mass over the chain's total, ``chain_log_total``: a tempered
+train is not normalized), ``constrained_marginals`` p(x^i | x in L), and ``constrained_sample``, a draw of
 the whole sequence from p(x | x in L) by ancestral sampling of the product chain's path (its restriction to a
 set T is a draw of x_T with the other positions summed out). Since every step of the path keeps a positive
 message ahead, every prefix it draws can still be completed to an accepted sequence.
@@ -180,12 +181,36 @@ def backward_messages(summed: torch.Tensor, automata: Automata, diagonal: bool =
     return torch.stack(out[::-1], 1), torch.stack(scales[::-1], 1)
 
 
+def chain_log_total(start: torch.Tensor, summed: torch.Tensor, diagonal: bool = False) -> torch.Tensor:
+    """log of the chain's total mass, log s^T (sum_x G_1(x)) ... (sum_x G_l(x)) 1, from the class sums [b, l, C,
+    ...] (every token is in one class): 0 for a normalized joint (a row-stochastic train, CP, rank 1), not for a
+    tempered train, whose entries G(x)^(1/T) (each position shifted by its own maximum) are not row-stochastic.
+    Each product rescaled to max 1, its log carried. -> [b]."""
+    totals = summed.sum(2)  # [b, l, r, r] (diagonal [b, l, r])
+    v = totals.new_ones(totals.shape[0], totals.shape[-1])  # [b, r]
+    log_scale = totals.new_zeros(totals.shape[0])
+    for i in range(totals.shape[1] - 1, -1, -1):
+        v = totals[:, i] * v if diagonal else (totals[:, i] @ v[..., None])[..., 0]
+        top = v.amax(1).clamp_min(torch.finfo(v.dtype).tiny)
+        v, log_scale = v / top[:, None], log_scale + top.log()
+    return (start.to(v.dtype) * v).sum(1).log() + log_scale
+
+
+def log_accepted_mass(start: torch.Tensor, summed: torch.Tensor, automata: Automata, diagonal: bool = False,
+                      known: torch.Tensor | None = None) -> torch.Tensor:
+    """log sum_{x in L} s^T G_1(x^1) ... G_l(x^l) 1 = log sum_a s_a beta_0[a, q_0], the chain's accepted mass
+    as its entries stand (unnormalized for a tempered train): start [b, r], the class sums -> [b] (-inf: nothing
+    the chain can emit is accepted)."""
+    beta, scales = backward_messages(summed, automata, diagonal, known)
+    return (start.to(beta.dtype) * beta[:, 0, 0]).sum(1).log() + scales.sum(1)
+
+
 def log_acceptance(start: torch.Tensor, summed: torch.Tensor, automata: Automata, diagonal: bool = False
                    ) -> torch.Tensor:
-    """log Z = log p(x in L) = log sum_a s_a beta_0[a, q_0]: start [b, r], the class sums -> [b] (-inf: no
-    sequence the chain can emit is accepted)."""
-    beta, scales = backward_messages(summed, automata, diagonal)
-    return (start.to(beta.dtype) * beta[:, 0, 0]).sum(1).log() + scales.sum(1)
+    """log Z = log p(x in L): the accepted mass over the chain's total (``chain_log_total``), a log-probability at
+    every temperature and for every row alone, whatever the batch's other rows are. start [b, r], the class sums
+    -> [b] (-inf: no sequence the chain can emit is accepted)."""
+    return log_accepted_mass(start, summed, automata, diagonal) - chain_log_total(start, summed, diagonal)
 
 
 @own_precision
@@ -295,9 +320,12 @@ class Constrained:
         self.b, self.l, self.v = self.cores.shape[0], self.cores.shape[1], self.cores.shape[2]
 
     def log_prob(self, x: torch.Tensor) -> torch.Tensor:
-        """log p(x | x in L) of complete sequences x [b, l]: log p(x) - log Z where accepted, -inf elsewhere."""
+        """log p(x | x in L) of complete sequences x [b, l]: the chain's value of x over its accepted mass where
+        accepted (both as the entries stand: a tempered train's factors cancel), -inf elsewhere."""
         accepted = self.accepts(x)
-        lp = self.joint.log_prob(x).to(self.cores.dtype) - self.log_normalizer()
+        summed = class_sums(self.cores, self.automata)
+        lp = self.joint.log_prob(x).to(self.cores.dtype) - log_accepted_mass(self.start, summed, self.automata,
+                                                                              self.diagonal, self.known)
         return torch.where(accepted, lp, torch.full_like(lp, -torch.inf))
 
     def accepts(self, x: torch.Tensor) -> torch.Tensor:
@@ -310,10 +338,12 @@ class Constrained:
         return (q >= 0) & self.automata.accepting[rows, q.clamp_min(0)]
 
     def log_normalizer(self, x_cond: torch.Tensor | None = None) -> torch.Tensor:
-        """log p(x in L, x_S) [b]: -inf where no accepted sequence agrees with x_cond (None: nothing known)."""
+        """log p(x in L, x_S) [b] under the joint (normalized by its total mass: exact at every temperature, each
+        row alone): -inf where no accepted sequence agrees with x_cond (None: nothing known)."""
         cores = self.cores if x_cond is None else conditioned_cores(self.cores, x_cond)
-        beta, scales = backward_messages(class_sums(cores, self.automata), self.automata, self.diagonal, self.known)
-        return (self.start.to(beta.dtype) * beta[:, 0, 0]).sum(1).log() + scales.sum(1)
+        mass = log_accepted_mass(self.start, class_sums(cores, self.automata), self.automata, self.diagonal,
+                                 self.known)
+        return mass - chain_log_total(self.start, class_sums(self.cores, self.automata), self.diagonal)
 
     def marginals(self, x_cond: torch.Tensor) -> torch.Tensor:
         """p(x^i | x_S, x in L) [b, l, v], one-hot at the conditioned positions."""

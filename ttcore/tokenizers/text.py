@@ -42,6 +42,7 @@ class TextTokenizer:
 
     def __init__(self, bpe: Tokenizer, length: int, name: str):
         self.bpe, self.length, self.name = bpe, length, name
+        bpe.encode_special_tokens = True  # a text's "<|endoftext|>" is text: only the data's own end token ends
         self.eot_id = bpe.token_to_id(EOT)
         if self.eot_id is None:
             raise ValueError(f"the BPE vocabulary must contain {EOT}")

@@ -39,10 +39,11 @@ def in_window(t: torch.Tensor, window: float) -> torch.Tensor:
     return (t - 0.5).abs() <= window / 2 + 1e-12
 
 
-def proposes_jointly(fmt, temperature) -> bool:
+def proposes_jointly(fmt, temperature, joint: bool = True) -> bool:
     """Whether EDLM's candidates come from the model's joint (``joint_proposals``): a CP / TT format at
-    temperature 1; otherwise from its per-position marginals (``marginal_proposals``)."""
-    return fmt.joint_head and is_one(temperature)
+    temperature 1, unless ``joint`` is False (the rank-1 view); otherwise from its per-position marginals
+    (``marginal_proposals``)."""
+    return joint and fmt.joint_head and is_one(temperature)
 
 
 def marginal_proposals(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, k: int, temperature, streams,
@@ -89,17 +90,18 @@ def joint_proposals(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Tenso
 
 def edlm_step(model, ar, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, chosen: torch.Tensor,
               t: torch.Tensor, candidates: int, window: float, temperature, streams,
-              contraction: str = "head") -> torch.Tensor:
+              contraction: str = "head", joint: bool = True) -> torch.Tensor:
     """One EDLM step: ``candidates`` proposals of every masked position from the diffusion model's denoiser, a CP /
     TT model's joint (``joint_proposals``; at a temperature other than 1 its exact marginals) or a rank-1 model's
     factors (``marginal_proposals``), one picked by ``edlm_log_weights`` (Site.select, lane 0) where ``in_window``,
-    the first elsewhere; its tokens at ``chosen`` [b, l] are returned ([b, l], -1 elsewhere)."""
+    the first elsewhere; its tokens at ``chosen`` [b, l] are returned ([b, l], -1 elsewhere). ``joint`` False:
+    a joint head's marginals propose (the rank-1 view, as ``joint: false`` draws elsewhere)."""
     b, l = x.shape
     k = candidates
     values = torch.full_like(x, -1)
     if not chosen.any():
         return values
-    if proposes_jointly(model.format, temperature):
+    if proposes_jointly(model.format, temperature, joint):
         cand, log_q = joint_proposals(model, h, x, masked, k, streams, contraction)
     else:
         cand, log_q = marginal_proposals(model, h, x, masked, k, temperature, streams, contraction)
@@ -126,18 +128,25 @@ class EDLMStep(ConfiguredStep):
 
     def plan(self, run):
         check_paired(run, "edlm")
+        c = self.config
+        if c.contraction != "head" and proposes_jointly(run.model.format, c.temperature, c.joint):
+            from ..config import InvalidSampler
+
+            raise InvalidSampler("contraction", "sampler edlm over a joint head draws its candidates jointly, every "
+                                 "masked position at once (none summed out): contraction applies only to its "
+                                 "marginal proposals (joint: false, or a temperature other than 1)")
         return super().plan(run)
 
     def draw(self, rows, h, tokens, masked, chosen, counts):
         c = self.config
         t = 1.0 - rows.step.double() / rows.steps.double()
         return edlm_step(rows.model, companion(rows.model), h, tokens, masked, chosen, t, c.edlm_candidates,
-                         c.edlm_window, rows.temperature, rows.streams, c.contraction)
+                         c.edlm_window, rows.temperature, rows.streams, c.contraction, c.joint)
 
     def sums_outputs(self, fmt, temperature) -> bool:
-        """Over a joint head at temperature 1 the candidates' likelihoods take every masked position's full head
-        outputs (``joint_proposals``; admission reserves ``cost.summed_outputs_bytes``)."""
-        return proposes_jointly(fmt, temperature)
+        """Over a joint head at temperature 1 (``joint`` on) the candidates' likelihoods take every masked
+        position's full head outputs (``joint_proposals``; admission reserves ``cost.summed_outputs_bytes``)."""
+        return proposes_jointly(fmt, temperature, self.config.joint)
 
     def work_kind(self, fmt) -> WorkKind:
         return WorkKind.edlm_step
