@@ -10,6 +10,7 @@ runtime env).
 """
 
 import asyncio
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -32,7 +33,8 @@ INGRESS_MAX_ONGOING = 1024  # the relay holds a request's stream and little else
 AppArgs = ServiceArgs  # the application's args: every option of the service, typed once (service.config)
 
 DRAIN_ACTOR, DRAIN_NAMESPACE = "ttcore-drain", "ttcore"  # the drain's shared state (``DrainState``)
-DRAIN_POLL_S = 0.25  # how often a replica reports its requests in flight and reads whether to drain
+FIRST_REPORT_WAIT_S = 5.0  # a replica's first request waits at most this for its drain watch's first report
+DRAIN_POLL_S = 0.1  # how often a replica reports its requests in flight and reads whether to drain
 DRAIN_REPORT_MAX_AGE_S = 2.0  # a replica silent longer than this (gone) no longer counts as in flight
 
 
@@ -58,23 +60,29 @@ class DrainState:
         return sum(n for n, at in self.reports.values() if now - at <= DRAIN_REPORT_MAX_AGE_S)
 
 
-async def _watch_drain(engine, replica: str) -> None:
+async def _watch_drain(engine, replica: str, first: asyncio.Event | None = None) -> None:
     """A replica's side of the drain: report the engine's requests in flight to ``DrainState`` and set the
     engine draining (``/ready`` 503, new requests 503 with Retry-After, those in flight finish) once it says
     so. Without a ``DrainState`` (a cluster not started by ``main``: KubeRay, ``serve run``) Serve's own
     graceful shutdown drains a stopped replica."""
     state = None
-    while True:
-        try:
-            state = state or ray.get_actor(DRAIN_ACTOR, namespace=DRAIN_NAMESPACE)
-            if await state.report.remote(replica, engine.in_flight):
-                engine.draining = True
-        except ValueError:  # no DrainState: not started by ``main`` (it makes one before the app): nothing to watch
-            return
-        except Exception as e:  # noqa: BLE001 - the drain's bookkeeping never fails a request
-            log.warning("drain state unreachable (%s: %s)", type(e).__name__, e)
-            state = None
-        await asyncio.sleep(DRAIN_POLL_S)
+    try:
+        while True:
+            try:
+                state = state or ray.get_actor(DRAIN_ACTOR, namespace=DRAIN_NAMESPACE)
+                if await state.report.remote(replica, engine.in_flight):
+                    engine.draining = True
+            except ValueError:  # no DrainState: not started by ``main`` (it makes one before the app): nothing to do
+                return
+            except Exception as e:  # noqa: BLE001 - the drain's bookkeeping never fails a request
+                log.warning("drain state unreachable (%s: %s)", type(e).__name__, e)
+                state = None
+            if first is not None:
+                first.set()
+            await asyncio.sleep(DRAIN_POLL_S)
+    finally:
+        if first is not None:
+            first.set()
 
 
 def _asgi_builder(args: AppArgs):
@@ -102,10 +110,13 @@ class ModelServer:
     async def http(self, scope: dict, body: bytes):
         from .ingress import asgi_messages
 
-        if self._drain_watch is None:
-            replica = serve.get_replica_context().replica_id.unique_id
+        if self._drain_watch is None:  # the first request waits for the first report: a replica that has served
+            # nothing yet must not answer /ready 200 (or admit a request) while the drain has begun
+            replica, first = serve.get_replica_context().replica_id.unique_id, asyncio.Event()
             self._drain_watch = asyncio.get_running_loop().create_task(
-                _watch_drain(self.app.state.serving.engine, replica))
+                _watch_drain(self.app.state.serving.engine, replica, first))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(first.wait(), FIRST_REPORT_WAIT_S)
         async for message in asgi_messages(self.app, scope, body):
             yield message
 

@@ -109,6 +109,7 @@ class Job:
     first_output: float | None = None
     cancelled: bool = False
     shutdown: bool = False  # ended by a drain past its timeout (``Engine.cut``)
+    pieces_mark: int | None = None  # the worker's ``pieces_run`` at this request's last step
     finished: bool = False
     paused_since: float | None = None  # its backlog of unread outputs is full
     forward_s: float = 0.0  # its share of the backbone passes it took part in (split by sequences)
@@ -144,6 +145,7 @@ class _Batcher:
         self.calibrating_since: float | None = None  # the server is timing a kind of work on the worker since then
         self.dirty = False  # steps ran since the queue was last empty (freed memory to give back)
         self.pieces: collections.deque = collections.deque()  # other work for the worker (``Engine.run_on_worker``)
+        self.pieces_run = 0  # pieces the worker has run (a request's steps count those run between them)
         on_cuda = next(lm.model.parameters()).device.type == "cuda"
         self.forward = ForwardGraphs(lm.model) if on_cuda and engine.cuda_graphs else None  # None: eager
 
@@ -232,6 +234,7 @@ class _Batcher:
             return
         attr = "calibrating_since" if calibration else "busy_since"
         setattr(self, attr, time.perf_counter())
+        self.pieces_run += 1
         try:
             result = await loop.run_in_executor(self.executor, fn)
         except Exception as e:  # noqa: BLE001 - the caller's, raised where it awaits
@@ -259,6 +262,10 @@ class _Batcher:
             self.busy_since = None
         now = time.perf_counter()
         for job, out in zip(batch, outputs):
+            if job.pieces_mark is not None:  # other work the worker ran since this request's previous step
+                self.engine.metrics.pieces_between_steps.labels(self.lm.family).observe(
+                    self.pieces_run - job.pieces_mark)
+            job.pieces_mark = self.pieces_run
             if job.first_output is None:
                 job.first_output = now
                 self.engine.metrics.first_event.labels(self.lm.family).observe(now - job.arrived)

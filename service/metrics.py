@@ -55,6 +55,10 @@ class Metrics:
                                   buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30), registry=r)
         self.loop_lag_max = Gauge("ttcore_event_loop_lag_max_seconds", "The largest event-loop lag since the start",
                                   registry=r)
+        self.pieces_between_steps = Histogram(
+            "ttcore_worker_pieces_between_steps", "Pieces of other work (/score, timings) a model's worker ran "
+            "between two consecutive steps of one generation request (at most 1: the worker's schedule is fair)",
+            ["model"], buckets=(0, 1, 2, 4, 8, 16), registry=r)
         self.timeouts = Counter("ttcore_timeouts", "Requests ended by their deadline", ["model"], registry=r)
         self.too_large = Counter("ttcore_too_large", "Requests refused by admission (422): more compute or "
                                  "memory than the server's limits", ["model", "field"], registry=r)

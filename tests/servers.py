@@ -178,9 +178,11 @@ def playground_generates(url: str, alphabet: set[str], options: int) -> None:
 
 
 def check_drain(proc: subprocess.Popen, url: str) -> None:
-    """A server's graceful drain, as a client sees it: with a text stream in flight, SIGTERM; then /ready answers
-    503 ``draining``, a new request 503 with Retry-After, the stream ends with its answer (``done``, no error),
-    and the process exits 0 by itself. Kills the process if any of it fails."""
+    """A server's graceful drain, as a client sees it: with a text stream in flight, SIGTERM; then, until the
+    stream ends, a stranger polling /ready and sending new requests sees readiness refused first (503
+    ``draining``) and, from then on, every new request refused with 503 and Retry-After (none admitted, none
+    dropped); the stream ends with its answer (``done``, no error), and the process exits 0 by itself. Kills the
+    process if any of it fails."""
     import signal
     import threading
 
@@ -199,13 +201,20 @@ def check_drain(proc: subprocess.Popen, url: str) -> None:
             time.sleep(0.05)
         assert events, "no step event within 120 s"
         proc.send_signal(signal.SIGTERM)
-        deadline = time.time() + 30
-        while (ready := httpx.get(url + "/ready", timeout=10)).status_code != 503 and time.time() < deadline:
-            time.sleep(0.1)
-        assert ready.status_code == 503 and ready.json()["status"] == "draining", ready.text
-        refused = httpx.post(url + "/generate", json=dict(model="qm9", num_samples=1, steps=2), timeout=60)
-        assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1, refused.text
-        reader.join(timeout=300)
+        seen = []  # a stranger during the drain: (route, status, Retry-After), /ready and a new request in turn
+        deadline = time.time() + 300
+        while reader.is_alive() and time.time() < deadline:
+            ready = httpx.get(url + "/ready", timeout=10)
+            seen.append(("/ready", ready.status_code, ready.json().get("status")))
+            new = httpx.post(url + "/generate", json=dict(model="qm9", num_samples=1, steps=2), timeout=60)
+            seen.append(("/generate", new.status_code, new.headers.get("retry-after")))
+            time.sleep(0.05)
+        reader.join(timeout=10)
+        first = next(i for i, (_, status, _) in enumerate(seen) if status == 503)  # once refused, always refused
+        assert seen[first][0] == "/ready" and seen[first][2] == "draining", seen[:first + 2]  # readiness first
+        assert all(status == 503 for _, status, _ in seen[first:]), seen
+        assert all(int(retry) >= 1 for route, _, retry in seen[first:] if route == "/generate"), seen
+        assert any(route == "/generate" for route, _, _ in seen[first:]), seen
         assert events[-1] == "done" and "error" not in events, events[-3:]
         assert proc.wait(timeout=120) == 0  # it left once the stream was answered
     finally:
