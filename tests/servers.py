@@ -187,7 +187,7 @@ def check_drain(proc: subprocess.Popen, url: str) -> None:
     import threading
 
     events: list[str] = []
-    body = dict(model="text", num_samples=8, steps=128, stream=True, seed=0)
+    body = dict(model="text", num_samples=2, steps=128, stream=True, seed=0)  # admitted on a CPU without bf16 too
 
     def read_stream():
         with httpx.stream("POST", url + "/generate", json=body, timeout=300) as r:
