@@ -3,6 +3,7 @@ a known AR joint (a tiny causal model, its likelihood enumerated) and a known di
 model). Each test draws one step of 20,000 sequences from a partly masked state and compares the committed tokens
 with the step's distribution computed by brute force (chi-square)."""
 
+import copy
 import itertools
 
 import numpy as np
@@ -161,8 +162,9 @@ def test_edlm_outside_its_window_is_the_diffusion_step(models):
     assert chi_square_pvalue(draws[:, [0, 3]], law, outcomes) > 1e-3
 
 
-def test_dcd_step_is_the_tilted_autoregressive_draw(models):
-    diffusion, ar = models
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])  # a float64 model keeps its dtype
+def test_dcd_step_is_the_tilted_autoregressive_draw(models, dtype):
+    diffusion, ar = (copy.deepcopy(m).to(dtype) for m in models)
     x = torch.tensor([MASK, 2, MASK, MASK])
     chosen = torch.tensor([True, False, True, False])  # T = {0, 2}: the AR pass draws 0 and 2 (3 lies past T)
     full = marginals(diffusion, x)

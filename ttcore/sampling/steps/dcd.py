@@ -57,7 +57,7 @@ def left_context_marginals(model, x: torch.Tensor, masked: torch.Tensor, need: t
         at = torch.zeros_like(ms)
         at[torch.arange(len(p), device=x.device), p] = True
         temp = temperature[r] if torch.is_tensor(temperature) else temperature
-        out.append(model.format.marginals_at(model.head, model.features(xs).float(), ms, at, temp, contraction))
+        out.append(model.format.marginals_at(model.head, model.features(xs), ms, at, temp, contraction))  # its dtype
     return torch.cat(out)
 
 
