@@ -45,7 +45,9 @@ class _OpenAIRequest(SamplerFields, ConstraintFields):
                                                "length; the completion is cut here, finish_reason `length`).")
     n: int = Field(1, ge=1, le=MAX_SAMPLES, description="Completions to generate.")
     temperature: float = Field(1.0, ge=0, le=2, allow_inf_nan=False,
-                               description=f"0..2; 0 is greedy in effect (served as {MIN_TEMPERATURE}).")
+                               description=f"0..2; 0 is served as {MIN_TEMPERATURE}: the joint to the power 100, "
+                                           "nearly always its most likely (tokens, latent) pair, not argmax: "
+                                           "two nearly tied pairs are both drawn.")
     top_p: float = Field(1.0, ge=1, le=1, description="Only 1 (nucleus sampling does not apply to joint draws).")
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
     stream: bool = Field(False, strict=True)

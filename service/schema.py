@@ -34,7 +34,7 @@ Contraction = Literal[CONTRACTIONS]
 MAX_STEPS = 1024
 MAX_SAMPLES = 256
 MAX_PROMPT_CHARS = 8192
-MIN_TEMPERATURE = 0.01  # below it every draw is the argmax to float precision: use a small value, not 1e-38
+MIN_TEMPERATURE = 0.01  # the smallest T served: the power 100, near-greedy (not argmax: near ties are drawn)
 MAX_TIMEOUT_S = 3600
 MAX_SEED = 2**53 - 1  # the largest integer every JSON reader holds exactly
 MAX_VALID_ROUNDS = 4  # valid_only: rounds of num_samples draws at most (a bounded cost, admitted round by round)
@@ -171,7 +171,9 @@ class GenerateRequest(SamplerFields, ConstraintFields):
                                            "the tokens and the format's latent index (CP's component, TT's path of "
                                            "hidden states) to the power 1/T (rank 1: p(x)^(1/T)); as T -> 0 every "
                                            "draw is the tokens of the most likely (tokens, latent) pair "
-                                           f"({MIN_TEMPERATURE} is that in effect). Docs: concepts, temperature.",
+                                           f"({MIN_TEMPERATURE}, the power 100, nearly always is, but not "
+                                           "when the best pairs nearly tie: of two pairs 3% apart in probability, "
+                                           "the runner-up is drawn about 5% of the time). Docs: concepts, temperature.",
                                examples=[1.0])
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="RNG seed, 0..2^53-1 (exact in JSON): the same "
                                                                   "seed gives the same output on the same device.",

@@ -222,6 +222,7 @@ class _Run:
             meta["throughput"] = {"tokens_per_second": rate, "train_seconds": self.run_train_s,
                                   "flops_per_token": self.flops_per_token,
                                   "mfu": mfu(rate / workers.world, self.flops_per_token, self.peak),
+                                  "mfu_counts": "one plain training step (a forward and backward) per token",
                                   "peak_flops": self.peak, "peak": self.peak_source, "processes": workers.world}
         opt_tensors, opt_meta = optimizer_state(self.opt)
         tensors = dict(opt_tensors, **{"rng.generator": states[0], "rng.torch": torch.get_rng_state()},

@@ -50,8 +50,9 @@ import json, sys
 s = json.load(open(sys.argv[1]))
 t = s.get("throughput", {})
 step, per_step, share = s["step"], s["seconds_per_step"], 100 * t.get("mfu", 0)
-print(f"{sys.argv[2]}: step {step}, {per_step:.3f} s/step, student MFU {share:.2f}% of the {t.get('peak')} "
-      "(its own training FLOPs; the teacher's k forward passes a step are not counted)")
+print(f"{sys.argv[2]}: step {step}, {per_step:.3f} s/step, student forward-backward-only MFU {share:.2f}% of the "
+      f"{t.get('peak')} (the FLOPs of one plain training step of the student per token; a distillation step does "
+      "more, the teacher's passes and the objective's own: an understatement of the share used)")
 EOF
 done
 DEVICE=$("$PY" -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")

@@ -10,7 +10,8 @@ it by an objective (``OBJECTIVES``):
 - ``joint``: -log p_student(x_T | x_t), the exact log-likelihood of the student's own step on T, the other
   masked positions summed out as the served step sums them (``Decomposition.chosen_log_prob``): a CP or TT
   student learns the teacher's k-step joint over T, correlations included, which a factorized (rank-1) student
-  cannot represent. Its minimizer is the teacher's k-step law (``tests/distill``).
+  cannot represent. Its minimizer, for each committed set T, is the teacher's k-step law of x_T given that T
+  (``tests/distill``); over T it is the mixture of those, weighed as the student's ordering draws T.
 - ``marginal``: sum over T of -log p_student(x^i | x_t), the student's exact single-position marginals (Eqs.
   14-17): a per-position fit to the teacher's k-step marginals (the cross-entropy to its samples), SDTT's kind
   of target (Deschenaux & Gulcehre 2025), the rank-1 baseline; for a rank-1 student it equals ``joint``.
@@ -266,6 +267,8 @@ def di4c_objective(model, c: Completion) -> dict:
     data = alpha * (marginals0 - joint0)[:, 0] + _kl(log_t, log_mix, masked)
     tokens = masked.sum().clamp_min(1)
     loss = (consistency + data).sum() / tokens
+    # "nll": minus the log of the components' mean likelihood of the data, a Monte Carlo estimate of the mixture's
+    # NLL biased upward (E log mean <= log E: Jensen), per masked token; not the exact NLL
     return {"loss": loss, "nll": (-joint0.sum() / tokens).detach(), "lc": loss.new_zeros(()),
             "consistency": (consistency.sum() / tokens).detach(), "data": (data.sum() / tokens).detach()}
 

@@ -130,3 +130,26 @@ def test_entropy_falls_as_temperature_falls(name, rank):
         entropies.append(float(-(p * np.log(p)).sum()))
     assert all(a > b or a < 1e-12 for a, b in zip(entropies, entropies[1:])), entropies
     assert entropies[-1] < 0.05 * entropies[0]
+
+
+def test_the_entropy_of_x_alone_can_rise_as_temperature_falls():
+    """What docs/concepts.md says of H(x): tempering (x, z) lowers H(x, z) but can raise H(x). CP, weights 0.3 /
+    0.3 / 0.4, V = 2, l = 2, position 0's factors P(x = 0) = 0.1 / 0.2 / 0.8, position 1 uniform: H(x) is
+    1.3700 nats at T = 1 and 1.3787 at T = 0.5 (the library's tempered CP, enumerated)."""
+    from ttcore.decompositions.cp import cp_tempered_weight_logits
+
+    first = torch.tensor([0.1, 0.2, 0.8], dtype=torch.float64)
+    factors = torch.stack([torch.stack([first, 1 - first], -1), torch.full((3, 2), 0.5, dtype=torch.float64)])
+    weight_logits = torch.tensor([[0.3, 0.3, 0.4]], dtype=torch.float64).log()
+    mask = torch.ones(1, 2, dtype=torch.bool)
+
+    def entropies(temperature: float) -> tuple[float, float]:
+        w = torch.softmax(cp_tempered_weight_logits(weight_logits, factors.log(), mask, temperature), -1)[0]
+        f = torch.softmax(factors.log() / temperature, -1)  # [l, r, v]
+        joint = w[:, None, None] * f[0][:, :, None] * f[1][:, None, :]  # [r, v, v]: q_T(z, x^0, x^1)
+        px = joint.sum(0)
+        return float(-(joint * joint.log()).sum()), float(-(px * px.log()).sum())
+
+    (hxz_1, hx_1), (hxz_half, hx_half) = entropies(1.0), entropies(0.5)
+    assert hxz_half < hxz_1
+    assert hx_1 == pytest.approx(1.3700, abs=1e-4) and hx_half == pytest.approx(1.3787, abs=1e-4)

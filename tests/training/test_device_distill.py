@@ -41,7 +41,8 @@ def test_device_distill_rehearsal_and_its_samples_measured_here(checkpoints, tmp
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "qm9-tt-r64-d4 exit 0" in done.stdout and "qm9-tt-r64-d2 exit 0" in done.stdout, done.stdout[-3000:]
     assert "sampling exit 0" in done.stdout, done.stdout[-3000:]
-    assert re.search(r"^qm9-tt-r64-d2: step 2, [0-9.]+ s/step, student MFU [0-9.]+% of the", done.stdout, re.M)
+    assert re.search(r"^qm9-tt-r64-d2: step 2, [0-9.]+ s/step, student forward-backward-only MFU [0-9.]+% of the",
+                     done.stdout, re.M)
     for name, steps, k in (("qm9-tt-r64-d4", 4, 6), ("qm9-tt-r64-d2", 2, 11)):
         config = json.loads((runs / name / "config.json").read_text())["model"]
         assert config["rank"] == 4 and config["decomposition"] == "tt"  # grown from the teacher's 2
