@@ -159,3 +159,39 @@ def test_every_sample_of_a_fuzzed_regex_matches_it(pattern, adaptive, seed):
 @functools.cache
 def _fuzz_model():
     return tiny_model("tt", V, L, 2, perturb=0.5, noise=0.5)
+
+
+@pytest.mark.parametrize("decomposition,rank", [("cp", 3), ("tt", 2)])
+def test_the_log_normalizer_is_a_log_probability_at_every_temperature_and_row_by_row(decomposition, rank):
+    """log p_T(x in L) of the tempered joint (T = 1 and 0.5 in one batch; a TT's tempered train is not
+    row-stochastic), against each row's joint enumerated alone at its own temperature and normalized: exact for
+    every row whatever the other row's temperature, 0 for an automaton that accepts everything, and
+    ``log_prob`` sums to 1 over the language."""
+    from ttcore.distributions.automaton import Automata, Constrained
+    from ttcore.sampling.constrained import batch_automaton
+
+    model = tiny_model(decomposition, V, L, rank, perturb=0.5, noise=0.5)
+    mask_id = model.cfg.dit.vocab_size - 1
+    x_t = torch.tensor([[1, mask_id, mask_id, mask_id, mask_id]] * 2)
+    masked = x_t == mask_id
+    temps = torch.tensor([1.0, 0.5], dtype=torch.float64)
+    everything = TokenDFA.of_tokens(torch.zeros(1, V, dtype=torch.long), torch.tensor([True]))
+    fills = [torch.tensor(f) for f in itertools.product(range(V), repeat=L - 1)]
+    with torch.no_grad():
+        h = model.features(x_t).float()
+        for dfa in (_parity(), everything):
+            automata: Automata = batch_automaton([dfa], [2], x_t.device)
+            dist = Constrained(joint_distribution(model, h, x_t, masked, temps), automata,
+                               torch.where(masked, -1, x_t))
+            got = dist.log_normalizer()
+            for row, temperature in enumerate(temps.tolist()):
+                alone = joint_distribution(model, h[row:row + 1], x_t[row:row + 1], masked[row:row + 1], temperature)
+                seqs = torch.stack([torch.cat([x_t[row, :1], f]) for f in fills])
+                w = torch.cat([alone.log_prob(s[None]) for s in seqs]).double().exp()  # each tempered value
+                inside = torch.tensor([dfa.accepts(s.tolist()) for s in seqs])
+                want = float((w[inside].sum() / w.sum()).log())
+                assert float(got[row]) == pytest.approx(want, abs=1e-5), (dfa.num_states, row)
+            total = sum(dist.log_prob(torch.stack([s, s])).double().exp() for s in seqs)  # [2]
+            assert torch.allclose(total, torch.ones(2, dtype=torch.float64), atol=1e-5), total
+            if dfa is everything:
+                assert got.abs().max() < 1e-6
