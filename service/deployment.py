@@ -34,6 +34,7 @@ AppArgs = ServiceArgs  # the application's args: every option of the service, ty
 
 DRAIN_ACTOR, DRAIN_NAMESPACE = "ttcore-drain", "ttcore"  # the drain's shared state (``DrainState``)
 FIRST_REPORT_WAIT_S = 5.0  # a replica's first request waits at most this for its drain watch's first report
+DRAIN_FLUSH_S = 1.0  # after the last request in flight finished: its answer's bytes still travel to the client
 DRAIN_POLL_S = 0.1  # how often a replica reports its requests in flight and reads whether to drain
 DRAIN_REPORT_MAX_AGE_S = 2.0  # a replica silent longer than this (gone) no longer counts as in flight
 
@@ -217,7 +218,7 @@ def main():
             time.sleep(4 * DRAIN_POLL_S)  # every replica has read it and reported since
             while ray.get(drain.in_flight.remote()) and time.monotonic() - draining[0] < opts.drain_timeout_s:
                 time.sleep(DRAIN_POLL_S)
-            time.sleep(2 * DRAIN_POLL_S)  # the last answers' bytes leave the ingress and the proxy
+            time.sleep(DRAIN_FLUSH_S)  # the last answers' bytes leave the replica, the ingress and the proxy
         serve.shutdown()
         ray.shutdown()  # the local cluster this process started goes with it
         sys.exit(0)

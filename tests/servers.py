@@ -58,7 +58,7 @@ def make_checkpoints(root: Path) -> Path:
         fit(joint, tok, train, val, cfg, root / f"qm9-{dec}-r{rank}", max_steps=20, quiet=True)
     (root / "broken").mkdir()
     (root / "broken" / "config.json").write_text("{truncated")
-    _tiny_text_model(root / "text-base")
+    tiny_text_model(root / "text-base")
     return root
 
 
@@ -82,13 +82,13 @@ def make_ar_checkpoint(out: Path, base: Path) -> Path:
     return out
 
 
-def _tiny_text_model(out: Path) -> None:
-    """A tiny text MDM (family text, BPE 512, l = 32) trained a few steps on the public-domain corpus."""
+def tiny_text_model(out: Path, length: int = 32) -> None:
+    """A tiny text MDM (family text, BPE 512, l = ``length``) trained a few steps on the public-domain corpus."""
     from ttcore.data import load_text, training_texts
     from ttcore.tokenizers.text import train_bpe
 
     cfg = load_config(TINY, ["threads=1", "val_batches=1", "data=text", "data.family=text"])
-    tok = train_bpe(training_texts()[:60], vocab_size=512, length=32)
+    tok = train_bpe(training_texts()[:60], vocab_size=512, length=length)
     ds = load_text(tok)
     torch.manual_seed(0)
     model = JointModel(ModelConfig(cfg.model.dit_config(tok), extra={"family": "text"}))
@@ -122,7 +122,7 @@ def start_uvicorn(checkpoints: Path, *extra: str, env: dict | None = None) -> tu
     return proc, url
 
 
-def start_ray_serve(app_args: dict, env: dict | None = None) -> tuple[subprocess.Popen, str]:
+def start_ray_serve(app_args: dict, env: dict | None = None, *extra: str) -> tuple[subprocess.Popen, str]:
     """``python -m service.deployment``: a fresh local Ray cluster serving the app (stopped on terminate)."""
     import json
 
@@ -130,7 +130,7 @@ def start_ray_serve(app_args: dict, env: dict | None = None) -> tuple[subprocess
     env = dict(os.environ, OMP_NUM_THREADS="1", RAY_AUTH_MODE="disabled", RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S="60",
                **(env or {}))
     proc = subprocess.Popen([sys.executable, "-m", "service.deployment", "--port", str(port), "--args",
-                             json.dumps(app_args)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                             json.dumps(app_args), *extra], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -187,7 +187,7 @@ def check_drain(proc: subprocess.Popen, url: str) -> None:
     import threading
 
     events: list[str] = []
-    body = dict(model="text", num_samples=2, steps=128, stream=True, seed=0)  # admitted on a CPU without bf16 too
+    body = dict(model="text", num_samples=2, steps=64, stream=True, seed=0)  # admitted on a CPU without bf16 too
 
     def read_stream():
         with httpx.stream("POST", url + "/generate", json=body, timeout=300) as r:
@@ -210,6 +210,7 @@ def check_drain(proc: subprocess.Popen, url: str) -> None:
                 new = httpx.post(url + "/generate", json=dict(model="qm9", num_samples=1, steps=2), timeout=60)
                 seen.append(("/generate", new.status_code, new.headers.get("retry-after")))
             except httpx.TransportError:  # the server left: only once the stream in flight has its answer
+                reader.join(timeout=60)
                 assert events and events[-1] == "done", events[-3:]
                 break
             time.sleep(0.05)

@@ -219,6 +219,7 @@ def test_edlm_over_a_served_tt_draws_its_joint_candidates(checkpoints, ar_root, 
 def test_edlm_without_an_ar_checkpoint_is_refused(server):
     r = httpx.post(server + "/generate", json={"model": "qm9", "num_samples": 2, "sampler": "edlm"}, timeout=60)
     _refused(r, "sampler", "paired")
+    _refused(r, "sampler", "training/train_ar.py makes one")  # the 422 says how to get one
 
 
 def test_dcd_chunks_through_the_server(ar_server):

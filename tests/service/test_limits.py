@@ -69,24 +69,29 @@ def test_the_reviewed_oom_request_is_refused_up_front_on_the_bundled_checkpoints
 
 
 def test_compute_admission_names_the_largest_num_samples_and_that_one_fits(checkpoints):
-    """The exact chain rule's 256 entropy-ordered samples on the tiny TT take about 0.7 s here: a deadline of
-    0.2 s refuses them, naming the largest num_samples its estimate fits; that request is admitted, and its
-    answer (or, where this machine runs slower than it was timed, the deadline's 504) is not a refusal.
-    Admission estimates the compute; it does not promise it (no wall-clock assertion: a shared machine's
-    timings are not the server's)."""
-    proc, url = start_uvicorn(checkpoints, "--max-timeout-s", "0.2")
+    """The exact chain rule's 256 entropy-ordered samples on the tiny TT: a deadline that fits some but not all of
+    them is refused, naming the largest num_samples its estimate fits; that request is admitted, and its answer
+    (or, where this machine runs slower than it was timed, the deadline's 504) is not a refusal. The deadline is
+    found from what the server itself says (halved while it answers, doubled while not even one sequence fits),
+    so no machine is too slow or too fast for the test. Admission estimates the compute; it does not promise it
+    (no wall-clock assertion: a shared machine's timings are not the server's)."""
+    proc, url = start_uvicorn(checkpoints)
     try:
         body = dict(model="qm9", ordering="entropy", steps=64, seed=0, adaptive_path="exact")
-        r = httpx.post(url + "/generate", json=dict(body, num_samples=256), timeout=60)
-        if r.status_code == 200:
-            pytest.skip("this machine computes 256 chain-rule samples within 0.2 s: nothing to refuse")
-        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "num_samples"], r.text
+        deadline = 0.2
+        for _ in range(12):
+            r = httpx.post(url + "/generate", json=dict(body, num_samples=256, timeout_s=deadline), timeout=120)
+            field = r.json()["detail"][0]["loc"][-1] if r.status_code == 422 else None
+            if field == "num_samples":
+                break
+            deadline = deadline / 2 if r.status_code in (200, 504) else deadline * 2  # fits all / not even one
+        assert field == "num_samples", r.text
         fit = int(re.search(r"at most (\d+)", r.json()["detail"][0]["msg"]).group(1))
         assert 1 <= fit < 256
-        ok = httpx.post(url + "/generate", json=dict(body, num_samples=fit), timeout=60)
+        ok = httpx.post(url + "/generate", json=dict(body, num_samples=fit, timeout_s=deadline), timeout=120)
         assert ok.status_code in (200, 504), ok.text  # admitted: not a 422; a 504 is the deadline enforced
         assert ok.status_code == 504 or len(ok.json()["samples"]) == fit
-        assert metric(httpx.get(url + "/metrics").text, "ttcore_too_large_total", 'field="num_samples"') == 1
+        assert metric(httpx.get(url + "/metrics").text, "ttcore_too_large_total", 'field="num_samples"') >= 1
     finally:
         _stop(proc)
 
@@ -178,25 +183,29 @@ def test_a_non_streaming_client_that_gives_up_cancels_its_work(checkpoints):
         _stop(proc)
 
 
-def test_a_stream_nobody_reads_is_cancelled_after_a_bounded_backlog():
+def test_a_stream_nobody_reads_is_cancelled_after_a_bounded_backlog(tmp_path):
     """A client that stops reading: once the socket buffers are full (the client's receive buffer kept small
-    here; the server's send buffer holds a few MB) the step events back up, and after ``MAX_BACKLOG`` of them and
-    ``--reader-timeout-s`` the request is cancelled. The bundled text model (128 positions) with step tokens: a
-    stream of about 11 MB (under the 16 MB stream limit), since idle steps send nothing."""
+    here; the server's send buffer holds at most 4 MB) the step events back up, and after ``MAX_BACKLOG`` of them
+    and ``--reader-timeout-s`` the request is cancelled. A tiny text model of 256 positions, 12 sequences with
+    step tokens: 256 events of about 50 KB, a stream of about 13 MB (under the 16 MB limit) at milliseconds a
+    step, so no machine is too slow to send it and no load makes the backlog wait for compute."""
     import socket
 
-    root = Path(__file__).resolve().parents[2]
-    proc, url = start_uvicorn(root / "checkpoints", "--reader-timeout-s", "1", "--precision", "bf16")
+    from servers import tiny_text_model
+
+    tiny_text_model(tmp_path / "text-long", length=256)
+    proc, url = start_uvicorn(tmp_path, "--reader-timeout-s", "1")
     small = httpx.HTTPTransport(socket_options=[(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)])
     try:
         with httpx.Client(transport=small, timeout=60) as client, client.stream(
-                "POST", url + "/generate", json=dict(model="text", num_samples=48, steps=128, stream=True,
-                                                     step_tokens=True, seed=0)):
-            assert _until(lambda: metric(httpx.get(url + "/metrics").text, "ttcore_cancelled_total") == 1, 120)
+                "POST", url + "/generate", json=dict(model="text", num_samples=12, steps=256, stream=True,
+                                                     step_tokens=True, seed=0)) as r:
+            assert r.status_code == 200
+            assert _until(lambda: metric(httpx.get(url + "/metrics").text, "ttcore_cancelled_total") == 1, 600)
             text = httpx.get(url + "/metrics").text
             assert metric(text, "ttcore_queue_depth") == 0
-            steps = metric(text, "ttcore_tokens_generated_total", 'model="text"') / 48
-            assert steps < 128  # it stopped early: fewer tokens than a finished request
+            steps = metric(text, "ttcore_tokens_generated_total", 'model="text"') / 12
+            assert steps < 256  # it stopped early: fewer tokens than a finished request
     finally:
         _stop(proc)
 

@@ -1,7 +1,9 @@
 """The README's quick start, run as written against the bundled checkpoints on a real server: its curl
-commands (the port swapped for the test's) and its `openai` example (the base URL swapped)."""
+commands (the port swapped for the test's), the structured-output page's requests, and its `openai` example
+(the base URL swapped)."""
 
 import ast
+import json
 import re
 import shlex
 import subprocess
@@ -23,6 +25,16 @@ def _quick_start() -> tuple[list[str], str]:
     return curls, python
 
 
+def _structured_output_curls() -> list[str]:
+    """The curl commands of docs/structured-output.md's Requests block (a command: its line and the ones it
+    continues)."""
+    page = (ROOT / "docs" / "structured-output.md").read_text()
+    block = re.search(r"## Requests\n\n```bash\n(.*?)```", page, re.S).group(1)
+    commands = [c.strip() for c in re.split(r"\n(?=curl )|\n\n", block) if c.strip().startswith("curl ")]
+    assert len(commands) == 4, commands
+    return commands
+
+
 def test_the_readme_quick_start_runs_on_the_bundled_checkpoints(capfd):
     curls, python = _quick_start()
     assert len(curls) == 3 and "localhost:8000" in curls[0] and "127.0.0.1:8000" in python
@@ -38,6 +50,11 @@ def test_the_readme_quick_start_runs_on_the_bundled_checkpoints(capfd):
         grammar = subprocess.run(shlex.split(curls[2].replace("localhost:8000", f"localhost:{port}")),
                                  capture_output=True, text=True, timeout=300)
         assert grammar.returncode == 0 and '"samples"' in grammar.stdout, grammar.stdout[-500:]
+        for command in _structured_output_curls():  # the structured-output page's requests, as written
+            done = subprocess.run(["bash", "-c", command.replace("localhost:8000", f"localhost:{port}")],
+                                  capture_output=True, text=True, timeout=300)
+            answer = json.loads(done.stdout)
+            assert done.returncode == 0 and ("samples" in answer or "choices" in answer), (command, done.stdout[-500:])
         exec(compile(python.replace("127.0.0.1:8000", f"127.0.0.1:{port}"), "README", "exec"), {})
         printed = capfd.readouterr().out.strip()
         molecules = ast.literal_eval(printed)  # the example prints a list of strings

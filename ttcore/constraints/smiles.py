@@ -4,12 +4,14 @@ what a regular language can check of a SMILES string. A molecule is atoms joined
 that pair up: each label opens a ring the first time and closes it the second, at most ``max_open`` open at once,
 none left open at the end; a bond symbol is followed by an atom or a ring label; "." starts another component
 at depth 0. Bracket atoms ("[nH]", "[NH3+]") are single tokens of the vocabulary, so they are well formed by
-construction. What it cannot see: valences, aromaticity, a ring closed on the atom that opened it. It is a
-superset of what RDKit parses within those bounds: ``tests/constraints`` runs it over every molecule of the
-QM9 and MOSES training splits.
+construction. What it cannot see: valences, aromaticity, a ring closed on the atom that opened it, a ring
+bond between atoms already bonded (``C1C1``). Within its bounds (branch depth, open labels) it accepts every
+string RDKit parses that is written in the vocabulary's tokens: ``tests/constraints`` runs it over every
+molecule of the QM9 and MOSES training splits and over one-token edits of QM9 molecules that RDKit parses.
 
 A state is (phase, branch depth, the set of open ring labels); the phases: ``start`` (a component's first atom
-next), ``atom`` (after an atom or a ring label), ``close`` (after ")": no ring label may follow), ``bond``
+next), ``atom`` (after an atom or a ring label), ``close`` (after ")": a ring label may follow, for the atom
+before the branch), ``bond``
 (after a bond symbol), ``branch`` (after "(")."""
 
 import torch
@@ -40,8 +42,8 @@ def _moves(state, piece_role: str, piece: str, max_depth: int, max_open: int):
         return ("atom", depth, open_)
     if piece_role == "bond":
         return ("bond", depth, open_) if phase in ("atom", "close", "branch") else None
-    if piece_role == "ring":
-        if phase not in ("atom", "bond"):
+    if piece_role == "ring":  # after ")" too: the label is the branch's atom's (RDKit reads C(C)1CC1)
+        if phase not in ("atom", "bond", "close"):
             return None
         if piece in open_:
             return ("atom", depth, open_ - {piece})

@@ -161,8 +161,8 @@ def check_paired(run, name: str) -> None:
     if run.latent is not None:
         raise Refused("sampler", f"sampler {name} takes a masked diffusion model without a latent (VADD, Di4C)")
     if companion(run.model) is None:
-        raise Refused("sampler", f"sampler {name} needs an autoregressive model paired with this checkpoint "
-                         "(ttcore.models.ar.pair; the service pairs a family's AR checkpoint)")
+        raise Refused("sampler", f"sampler {name} needs an autoregressive model paired with this checkpoint (a "
+                         "server pairs its family's AR checkpoint if one is beside it; training/train_ar.py makes one)")
     if run.config.ordering not in PREDETERMINED:
         raise Refused("ordering", f"sampler {name} takes a predetermined ordering ({', '.join(PREDETERMINED)}), got "
                          f"{run.config.ordering!r}")
