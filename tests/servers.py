@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,7 +35,7 @@ def wait_ready(url: str, timeout: float = 120, proc: subprocess.Popen | None = N
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}: {proc.stderr.read().decode()[-2000:]}")
+            raise RuntimeError(f"server exited with {proc.returncode}: {stderr_tail(proc)}")
         try:
             if httpx.get(url + "/ready", timeout=2).status_code == 200:
                 return
@@ -42,6 +43,15 @@ def wait_ready(url: str, timeout: float = 120, proc: subprocess.Popen | None = N
             pass
         time.sleep(0.2)
     raise TimeoutError(f"{url} not ready after {timeout} s")
+
+
+def stderr_tail(proc: subprocess.Popen, chars: int = 2000) -> str:
+    """The last of a server's stderr (a pipe, or the file ``start_ray_serve`` gives it)."""
+    log = getattr(proc, "log", None)
+    if log is None:
+        return proc.stderr.read().decode(errors="replace")[-chars:]
+    log.seek(0)
+    return log.read().decode(errors="replace")[-chars:]
 
 
 def make_checkpoints(root: Path) -> Path:
@@ -129,9 +139,13 @@ def start_ray_serve(app_args: dict, env: dict | None = None, *extra: str) -> tup
     port = free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1", RAY_AUTH_MODE="disabled", RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S="60",
                **(env or {}))
+    # stderr to a file, not a pipe: the replicas' logs reach the driver's stderr (Ray's log_to_driver), and a
+    # pipe nobody reads fills at 64 KB and blocks the driver (a drain of many requests logged that much)
+    log = tempfile.TemporaryFile()
     proc = subprocess.Popen([sys.executable, "-m", "service.deployment", "--port", str(port), "--args",
                              json.dumps(app_args), *extra], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
+                            stderr=log)
+    proc.log = log
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, 240, proc)
