@@ -176,6 +176,7 @@ def test_edlm_over_a_served_tt_draws_its_joint_candidates(checkpoints, ar_root, 
     import asyncio
 
     from service.engine import Engine
+    from service.refusals import Unsupported
     from service.registry import ModelRegistry
     from service.schema import GenerateRequest
     from service.serving import Serving
@@ -194,7 +195,9 @@ def test_edlm_over_a_served_tt_draws_its_joint_candidates(checkpoints, ar_root, 
               {"checkpoint": "qm9-tt-r2", "num_samples": 3, "steps": 4, "seed": 9},
               {"checkpoint": "qm9-base", "num_samples": 2, "steps": 4, "seed": 10, "sampler": "edlm"},
               {"checkpoint": "qm9-tt-r2", "num_samples": 3, "steps": 4, "seed": 11, "sampler": "edlm",
-               "temperature": 0.7}]
+               "temperature": 0.7},
+              {"checkpoint": "qm9-tt-r2", "num_samples": 5, "steps": 4, "seed": 8, "sampler": "edlm", "joint": False,
+               "contraction": "exact"}]  # the rank-1 view's proposals: its exact marginals
 
     async def together():
         tickets, out = [serving.submit(GenerateRequest(**b)) for b in bodies], []
@@ -214,6 +217,9 @@ def test_edlm_over_a_served_tt_draws_its_joint_candidates(checkpoints, ar_root, 
             while not run.done:
                 run.step()
         assert [s.text for s in answer.samples] == [tok.decode(row) for row in run.tokens.tolist()]
+    assert [s.text for s in answers[0].samples] != [s.text for s in answers[-1].samples]  # joint: false is honoured
+    with pytest.raises(Unsupported, match="contraction applies only"):  # the joint proposals sum nothing out
+        serving.submit(GenerateRequest(**dict(bodies[0], contraction="exact")))
 
 
 def test_edlm_without_an_ar_checkpoint_is_refused(server):
