@@ -9,8 +9,9 @@ recent ratio of measured to modelled time (an upper bound of recent requests tha
 request's estimate is steps x (overhead + sequences x step cost) + sequences x chain-rule time; with
 ``WALL_HEADROOM`` for what a request spends outside compute it must fit the request's deadline, and its longest
 step must fit the step limit (half the stall limit that ``/health`` watches). A request that cannot fit gets a
-422 naming a setting that would (the largest ``num_samples`` or ``steps``, rounded down to a coarse grid so the
-hint holds while the estimate moves a little), checked by this same rule."""
+422 naming a setting that would (the largest ``num_samples`` or ``steps`` that fits with ``HINT_MARGIN`` to spare,
+rounded down to a coarse grid, so the hint holds while the machine's speed and the estimate move), checked by this
+same rule."""
 
 import math
 from dataclasses import dataclass
@@ -20,6 +21,10 @@ from ttcore.sampling import SamplerConfig, cost
 
 from .refusals import TooLarge
 from .speed import WALL_HEADROOM, Speed, work_of
+
+HINT_MARGIN = 1.5  # a refusal's hint is a setting whose estimate fits its deadline with this much to spare: the
+# machine's speed moves between the refusal and the follow-up (a shared machine: 10-50%), and a hint that is
+# admitted only to miss its deadline (504) misleads; a follow-up inside the margin is still admitted
 
 
 def _round_down(n: int) -> int:
@@ -91,22 +96,26 @@ def plan(model, speed: Speed, *, num_samples: int, steps: int, config: SamplerCo
         chain = speed.chain_seconds(n) if adaptive else 0.0
         return k * step + chain, step + chain * math.ceil(l / k) / l  # a step makes <= ceil(l/k) picks
 
-    def fits(n: int, k: int) -> bool:
+    def fits(n: int, k: int, margin: float = 1.0) -> bool:
         whole, step = estimate(n, k)
-        return whole * WALL_HEADROOM <= timeout_s and step <= step_limit_s
+        return whole * WALL_HEADROOM * margin <= timeout_s and step <= step_limit_s  # the margin: the deadline's
+
+    def hinted(n: int, k: int) -> bool:  # what a refusal names: admitted with HINT_MARGIN to spare (where any is)
+        return fits(n, k, HINT_MARGIN)
 
     seconds, step_seconds = estimate(num_samples, steps)
     micro = rows if rows < num_samples else None
     if fits(num_samples, steps):
         return Plan(micro, seconds, step_seconds)
-    fit = _largest(lambda n: fits(n, steps), num_samples)
+    fit = _largest(lambda n: hinted(n, steps), num_samples) or _largest(lambda n: fits(n, steps), num_samples)
     if fit >= 1:
         raise TooLarge("num_samples", f"this setting needs about {seconds:.3g} s of compute here (one step "
                                       f"about {step_seconds:.3g} s); within timeout_s {timeout_s:g} and "
                                       f"the {step_limit_s:g} s step limit, num_samples can be at most "
                                       f"{_round_down(fit)}", compute=True)
     for n in (num_samples, 1):  # a step count that fits, the largest below the one asked
-        k = next((k for k in range(min(steps, l), 0, -1) if fits(n, k)), None)
+        k = next((k for k in range(min(steps, l), 0, -1) if hinted(n, k)), None) or \
+            next((k for k in range(min(steps, l), 0, -1) if fits(n, k)), None)  # to spare, else at all
         if k is not None:
             with_n = "" if n == num_samples else " with num_samples 1"
             raise TooLarge("steps", f"one sequence needs about {estimate(1, steps)[0]:.3g} s here, more than fits "

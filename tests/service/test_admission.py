@@ -8,16 +8,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from service.admission import check_passes, plan
+from service.admission import HINT_MARGIN, check_passes, plan
 from service.refusals import TooLarge
 from service.speed import CALIBRATION_ROWS, CALIBRATION_STEPS, WALL_HEADROOM, WINDOW, Speed, Work, calibrate, work_of
 from ttcore.models import DiTConfig, JointModel, ModelConfig
 from ttcore.sampling import SamplerConfig
 
 
-def _model(decomposition="tt", vocab=8, rank=2):
+def _model(decomposition="tt", vocab=8, rank=2, length=12):
     torch.manual_seed(0)
-    base = JointModel(ModelConfig(DiTConfig(vocab_size=vocab + 1, out_vocab=vocab, length=12, hidden_dim=16,
+    base = JointModel(ModelConfig(DiTConfig(vocab_size=vocab + 1, out_vocab=vocab, length=length, hidden_dim=16,
                                             cond_dim=8, n_blocks=1, n_heads=2)))
     return base if decomposition == "none" else JointModel.from_base(base, decomposition, rank, noise=0.1)
 
@@ -155,15 +155,16 @@ def test_a_hint_does_not_drift_with_the_estimate():
     for per_row in (0.0100, 0.01003, 0.01006):  # at most 152, 152 and 151 before
         speed = Speed({"predetermined_step": (0.0, per_row)})
         with pytest.raises(TooLarge) as e:
-            plan(model, speed, num_samples=1000, steps=4, config=SamplerConfig(), timeout_s=6.1 * WALL_HEADROOM,
-                 memory_budget=1 << 30, step_limit_s=60.0)
+            plan(model, speed, num_samples=1000, steps=4, config=SamplerConfig(),
+                 timeout_s=6.1 * WALL_HEADROOM * HINT_MARGIN, memory_budget=1 << 30, step_limit_s=60.0)
         hints.add(int(re.search(r"at most (\d+)", str(e.value)).group(1)))
     assert hints == {150}, hints
-    hints = set()
-    for timeout in (0.0115, 0.0108, 0.0101):  # 11, 10 and 10 steps fit a one-row request (headroom aside)
+    hints, model = set(), _model("none", length=24)
+    for timeout in (0.0115 * HINT_MARGIN, 0.0108 * HINT_MARGIN, 0.0101 * HINT_MARGIN):  # 11, 10 and 10 steps
+        # fit a one-row request with the hint's margin (headroom aside)
         speed = Speed({"predetermined_step": (0.0, 0.001)})
         with pytest.raises(TooLarge) as e:
-            plan(model, speed, num_samples=1, steps=12, config=SamplerConfig(), timeout_s=timeout * WALL_HEADROOM,
+            plan(model, speed, num_samples=1, steps=24, config=SamplerConfig(), timeout_s=timeout * WALL_HEADROOM,
                  memory_budget=1 << 30, step_limit_s=60.0)
         hints.add(int(re.search(r"use at most (\d+) steps", str(e.value)).group(1)))
     assert hints == {10}, hints
@@ -234,7 +235,12 @@ def test_every_hint_is_a_setting_that_is_admitted(adaptive):
             fit = int(re.search(r"num_samples can be at most (\d+)", message).group(1))
             assert 1 <= fit < n and _admitted(model, speed, **dict(kw, num_samples=fit)), message
             grid = 1 if fit < 10 else 5 if fit < 100 else 10 ** (len(str(fit)) - 2)  # the hint's rounding
-            assert not _admitted(model, speed, **dict(kw, num_samples=fit + grid)), message  # the largest
+            spare = dict(kw, timeout_s=timeout / HINT_MARGIN)  # the hint fits with the margin to spare, where any does
+            if _admitted(model, speed, **dict(spare, num_samples=1)):
+                assert _admitted(model, speed, **dict(spare, num_samples=fit)), message
+                assert not _admitted(model, speed, **dict(spare, num_samples=fit + grid)), message  # the largest
+            else:
+                assert not _admitted(model, speed, **dict(kw, num_samples=fit + grid)), message
         elif field == "steps":
             k_fit = int(re.search(r"use at most (\d+) steps", message).group(1))
             n_fit = 1 if "with num_samples 1" in message else n
