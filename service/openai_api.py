@@ -23,6 +23,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from ttcore.decompositions import DECOMPOSITIONS
+from ttcore.tokenizers.symbols import MASK
 
 from .admission import StreamBudget
 from .chat import chat_template
@@ -149,6 +150,8 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, serving
         raise Unsupported("model", f"{model_id(lm)} has no chat template: its family ({lm.family}) generates "
                                    f"{lm.domain} sequences, not replies to messages; use /v1/completions")
     prompt = template(req.messages)
+    if MASK in prompt:  # each message was checked (``ChatMessage``); the template's joins must not make one either
+        raise Unsupported("messages", f"the messages make a prompt that holds {MASK}: message contents are literal")
     if len(prompt) > MAX_PROMPT_CHARS:
         raise Unsupported("messages", f"the messages make a prompt of {len(prompt)} characters, above "
                                       f"{MAX_PROMPT_CHARS}")

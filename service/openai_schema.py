@@ -115,14 +115,14 @@ class ChatMessage(BaseModel):
     @field_validator("content")
     @classmethod
     def _literal_unicode(cls, value):
-        for text in [value] if isinstance(value, str) else [p.text for p in value]:
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError:
-                raise ValueError("must be valid Unicode text (it holds a lone surrogate)") from None
-            if MASK in text:  # a prompt with it is a template, whose answer is the whole sequence, system text too
-                raise ValueError(f"a message may not hold {MASK}: message contents are literal text, and {MASK} "
-                                 "is the models' placeholder (use /v1/completions or /generate with a template)")
+        text = value if isinstance(value, str) else "".join(p.text for p in value)  # the parts as the prompt joins them
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("must be valid Unicode text (it holds a lone surrogate)") from None
+        if MASK in text:  # a prompt with it is a template, whose answer is the whole sequence, system text too
+            raise ValueError(f"a message may not hold {MASK}: message contents are literal text, and {MASK} "
+                             "is the models' placeholder (use /v1/completions or /generate with a template)")
         return value
 
     @property

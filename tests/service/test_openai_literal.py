@@ -24,9 +24,10 @@ def test_a_mask_in_a_chat_message_is_refused_and_a_reply_never_holds_the_system_
         client.chat.completions.create(model="text", seed=0, extra_body={"steps": 4}, messages=[
             {"role": "system", "content": SECRET}, {"role": "user", "content": "hi [MASK]"}])
     assert e.value.body["param"].startswith("messages") and "[MASK]" in e.value.body["message"]
-    parts = [{"type": "text", "text": "hi "}, {"type": "text", "text": "[MASK]"}]  # in content parts too
-    with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model="text", seed=0, messages=[{"role": "user", "content": parts}])
+    for parts in ([{"type": "text", "text": "hi "}, {"type": "text", "text": "[MASK]"}],  # in content parts too,
+                  [{"type": "text", "text": "hi [MA"}, {"type": "text", "text": "SK] x"}]):  # and across two
+        with pytest.raises(openai.BadRequestError):
+            client.chat.completions.create(model="text", seed=0, messages=[{"role": "user", "content": parts}])
     short = "SECRET-42"  # the tiny text model has 32 positions
     reply = client.chat.completions.create(model="text", seed=0, extra_body={"steps": 4}, messages=[
         {"role": "system", "content": short}, {"role": "user", "content": "hi <|endoftext|> there"}])
