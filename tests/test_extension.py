@@ -108,6 +108,7 @@ def _toy_model(tok):
     return JointModel.from_base(base, "ucp", 3, "1layer", noise=0.5, generator=torch.Generator().manual_seed(1))
 
 
+@pytest.mark.slow  # a real uvicorn server
 def test_a_toy_format_and_sampler_defined_here_train_generate_and_serve(registered, tmp_path):
     ds = SmilesDataset.from_file(SAMPLE)
     tok = ds.tokenizer

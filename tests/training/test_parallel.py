@@ -46,6 +46,7 @@ def _averaged_gradient(rank: int, world: int, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow  # process groups (gloo)
 def test_averaged_shares_give_the_full_batch_gradient(tmp_path):
     """Two processes, each with half of a batch of 8: after the all-reduce both hold the gradient of the mean
     loss over the whole batch, as one process computes it, and a parameter no process reached has none."""
@@ -92,6 +93,7 @@ def _real_loss_gradient(rank: int, world: int, port: int, out: str, marginal_wei
     dist.destroy_process_group()
 
 
+@pytest.mark.slow  # process groups (gloo)
 @pytest.mark.parametrize("marginal_weight", [0.0, 0.5])
 def test_data_parallel_mdlm_loss_gives_the_single_process_gradient(tmp_path, marginal_weight):
     """The real objective (joint NLL + L_C of Eq. 19, plus the marginal-consistency term) on two processes whose
@@ -147,6 +149,7 @@ def test_torchrun_trains_a_tiny_model_on_two_processes_and_resumes_exactly(tmp_p
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow  # Ray
 def test_ray_train_runs_the_recipe_as_torchrun_does(tmp_path):
     """``training/ray_train.py``: the same recipe under Ray Train's TorchTrainer (2 workers on a local Ray
     cluster, gloo) writes the checkpoint that ``torchrun --nproc_per_node 2`` writes, weight for weight."""
