@@ -40,7 +40,7 @@ def exact_marginals(model, h, masked, temperature) -> torch.Tensor:
 
 def _states(model, sequences: int, seed: int = 0) -> torch.Tensor:
     """The model's own samples, masked at t = 0.25, 0.5, 0.75, 1 -> [4 * sequences, l]."""
-    l, mask_id = model.cfg.dit.length, model.cfg.dit.vocab_size - 1
+    l, mask_id = model.cfg.dit.length, model.cfg.dit.mask_id
     with model.compute_context():
         *_, last = generate(model, sequences, l, seed=seed)
     x0 = last.tokens
@@ -63,10 +63,10 @@ def _best(fn, reps: int = 3) -> float:
 
 def measure(name: str, model, sequences: int, temperatures: list[float], cs: list[int] | None) -> list[str]:
     x = _states(model, sequences)
-    mask_id = model.cfg.dit.vocab_size - 1
+    mask_id = model.cfg.dit.mask_id
     masked = x == mask_id
     e = model.format.outputs_per_position(model.cfg.rank)
-    v = model.cfg.dit.vocab_size - 1
+    v = model.cfg.dit.out_vocab
     default = chooser_outputs(e, v)
     cs = sorted({c for c in (cs or [1, 2, 4, 8, 16, 32, 64, 128, 256]) if c <= e} | {default, e})
     rows = []

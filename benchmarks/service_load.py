@@ -148,7 +148,7 @@ def _forward_bound(checkpoint: Path, precision: str, device: str, clients: tuple
     model, _, _ = load_for_inference(checkpoint, device, precision)
     times = {}
     for b in sorted({2} | {2 * c for c in clients}):  # 2: one request, the bound's reference
-        x = torch.full((b, model.cfg.dit.length), model.cfg.dit.vocab_size - 1, device=device)
+        x = torch.full((b, model.cfg.dit.length), model.cfg.dit.mask_id, device=device)
         with model.compute_context():
             for _ in range(3):
                 model.features(x)

@@ -86,7 +86,7 @@ def rollout_states(model, b: int, steps: int, j: torch.Tensor, config: SamplerCo
                    ) -> torch.Tensor:
     """States a ``steps``-step run of ``model`` reaches from a fully masked start: row i after its first j[i]
     steps, the draws keyed by ``seed`` + j. -> x_t [b, l]."""
-    out = torch.full((b, model.cfg.dit.length), model.cfg.dit.vocab_size - 1, dtype=torch.long, device=device)
+    out = torch.full((b, model.cfg.dit.length), model.cfg.dit.mask_id, dtype=torch.long, device=device)
     return _step_groups(model, j, lambda jj, rows: GenerationRun(model, len(rows), steps, config, seed=seed + jj,
                                                                  device=device), lambda jj: jj, out)
 
@@ -106,7 +106,7 @@ def teacher_completion(teacher, x_t: torch.Tensor, j: torch.Tensor, steps: int, 
 def step_log_prob(model, x_t: torch.Tensor, chosen: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """log p_model(x_T | x_t) of one step of ``model`` committing x [b, l] at ``chosen`` [b, l]
     (``Decomposition.chosen_log_prob``). -> [b]."""
-    mask_id = model.cfg.dit.vocab_size - 1
+    mask_id = model.cfg.dit.mask_id
     h = model.features(x_t)
     return model.format.chosen_log_prob(model.head, h, x_t == mask_id, chosen, x)
 
@@ -127,7 +127,7 @@ class Completion:
 def joint_objective(model, c: Completion) -> dict:
     """-log p(x_T | x_t) per committed token (a ratio of batch totals), plus a TT's L_C (Eq. 19) on T (the
     contracted-core head tracks the cores as they move)."""
-    mask_id = model.cfg.dit.vocab_size - 1
+    mask_id = model.cfg.dit.mask_id
     h = model.features(c.x_t)
     nll = -model.format.chosen_log_prob(model.head, h, c.x_t == mask_id, c.chosen, c.done).sum() \
         / c.chosen.sum().clamp_min(1)
@@ -138,7 +138,7 @@ def joint_objective(model, c: Completion) -> dict:
 def marginal_objective(model, c: Completion) -> dict:
     """sum_{i in T} -log p(x^i | x_t) per committed token, each position by the student's exact single-position
     marginal (``Decomposition.marginals_at``, the served step's contraction); a TT's L_C as in ``joint``."""
-    mask_id = model.cfg.dit.vocab_size - 1
+    mask_id = model.cfg.dit.mask_id
     h = model.features(c.x_t)
     p = model.format.marginals_at(model.head, h, c.x_t == mask_id, c.chosen, 1.0, "head")  # [m, v] float64
     picked = p.gather(1, c.done[c.chosen][:, None]).squeeze(1)
@@ -238,7 +238,7 @@ def di4c_objective(model, c: Completion) -> dict:
     consistency term (the teacher's completion itself)."""
     if c.x0 is None:
         raise ValueError("the di4c objective fits data states (--states data): its data term needs x_0")
-    mask_id = model.cfg.dit.vocab_size - 1
+    mask_id = model.cfg.dit.mask_id
     masked = c.x_t == mask_id
     n = DI4C_LATENTS
     log_p = mixture_log_probs(model, c.x_t, n, c.generator)  # [b, n, l, v], differentiable
@@ -284,7 +284,7 @@ def distill_loss(student, teacher, x0: torch.Tensor, *, steps: int, k: int, obje
     student's own mistakes), ``teacher`` (where the teacher's first k j steps lead) or ``data`` (the data masked
     at the boundary, ``student_states``: close to the MLE the student was trained with). -> the objective's dict
     plus ``committed`` (tokens the teacher committed, the batch's)."""
-    mask_id = student.cfg.dit.vocab_size - 1
+    mask_id = student.cfg.dit.mask_id
     b = len(x0)
     if states == "data":
         x_t, j = student_states(x0, steps, mask_id, generator)

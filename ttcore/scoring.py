@@ -37,7 +37,7 @@ def score(model, x0: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, to
     autoregressive model: ``ar.ar_score`` (the mask a suffix; per position its conditional given the prefix)."""
     if is_autoregressive(model):
         return ar_score(model, x0, mask)
-    x_t = torch.where(mask, torch.full_like(x0, model.cfg.dit.vocab_size - 1), x0)
+    x_t = torch.where(mask, torch.full_like(x0, model.cfg.dit.mask_id), x0)
     t = mask.float().mean(1)  # the masked fraction: the diffusion time of x_t under the log-linear schedule
     out = model(x_t, mask, sigma=t)
     token = torch.full(x0.shape, float("nan"), dtype=torch.float64, device=x0.device)
@@ -54,7 +54,7 @@ def elbo_draw(model, x0: torch.Tensor, t: torch.Tensor, real: torch.Tensor, all_
     tokens -> [b] nats per real token (module docstring)."""
     b, _ = x0.shape
     tt = t.expand(b) if t.dim() == 0 else t
-    x_t, mask = forward_mask(x0, tt, model.cfg.dit.vocab_size - 1, generator)
+    x_t, mask = forward_mask(x0, tt, model.cfg.dit.mask_id, generator)
     out = model(x_t, mask, sigma=tt)
     terms = -out.marginal_log_probs(x0).double()  # [m]
     if not all_terms:

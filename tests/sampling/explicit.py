@@ -41,7 +41,7 @@ class _Explicit(nn.Module):
     def __init__(self, v: int, l: int, decomposition: str, rank: int):
         super().__init__()
         self.format = get_decomposition(decomposition)
-        self.cfg = SimpleNamespace(dit=SimpleNamespace(vocab_size=v + 1, length=l, out_vocab=v),
+        self.cfg = SimpleNamespace(dit=SimpleNamespace(vocab_size=v + 1, length=l, out_vocab=v, mask_id=v),
                                    decomposition=decomposition, rank=rank, format=self.format)
         self._device = nn.Parameter(torch.zeros(1), requires_grad=False)
         self.calls = 0

@@ -47,6 +47,11 @@ class DiTConfig:
         return cls(vocab_size=tokenizer.vocab_size + 1, out_vocab=tokenizer.vocab_size, length=tokenizer.length,
                    **arch)
 
+    @property
+    def mask_id(self) -> int:
+        """The [MASK] input id: the last of the input vocabulary (SUBS: never predicted)."""
+        return self.vocab_size - 1
+
 
 def rotary_tables(length: int, head_dim: int, base: float = 10_000.0) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [l, head_dim] in the rotate-half layout (RoFormer, Su et al. 2024)."""
@@ -215,7 +220,7 @@ class DiT(nn.Module):
         b, l = x_t.shape
         c = self.conditioning(b, sigma, z, x_t.device)
         if self.cfg.causal:  # position i reads x^{i-1}; position 0 the start token
-            x_t = torch.cat([torch.full_like(x_t[:, :1], self.cfg.vocab_size - 1), x_t[:, :-1]], 1)
+            x_t = torch.cat([torch.full_like(x_t[:, :1], self.cfg.mask_id), x_t[:, :-1]], 1)
         x = self.vocab_embed(x_t)  # [b, l, d]
         rotary = (self.rotary_cos[:l], self.rotary_sin[:l])
         for block in self.blocks:

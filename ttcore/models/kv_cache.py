@@ -58,7 +58,7 @@ def prefill(model, x: torch.Tensor) -> tuple[torch.Tensor, KVCache]:
     only)."""
     kv = []
     y, c = model.backbone(x, kv=kv)
-    filled = (first_masked(x, model.cfg.dit.vocab_size - 1) + 1).clamp_max(x.shape[1])
+    filled = (first_masked(x, model.cfg.dit.mask_id) + 1).clamp_max(x.shape[1])
     mods = [block.modulations(c[:1]) for block in model.backbone.blocks]
     return model.output_layer.features(y, c), KVCache(kv, filled, c[:1], mods)
 
@@ -69,7 +69,7 @@ def decode(model, x: torch.Tensor, cache: KVCache, pos: torch.Tensor | None = No
     input x^{pos-1} is known; written into the cache. -> [b, l, d], zero at the other positions (a left-to-right
     step of one token reads no other)."""
     b, l = x.shape
-    start = model.cfg.dit.vocab_size - 1  # [MASK], the causal model's start token
+    start = model.cfg.dit.mask_id  # [MASK], the causal model's start token
     pos = first_masked(x, start).clamp_max(l - 1) if pos is None else pos
     inputs = torch.where(pos > 0, x.gather(1, (pos - 1).clamp_min(0)[:, None])[:, 0], start)
     y = model.backbone.decode(inputs, pos, cache.layers, cache.mods)
@@ -96,7 +96,7 @@ def cached_features(model, caches: list[KVCache | None], sizes: list[int],
     held = [i for i, c in enumerate(caches) if c is not None]
     if held:  # one wait for all of them
         ok = usable(torch.cat([caches[i].filled for i in held]), torch.cat([rows[i] for i in held]),
-                    model.cfg.dit.vocab_size - 1).split([sizes[i] for i in held])
+                    model.cfg.dit.mask_id).split([sizes[i] for i in held])
         held = [i for i, fits in zip(held, torch.stack([o.all() for o in ok]).tolist()) if fits]
     fresh = [i for i in range(len(sizes)) if i not in held]
     out: list[KVCache | None] = [None] * len(sizes)

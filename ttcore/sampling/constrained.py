@@ -21,7 +21,7 @@ from .joint_step import joint_distribution
 def check_constraint(constraint, sampler, model, tokens: torch.Tensor, mask_id: int) -> None:
     """Raise ``ConstraintError`` unless the run's step class draws constrained rows, the automaton reads the
     model's tokens, and some accepted sequence agrees with every row of ``tokens`` (its prompt)."""
-    vocab = model.cfg.dit.vocab_size - 1
+    vocab = model.cfg.dit.out_vocab
     if constraint.vocab_size != vocab:
         raise ConstraintError(f"the automaton reads {constraint.vocab_size} tokens, the model has {vocab}")
     if not getattr(sampler, "constrains", False):

@@ -64,7 +64,7 @@ class GenerationRun:
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.steps = steps
         self.max_rows_per_pass = max_rows_per_pass
-        self.mask_id = model.cfg.dit.vocab_size - 1
+        self.mask_id = model.cfg.dit.mask_id
         length = model.cfg.dit.length
         self.seed = seed if seed is not None else int(torch.randint(0, SEED_LIMIT - 1, (1,)))
         self.streams = Streams.of_request(self.seed, num_samples, device=self.device)

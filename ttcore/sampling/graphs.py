@@ -39,7 +39,7 @@ class ForwardGraphs:
         self.capture = device.type == "cuda" if capture is None else capture
         if self.capture and device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA model")
-        self.mask_id = model.cfg.dit.vocab_size - 1
+        self.mask_id = model.cfg.dit.mask_id
         self.graphs: dict[int, tuple] = {}  # bucket -> (graph, static x, static z, static h)
         self.failed: set[int] = set()  # buckets whose capture raised: eager from then on
         self.pool = None

@@ -47,7 +47,7 @@ def left_context_marginals(model, x: torch.Tensor, masked: torch.Tensor, need: t
     rows admission sized the step for: up to l times as many sequences would otherwise go in one pass)."""
     rows, pos = need.nonzero().unbind(1)
     b, l = x.shape
-    mask_id = model.cfg.dit.vocab_size - 1
+    mask_id = model.cfg.dit.mask_id
     out = []
     for s in range(0, len(rows), b):
         r, p = rows[s:s + b], pos[s:s + b]

@@ -73,7 +73,7 @@ def chooser_marginals(model, h: torch.Tensor, masked: torch.Tensor, temperature:
     weights = fmt.component_weights(head, h, masked, temperature)  # [m, E]
     m, e = weights.shape
     hm = h[masked]
-    c = chooser_outputs(e, model.cfg.dit.vocab_size - 1, outputs)
+    c = chooser_outputs(e, model.cfg.dit.out_vocab, outputs)
     if c == e:  # every output: one head pass over the masked positions
         top_w = weights
         logits = head.component_logits(hm)  # [m, e, v]
