@@ -8,7 +8,7 @@ template's whole text (and no prompt's) must match it."""
 import threading
 from collections import OrderedDict
 
-from ttcore.constraints import ConstraintError, regex_dfa, smiles_dfa
+from ttcore.constraints import GRAMMARS, ConstraintError, grammars_for, regex_dfa
 from ttcore.tokenizers.symbols import MASK
 
 from .refusals import Overloaded, Unsupported
@@ -16,13 +16,11 @@ from .refusals import Overloaded, Unsupported
 BUILDS = threading.BoundedSemaphore(2)  # automata built at once, server-wide: a regex's is a child process of up
 # to 3 s and 1 GB (``ttcore.constraints.regex``), so many strangers' patterns cannot exhaust the machine
 BUILD_WAIT_S = 5.0  # a request whose build cannot start within this is refused 503 (Retry-After)
-GRAMMARS = {"smiles": smiles_dfa}  # grammar name -> builder over a tokenizer's pieces; for the kinds below
-GRAMMAR_KINDS = {"smiles": ("smiles",)}  # grammar name -> the tokenizer kinds it reads
 
 
 def grammars_of(tokenizer) -> tuple[str, ...]:
-    """The grammars a checkpoint with this tokenizer offers (``GET /models``)."""
-    return tuple(name for name, kinds in GRAMMAR_KINDS.items() if tokenizer.kind in kinds)
+    """The grammars a checkpoint with this tokenizer offers (``GET /models``; ``ttcore.constraints.GRAMMARS``)."""
+    return grammars_for(tokenizer.kind)
 
 
 class AutomatonCache:
@@ -95,7 +93,7 @@ class Constraints:
         if not BUILDS.acquire(timeout=BUILD_WAIT_S):
             raise Overloaded("other constraints are being built; try again shortly", retry_after_s=2)
         try:
-            dfa = regex_dfa(text, self.pieces, pad) if field == "regex" else GRAMMARS[text](self.pieces, pad)
+            dfa = regex_dfa(text, self.pieces, pad) if field == "regex" else GRAMMARS[text].build(self.pieces, pad)
             if prefix:
                 dfa = dfa.with_prefix(prefix)
         except ConstraintError as e:

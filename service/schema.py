@@ -5,7 +5,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-from ttcore.constraints import MAX_STATES
+from ttcore.constraints import GRAMMARS, MAX_STATES
 from ttcore.constraints.regex import MAX_PATTERN
 from ttcore.decompositions import CONTRACTIONS, DECOMPOSITIONS
 from ttcore.sampling import ADAPTIVE, EB_PROXIES, PREDETERMINED, SCHEDULES, SamplerConfig
@@ -137,7 +137,7 @@ class ConstraintFields(BaseModel):
                     "expression accepts (exact, the other masked positions summed out), so every sample matches. "
                     f"At most {MAX_PATTERN} characters and {MAX_STATES} automaton states over the model's tokens.",
         examples=["[0-9]{4}-[0-9]{2}-[0-9]{2}"])
-    grammar: Literal["smiles"] | None = Field(
+    grammar: Literal[tuple(GRAMMARS)] | None = Field(
         None, description="A grammar the sequence must be in (`GET /models` lists each checkpoint's): `smiles`, "
                           "for molecule families: balanced, non-empty branches, paired ring closures, bonds "
                           "followed by atoms (what a regular language can check of SMILES: valences and "
