@@ -31,7 +31,7 @@ from ttcore.metrics.kinds import MetricsKind, register_metrics_kind, unregister_
 from ttcore.models import DiTConfig, JointModel, ModelConfig
 from ttcore.recipes import TrainConfig
 from ttcore.sampling import SamplerConfig, generate, predetermined_step
-from ttcore.sampling.steps import SAMPLERS, ConfiguredStep, WorkKind, register_step
+from ttcore.sampling.steps import ConfiguredStep, WorkKind, register_step, unregister_step
 
 
 class UniformCP(SumsNothing):
@@ -98,7 +98,7 @@ def registered():
     register_metrics_kind(EVEN)
     yield
     unregister_decomposition("ucp")
-    SAMPLERS.pop("right_to_left")
+    unregister_step("right_to_left")
     unregister_metrics_kind("even")
 
 

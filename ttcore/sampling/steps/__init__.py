@@ -26,6 +26,11 @@ def register_step(name: str, cls: type[Step]) -> type[Step]:
     return cls
 
 
+def unregister_step(name: str) -> None:
+    """Forget a registered sampler (built-in names stay)."""
+    SAMPLERS.pop(name, None)
+
+
 register_step("edlm", EDLMStep)  # EDLM (Xu et al. 2025) with an AR energy: over a diffusion model paired with an AR one
 register_step("dcd", DCDStep)  # DCD (Liu et al. 2025) with an AR copula: likewise
 
@@ -45,4 +50,4 @@ def named_sampler(name: str, eb_gamma: float | None) -> dict:
 
 __all__ = ["SAMPLERS", "STEP_CLASSES", "ChainRuleStep", "ConfiguredStep", "DCDStep", "EDLMStep", "EBStep",
            "FastAdaptiveStep", "MarginalViewStep", "PredeterminedJointStep", "Step", "WorkKind", "named_sampler",
-           "register_step", "sampler_names"]
+           "register_step", "sampler_names", "unregister_step"]
