@@ -85,6 +85,11 @@ class Constraints:
         prefix = () if not prompt or MASK in prompt else tuple(self.tokenizer.tokenize(prompt))
         return self.name, field, regex if regex is not None else grammar, prefix
 
+    def of(self, regex: str | None, grammar: str | None, prompt: str | None):
+        """The request's automaton, built now (None: unconstrained); ``key`` and ``build`` in one (benchmarks)."""
+        key = self.key(regex, grammar, prompt)
+        return None if key is None else self.build(key)
+
     def build(self, key: tuple):
         """The automaton ``key`` names (seconds for a regex over a text vocabulary: never on the event loop).
         Raises ``Unsupported`` (a bad or empty language) or ``Overloaded`` (too many builds at once)."""
