@@ -8,6 +8,7 @@ each token's class [V], never the [Q, V] table (a text regex of 500 states has a
 tokens: 20 KB instead of 33 MB), in the smallest integer type that holds Q. Everything here (trimming, a
 prefix, satisfiability) runs over the classes: O(Q C) a position, not O(Q V)."""
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -195,11 +196,14 @@ class TokenDFA:
         """``satisfiable`` of one template [l] (token ids; -1 free), kept with the automaton (the last
         ``KEPT_TEMPLATES`` asked): a server asks it at admission, its run again when it starts."""
         key = tuple(template.tolist())
-        if key not in self._fits:
-            if len(self._fits) >= KEPT_TEMPLATES:
-                self._fits.pop(next(iter(self._fits)))
-            self._fits[key] = bool(self.satisfiable(template[None].cpu()).item())
-        return self._fits[key]
+        known = self._fits.get(key)
+        if known is None:
+            known = bool(self.satisfiable(template[None].cpu()).item())
+            if len(self._fits) >= KEPT_TEMPLATES:  # the oldest goes (threads may race here: a miss is harmless)
+                with contextlib.suppress(KeyError, RuntimeError, StopIteration):
+                    self._fits.pop(next(iter(self._fits)))
+            self._fits[key] = known
+        return known
 
     def fits(self, length: int) -> bool:
         """Whether some accepted sequence has exactly ``length`` tokens (``admits`` of an all-free template)."""
