@@ -99,17 +99,20 @@ class CompletionRequest(_OpenAIRequest):
     logprobs: None = Field(None, description="Not supported (null only); see POST /score for exact log-probabilities.")
 
 
+NO_MASK = {"not": {"pattern": r"\[MASK\]"}}  # the schema says what ``ChatMessage`` refuses: no [MASK] in a text
+
+
 class TextPart(BaseModel):
     """A message's text part (OpenAI's content parts; only text applies to these models)."""
     model_config = ConfigDict(extra="forbid", strict=True)
     type: Literal["text"]
-    text: str = Field(max_length=MAX_PROMPT_CHARS)
+    text: str = Field(max_length=MAX_PROMPT_CHARS, json_schema_extra=NO_MASK)
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] = Field(max_length=MAX_PROMPT_CHARS)
+    content: str | list[TextPart] = Field(max_length=MAX_PROMPT_CHARS, json_schema_extra=NO_MASK)
     name: str | None = Field(None, max_length=64)
 
     @field_validator("content")
