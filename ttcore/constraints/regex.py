@@ -8,6 +8,7 @@ interegular minutes, and the walk of a large automaton over a text vocabulary se
 A token whose text is not whole characters (a byte-level piece of one) or is empty is never allowed."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -18,6 +19,11 @@ from .dfa import MAX_STATES, ConstraintError, TokenDFA
 MAX_PATTERN = 1000  # characters of a pattern
 BUILD_SECONDS = 3.0  # a pattern's token automaton must be built within this (in a child process)
 BUILD_BYTES = 1 << 30  # and within this much memory
+
+
+# one BLAS thread in the child: numpy's BLAS reserves address space per thread at import, which on a many-core
+# machine could pass the child's address-space limit before any work (the walk itself uses no BLAS)
+_ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 def bounded_token_automaton(pattern: str, pieces: list[str], pad_id: int | None,
@@ -33,7 +39,8 @@ def bounded_token_automaton(pattern: str, pieces: list[str], pad_id: int | None,
     ask = json.dumps({"pattern": pattern, "pieces": pieces, "pad": pad_id, "max_states": MAX_STATES})
     try:
         done = subprocess.run([sys.executable, "-m", "ttcore.regex_fsm", str(BUILD_BYTES)], input=ask,
-                              capture_output=True, text=True, timeout=seconds)
+                              capture_output=True, text=True, timeout=seconds,
+                              env={**os.environ, **_ONE_THREAD})
     except subprocess.TimeoutExpired:
         raise ConstraintError(f"the pattern's automaton over this model's tokens takes more than {seconds:g} s to "
                               "build") from None
