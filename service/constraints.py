@@ -14,7 +14,7 @@ from ttcore.tokenizers.symbols import MASK
 from .refusals import Overloaded, Unsupported
 
 BUILDS = threading.BoundedSemaphore(2)  # automata built at once, server-wide: a regex's is a child process of up
-# to 3 s and 1 GB (``ttcore.constraints.regex``), so many strangers' patterns cannot exhaust the machine
+# to 3 s of CPU time and 1 GB (``ttcore.constraints.regex``), so many strangers' patterns cannot exhaust the machine
 BUILD_WAIT_S = 5.0  # a request whose build cannot start within this is refused 503 (Retry-After)
 
 

@@ -97,10 +97,14 @@ def token_walk(fsm: dict, pieces: list[str], pad_id: int | None, max_states: int
 
 def main() -> None:
     limit = int(sys.argv[1]) if len(sys.argv) > 1 else 0
-    if limit:  # the parent's memory limit, set before any work
+    cpu = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+    if limit or cpu:  # the parent's limits, set before any work: address space, and CPU seconds (SIGXCPU past it)
         import resource
 
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        if limit:
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        if cpu:
+            resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     try:
         ask = json.loads(sys.stdin.read())
         out = token_walk(char_automaton(ask["pattern"]), ask["pieces"], ask.get("pad"), ask.get("max_states"))

@@ -9,6 +9,7 @@ A token whose text is not whole characters (a byte-level piece of one) or is emp
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -17,8 +18,9 @@ import torch
 from .dfa import MAX_STATES, ConstraintError, TokenDFA
 
 MAX_PATTERN = 1000  # characters of a pattern
-BUILD_SECONDS = 3.0  # a pattern's token automaton must be built within this (in a child process)
+BUILD_SECONDS = 3  # a pattern's token automaton must be built within this much CPU time (in a child process)
 BUILD_BYTES = 1 << 30  # and within this much memory
+WALL_SECONDS = 4 * BUILD_SECONDS  # and this much wall time: a loaded machine slows a build without making it work more
 
 
 # one BLAS thread in the child: numpy's BLAS reserves address space per thread at import, which on a many-core
@@ -27,9 +29,10 @@ _ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THR
 
 
 def bounded_token_automaton(pattern: str, pieces: list[str], pad_id: int | None,
-                            seconds: float = BUILD_SECONDS) -> dict:
+                            seconds: int = BUILD_SECONDS) -> dict:
     """``ttcore.regex_fsm``'s character automaton and token walk in a child process (``python -m
-    ttcore.regex_fsm``: no torch, a fraction of a second to start), killed past ``seconds`` and limited to
+    ttcore.regex_fsm``: no torch, a fraction of a second to start), ended past ``seconds`` of CPU time (the
+    kernel's limit: the work a pattern costs, whatever the machine's load) or ``WALL_SECONDS``, and limited to
     ``BUILD_BYTES``: a stranger's pattern cannot hold a server's worker, its event loop or its memory. Raises
     ``ConstraintError`` saying which limit, or what the builder reported."""
     if not pattern:
@@ -38,19 +41,22 @@ def bounded_token_automaton(pattern: str, pieces: list[str], pad_id: int | None,
         raise ConstraintError(f"the pattern has {len(pattern)} characters, more than {MAX_PATTERN}")
     ask = json.dumps({"pattern": pattern, "pieces": pieces, "pad": pad_id, "max_states": MAX_STATES})
     try:
-        done = subprocess.run([sys.executable, "-m", "ttcore.regex_fsm", str(BUILD_BYTES)], input=ask,
-                              capture_output=True, text=True, timeout=seconds,
+        done = subprocess.run([sys.executable, "-m", "ttcore.regex_fsm", str(BUILD_BYTES), str(seconds)],
+                              input=ask, capture_output=True, text=True, timeout=WALL_SECONDS,
                               env={**os.environ, **_ONE_THREAD})
     except subprocess.TimeoutExpired:
-        raise ConstraintError(f"the pattern's automaton over this model's tokens takes more than {seconds:g} s to "
-                              "build") from None
+        raise ConstraintError(f"the pattern's automaton over this model's tokens took more than {WALL_SECONDS} s "
+                              "to build") from None
+    if done.returncode in (-signal.SIGXCPU, -signal.SIGKILL) and not done.stdout:
+        raise ConstraintError(f"the pattern's automaton over this model's tokens takes more than {seconds} s of "
+                              "CPU time to build") from None
     try:
         out = json.loads(done.stdout)
     except ValueError:  # the child died before answering: a signal (its memory limit can end it so) or a crash
         last = (done.stderr.strip().splitlines() or ["no message"])[-1][:200]
         if done.returncode < 0:
             raise ConstraintError(f"the pattern's automaton could not be built: its builder was ended by signal "
-                                  f"{-done.returncode} (limits: {seconds:g} s, {BUILD_BYTES >> 20} MB)") from None
+                                  f"{-done.returncode} (limits: {seconds} s of CPU, {BUILD_BYTES >> 20} MB)") from None
         raise ConstraintError(f"the pattern's automaton could not be built (exit {done.returncode}: {last})") from None
     if "error" in out:
         raise ConstraintError(out["error"])
