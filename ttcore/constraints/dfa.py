@@ -4,9 +4,9 @@ joint by (``ttcore.distributions.automaton``). Built from a regular expression (
 reach acceptance removed, the size bound checked.
 
 Tokens that move every state alike form a class, and an automaton is kept over its classes: ``moves`` [Q, C] and
-each token's class [V], never the [Q, V] table (a text regex of 500 states has about 20 classes over 8,192
-tokens: 20 KB instead of 33 MB), in the smallest integer type that holds Q. Everything here (trimming, a
-prefix, satisfiability) runs over the classes: O(Q C) a position, not O(Q V)."""
+each token's class [V], never the [Q, V] table (``[a-z ]{0,500}`` over the text model's 8,192 tokens: 502 states,
+19 classes, 28 KB instead of 33 MB), each in the smallest integer type that holds its values. Everything here
+(trimming, a prefix, satisfiability) runs over the classes: O(Q C) a position, not O(Q V)."""
 
 import contextlib
 from dataclasses import dataclass, field
