@@ -85,11 +85,9 @@ class DrainingServer(uvicorn.Server):
                 self.cut_at = now
                 log.info("drain timed out: %d requests still in flight, ended with a shutdown error",
                          self.engine.cut(SHUTDOWN_MESSAGE))
-            if self.engine.in_flight == 0 and (self.cut_at is None or now - self.cut_at > CUT_FLUSH_S
-                                               or not self.server_state.connections):
+            flushed = self.cut_at is None or not self.server_state.connections or now - self.cut_at > CUT_FLUSH_S
+            if flushed and (self.engine.in_flight == 0 or self.cut_at is not None):
                 log.info("drained: exiting")
-                return True
-            if self.cut_at is not None and now - self.cut_at > CUT_FLUSH_S:
                 return True
         return await super().on_tick(counter)
 

@@ -340,10 +340,10 @@ class Constrained:
     def log_normalizer(self, x_cond: torch.Tensor | None = None) -> torch.Tensor:
         """log p(x in L, x_S) [b] under the joint (normalized by its total mass: exact at every temperature, each
         row alone): -inf where no accepted sequence agrees with x_cond (None: nothing known)."""
-        cores = self.cores if x_cond is None else conditioned_cores(self.cores, x_cond)
-        mass = log_accepted_mass(self.start, class_sums(cores, self.automata), self.automata, self.diagonal,
-                                 self.known)
-        return mass - chain_log_total(self.start, class_sums(self.cores, self.automata), self.diagonal)
+        summed = class_sums(self.cores, self.automata)
+        inside = summed if x_cond is None else class_sums(conditioned_cores(self.cores, x_cond), self.automata)
+        mass = log_accepted_mass(self.start, inside, self.automata, self.diagonal, self.known)
+        return mass - chain_log_total(self.start, summed, self.diagonal)
 
     def marginals(self, x_cond: torch.Tensor) -> torch.Tensor:
         """p(x^i | x_S, x in L) [b, l, v], one-hot at the conditioned positions."""
