@@ -27,7 +27,7 @@ def test_five_scores_queued_never_run_more_than_one_piece_between_two_generation
     (tmp_path / "text-tt-r4").symlink_to(ROOT / "checkpoints" / "text-tt-r4")
     score = {"model": "text", "sequences": ["The Congress shall make no law"], "mode": "elbo", "num_mc": 12}
     gen = {"model": "text", "num_samples": 1, "steps": 8, "seed": 0}
-    with uvicorn_server(tmp_path, "--precision", "bf16") as url:
+    with uvicorn_server(tmp_path) as url:  # precision auto: forced bf16 on a CPU without it is slow
         assert httpx.post(url + "/generate", json=gen, timeout=120).status_code == 200  # its kind timed first
         assert httpx.post(url + "/score", json=dict(score, num_mc=1), timeout=120).status_code == 200
         steps, at_most_one, pieces = _counts(url)
