@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException
 
 from .config import ServiceArgs
 from .openai_api import openai_error, openai_refused
@@ -148,6 +149,7 @@ def create_app(serving: Serving, security: SecurityConfig | None = None) -> Fast
             return JSONResponse(status_code=400, content={"detail": "the body is not valid JSON: " + errors[0]["msg"]})
         return JSONResponse(status_code=422, content={"detail": errors})
 
+    app.add_exception_handler(HTTPException, http_error)
     app.add_exception_handler(Exception, server_error)
     for refused in (*REFUSED, ValidationError):  # one handler for every refusal, in each front end's shape
         app.add_exception_handler(refused, refusal_response)
@@ -169,6 +171,16 @@ async def refusal_response(request: Request, exc: Exception) -> Response:
         err = exc.errors()[0]
         return openai_error(400, f"{'.'.join(map(str, err['loc']))}: {err['msg']}", str(err["loc"][-1]))
     return openai_refused(refusal(exc)) if v1 else _refused(refusal(exc))
+
+
+async def http_error(request: Request, exc: HTTPException) -> Response:
+    """Starlette's and FastAPI's own refusals (an unknown path, a method not allowed, a body FastAPI cannot
+    read) in the route's error shape: OpenAI's error object under /v1 too, as the document says."""
+    detail = exc.detail if isinstance(exc.detail, str) else "refused"
+    if detail == "There was an error parsing the body":  # FastAPI's words for a body that is not UTF-8 JSON
+        detail = "the body is not valid JSON: it is not UTF-8 text"
+    return Response(error_body(request.url.path, exc.status_code, clip(detail)), status_code=exc.status_code,
+                    headers=exc.headers, media_type="application/json")
 
 
 async def server_error(request: Request, exc: Exception) -> Response:

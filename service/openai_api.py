@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ttcore.decompositions import DECOMPOSITIONS
 from ttcore.tokenizers.symbols import MASK
 
+from . import error_docs
 from .admission import StreamBudget
 from .chat import chat_template
 from .completions import completion_prompt
@@ -118,28 +119,28 @@ async def models(serving: Serving = Depends(current_serving)):
         "length": lm.info.length, "domain": lm.domain, "metrics": lm.info.metrics}) for lm in serving.registry.models])
 
 
-@router.post("/completions", response_model=Completion, responses={
+@router.post("/completions", response_model=Completion, responses=error_docs.openai({
     200: {"description": "A completion; with `stream: true`, `data: {chunk}` events then `data: [DONE]`",
           "content": {"text/event-stream": {"schema": {
               "type": "object", "required": ["data"],
               "properties": {"data": {"type": "string", "description": "a Completion chunk (JSON) or [DONE]"}}}}}},
-    400: {"description": "Invalid request (OpenAI error object)"}, 401: {"description": "Missing or bad key"},
-    404: {"description": "Unknown model"}, 413: {"description": "Body too large"},
-    422: {"description": "Invalid request (OpenAI error object)"},
-    503: {"description": "Overloaded (Retry-After)"}, 504: {"description": "Deadline passed"}})
+    400: "Invalid request (OpenAI error object)", 401: "Missing or bad key",
+    404: "Unknown model", 413: "Body too large",
+    422: "Invalid request (OpenAI error object)",
+    503: "Overloaded (Retry-After)", 504: "Deadline passed"}))
 async def completions(req: CompletionRequest, request: Request, serving: Serving = Depends(current_serving)):
     return await _serve(serving, req, request, req.prompt, _TextShape(req))
 
 
-@router.post("/chat/completions", response_model=ChatCompletion, responses={
+@router.post("/chat/completions", response_model=ChatCompletion, responses=error_docs.openai({
     200: {"description": "A chat completion; with `stream: true`, `data: {chunk}` events then `data: [DONE]`",
           "content": {"text/event-stream": {"schema": {
               "type": "object", "required": ["data"],
               "properties": {"data": {"type": "string", "description": "a ChatCompletionChunk (JSON) or [DONE]"}}}}}},
-    400: {"description": "Invalid request, or a model without a chat template (OpenAI error object)"},
-    401: {"description": "Missing or bad key"}, 404: {"description": "Unknown model"},
-    413: {"description": "Body too large"}, 422: {"description": "Invalid request (OpenAI error object)"},
-    503: {"description": "Overloaded (Retry-After)"}, 504: {"description": "Deadline passed"}})
+    400: "Invalid request, or a model without a chat template (OpenAI error object)",
+    401: "Missing or bad key", 404: "Unknown model",
+    413: "Body too large", 422: "Invalid request (OpenAI error object)",
+    503: "Overloaded (Retry-After)", 504: "Deadline passed"}))
 async def chat_completions(req: ChatCompletionRequest, request: Request, serving: Serving = Depends(current_serving)):
     """The conversation written into the prompt by the family's chat template (``service.chat``); the reply is
     the completion of that prompt, as ``/v1/completions`` makes it."""

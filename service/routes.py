@@ -14,8 +14,9 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 
 from ttcore.sampling.steps import WorkKind
 
-from . import scores
+from . import error_docs, scores
 from .admission import StreamBudget
+from .error_docs import StatusAnswer
 from .refusals import failure_status
 from .registry import LoadedModel
 from .schema import GenerateRequest, GenerateResponse, ModelInfo, ModelList, ScoreRequest, ScoreResponse, StepEvent
@@ -24,6 +25,7 @@ from .serving import depict as depict_smiles
 from .speed import Speed
 
 MAX_DEPICT_CHARS = 256
+SMILES_CHARACTERS = r"^[!-~]+$"  # printable ASCII without whitespace: SMILES's alphabet and more
 MIN_DEPICT_PX, MAX_DEPICT_PX = 64, 1024
 PLAYGROUND = Path(__file__).resolve().parent / "playground"  # the page at / (static files, no build step)
 
@@ -48,23 +50,23 @@ STREAM_CLOSING_BYTES = 1024  # what a stream keeps back for the error event that
 SSE_EVENT = {"type": "object", "required": ["event", "data"], "properties": {
     "event": {"type": "string", "enum": ["step", "done", "error"]},
     "data": {"type": "string", "description": "JSON: a StepEvent, a GenerateResponse or {id, error, code}"}}}
-GENERATE_RESPONSES = {
+GENERATE_RESPONSES = error_docs.native({
     200: {"description": "The samples (JSON); with `stream: true` a server-sent-event stream instead: `event: step` "
                          "per denoising step (StepEvent), then `event: done` (the JSON answer) or `event: error` "
                          "(`{id, error, code}`, code `timeout`, `failed`, `cancelled`, `stream_limit` (the stream "
                          "reached `--max-stream-mb`), or under Ray Serve `replica_failed`); every event carries "
                          "the request's `id`",
           "content": {"text/event-stream": {"schema": SSE_EVENT}}},
-    400: {"description": "The body is not JSON"},
-    401: {"description": "Missing or unknown API key (when keys are configured)"},
-    404: {"description": "No loaded checkpoint matches; the answer names what is available"},
-    413: {"description": "The body is larger than the server's limit"},
-    422: {"description": "Invalid input, or more compute or memory than the server's limits: the field and the "
-                         "rule (for limits, the largest value that fits)"},
-    500: {"description": "A denoising step failed"},
-    503: {"description": "Overloaded; retry after the Retry-After header (seconds until a slot frees, estimated)"},
-    504: {"description": "The request's deadline (`timeout_s`, or the server's maximum) passed"},
-}
+    400: "The body is not JSON",
+    401: "Missing or unknown API key (when keys are configured)",
+    404: "No loaded checkpoint matches; the answer names what is available",
+    413: "The body is larger than the server's limit",
+    422: "Invalid input, or more compute or memory than the server's limits: the field and the rule (for limits, "
+         "the largest value that fits)",
+    500: "A denoising step failed",
+    503: "Overloaded; retry after the Retry-After header (seconds until a slot frees, estimated)",
+    504: "The request's deadline (`timeout_s`, or the server's maximum) passed",
+})
 
 
 
@@ -98,25 +100,25 @@ async def generate(req: GenerateRequest, request: Request, serving: Serving = De
         watcher.cancel()
 
 
-@router.post("/score", response_model=ScoreResponse, responses={
-    400: {"description": "The body is not JSON"}, 401: {"description": "Missing or unknown API key"},
-    404: {"description": "No loaded checkpoint matches"}, 413: {"description": "Body too large"},
-    422: {"description": "Invalid input (a sequence that cannot be scored is named by its index), or more "
-                         "compute than the deadline allows (the largest `num_mc` or number of `sequences` "
-                         "that fits)"},
-    503: {"description": "Overloaded: as many requests in flight as the server allows (Retry-After)"},
-    504: {"description": "The request's deadline (`timeout_s`, or the server's maximum) passed"}})
+@router.post("/score", response_model=ScoreResponse, responses=error_docs.native({
+    400: "The body is not JSON", 401: "Missing or unknown API key",
+    404: "No loaded checkpoint matches", 413: "Body too large",
+    422: "Invalid input (a sequence that cannot be scored is named by its index), or more compute than the "
+         "deadline allows (the largest `num_mc` or number of `sequences` that fits)",
+    503: "Overloaded: as many requests in flight as the server allows (Retry-After)",
+    504: "The request's deadline (`timeout_s`, or the server's maximum) passed"}))
 async def score(req: ScoreRequest, request: Request, serving: Serving = Depends(current_serving)):
     return await scores.score(serving, req, gone=request.is_disconnected)
 
 
-@router.get("/depict", response_class=Response, responses={
+@router.get("/depict", response_class=Response, responses=error_docs.native({
     200: {"description": "The molecule drawn by RDKit", "content": {"image/svg+xml": {}}},
-    401: {"description": "Missing or unknown API key"},
-    422: {"description": "Not a valid SMILES, or a size out of range: the field and the rule"},
-    503: {"description": "RDKit is not installed on this server"}})
-async def depict(smiles: str = Query(min_length=1, max_length=MAX_DEPICT_CHARS,
-                                     description="A SMILES string (at most 256 characters)"),
+    401: "Missing or unknown API key",
+    422: "Not a valid SMILES, or a size out of range: the field and the rule",
+    503: "RDKit is not installed on this server"}))
+async def depict(smiles: str = Query(min_length=1, max_length=MAX_DEPICT_CHARS, pattern=SMILES_CHARACTERS,
+                                     description="A SMILES string: at most 256 printable ASCII characters, no "
+                                                 "whitespace (RDKit would read what follows a space as a name)"),
                  width: int = Query(240, ge=MIN_DEPICT_PX, le=MAX_DEPICT_PX, description="pixels, 64..1024"),
                  height: int = Query(240, ge=MIN_DEPICT_PX, le=MAX_DEPICT_PX, description="pixels, 64..1024")):
     """A 2-D depiction of a molecule as SVG (cached)."""
@@ -150,9 +152,9 @@ def model_info(lm: LoadedModel) -> ModelInfo:
                                                       if k != WorkKind.chain_rule and speed.timed(k)})
 
 
-@router.get("/models/{checkpoint}/card", response_class=PlainTextResponse, responses={
+@router.get("/models/{checkpoint}/card", response_class=Response, responses=error_docs.native({
     200: {"description": "The checkpoint's model card", "content": {"text/markdown": {}}},
-    404: {"description": "No loaded checkpoint of that name has a card"}})
+    404: "No loaded checkpoint of that name has a card"}))
 async def model_card(checkpoint: str, serving: Serving = Depends(current_serving)):
     card = next((lm.card for lm in serving.registry.models if lm.name == checkpoint), None)
     if card is None:
@@ -160,14 +162,17 @@ async def model_card(checkpoint: str, serving: Serving = Depends(current_serving
     return PlainTextResponse(card, media_type="text/markdown; charset=utf-8")
 
 
-@router.get("/health", responses={503: {"description": "A worker stopped, or has been on one step longer than the "
-                                                        "stall limit (`--stall-s`)"}})
+@router.get("/health", response_model=StatusAnswer, responses={
+    503: {"description": "A worker stopped, or has been on one step longer than the stall limit (`--stall-s`)",
+          "model": StatusAnswer}})
 async def health(serving: Serving = Depends(current_serving)):
     ok, why = serving.engine.check_health()
     return JSONResponse({"status": "ok" if ok else "unhealthy", "detail": why}, status_code=200 if ok else 503)
 
 
-@router.get("/ready")
+@router.get("/ready", response_model=StatusAnswer, responses={
+    503: {"description": "Draining (`in_flight`: requests still running), or no model loaded (`refused`: why)",
+          "model": StatusAnswer}})
 async def ready(serving: Serving = Depends(current_serving)):
     registry = serving.registry
     if serving.engine.draining:  # a load balancer stops sending here; requests in flight finish
@@ -177,7 +182,8 @@ async def ready(serving: Serving = Depends(current_serving)):
     return JSONResponse({"status": "no models loaded", "refused": registry.refused}, status_code=503)
 
 
-@router.get("/metrics", response_class=PlainTextResponse,
-            responses={200: {"description": "Prometheus text format 0.0.4"}, 401: {"description": "Key needed"}})
+@router.get("/metrics", response_class=Response,  # Response: its errors documented as JSON, not as text
+            responses=error_docs.native({200: {"description": "Prometheus text format 0.0.4",
+                                                 "content": {"text/plain": {}}}, 401: "Key needed"}))
 async def prometheus(serving: Serving = Depends(current_serving)):
     return Response(serving.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -12,6 +12,17 @@ def test_validity_uniqueness_novelty():
     assert m["novelty"] == pytest.approx(1 / 3)
 
 
+def test_a_string_with_whitespace_is_not_a_molecule():
+    """RDKit reads what follows whitespace as a molecule's name: "C junk" parses as methane. A sample is one
+    SMILES, so a string with whitespace is not valid (and /depict does not draw it)."""
+    from rdkit import Chem
+
+    assert Chem.MolFromSmiles("C junk") is not None  # RDKit's own reading: methane named "junk"
+    for text in ("C junk", "CCO\nOCC", " C", "C\tC"):
+        assert canonical(text) is None, text
+    assert molecule_metrics(["C junk", "CCO"])["validity"] == pytest.approx(1 / 2)
+
+
 def test_a_molecule_whose_canonical_smiles_rdkit_cannot_read_back_is_not_valid():
     """A MOSES sample of the GPU-trained rank 1: RDKit parses it, but writes its canonical SMILES as one it cannot
     parse (the distribution metrics, which read canonical SMILES, failed on it)."""

@@ -2,6 +2,7 @@
 
 import asyncio
 import os
+import re
 import time
 
 import httpx
@@ -285,10 +286,49 @@ def test_depict_draws_valid_smiles_and_refuses_the_rest(server):
     r = httpx.get(server + "/depict", params={"smiles": "c1ccccc1O", "width": 120, "height": 100})
     assert r.status_code == 200 and r.headers["content-type"] == "image/svg+xml"
     assert r.text.lstrip().startswith("<?xml") and "<svg" in r.text and "width='120px'" in r.text
+    # "C junk" and "CCO\nx" RDKit reads as a molecule and its name: not one SMILES, so not drawn
     for params, field in (({"smiles": "C1CC"}, "smiles"), ({"smiles": "C" * 300}, "smiles"),
-                          ({"smiles": "CCO", "width": 10}, "width"), ({}, "smiles")):
+                          ({"smiles": "CCO", "width": 10}, "width"), ({}, "smiles"), ({"smiles": "C junk"}, "smiles"),
+                          ({"smiles": "CCO\nx"}, "smiles"), ({"smiles": "CCÖ"}, "smiles")):
         r = httpx.get(server + "/depict", params=params)
         assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", field], (params, r.text)
+    # the document says so: the pattern the server enforces, and the 422's body
+    depict = httpx.get(server + "/openapi.json").json()["paths"]["/depict"]["get"]
+    smiles = next(p for p in depict["parameters"] if p["name"] == "smiles")["schema"]
+    assert re.fullmatch(smiles["pattern"], "c1ccccc1O") and not re.search(smiles["pattern"], "C junk")
+    assert depict["responses"]["422"]["content"]["application/json"]["schema"]["$ref"].endswith("/InvalidAnswer")
+
+
+def test_every_documented_error_has_the_body_the_server_sends(server):
+    """Each error status in /openapi.json has a body schema (FastAPI documents none for a route's own answers):
+    native 422 FastAPI's field errors, other native errors ``detail``, /v1 OpenAI's error object; and real
+    answers of each shape validate against the schema the document gives them."""
+    import jsonschema
+
+    spec = httpx.get(server + "/openapi.json").json()
+    for path, methods in spec["paths"].items():
+        for method, op in methods.items():
+            for code, answer in op["responses"].items():
+                if code.startswith(("4", "5")):
+                    assert "application/json" in answer.get("content", {}), (method, path, code)
+
+    def check(path: str, method: str, r: httpx.Response):
+        ref = spec["paths"][path][method]["responses"][str(r.status_code)]["content"]["application/json"]["schema"]
+        jsonschema.validate(r.json(), {**ref, "components": spec["components"]},
+                            cls=jsonschema.Draft202012Validator)
+
+    check("/generate", "post", httpx.post(server + "/generate", json={"model": "nope"}))  # 404, with available
+    check("/generate", "post", httpx.post(server + "/generate", json={"steps": 0}))  # 422
+    check("/generate", "post", httpx.post(server + "/generate", content=b"{",
+                                          headers={"content-type": "application/json"}))  # 400
+    check("/depict", "get", httpx.get(server + "/depict", params={"smiles": "C1CC"}))  # the handler's own 422
+    check("/v1/completions", "post", httpx.post(server + "/v1/completions", json={"model": "nope", "prompt": "C"}))
+    check("/v1/completions", "post", httpx.post(server + "/v1/completions", json={"prompt": 3}))
+    for path in ("/v1/completions", "/generate"):  # not UTF-8: FastAPI's own 400, in the route's shape
+        bad = httpx.post(server + path, content=b"\xff\x15", headers={"content-type": "application/json"})
+        assert bad.status_code == 400 and "UTF-8" in bad.text, bad.text
+        check(path, "post", bad)
+    check("/health", "get", httpx.get(server + "/health"))
 
 
 def test_the_playground_page_is_served_with_a_content_security_policy(server):

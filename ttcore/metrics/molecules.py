@@ -13,9 +13,12 @@ RDLogger.DisableLog("rdApp.*")  # invalid samples are expected; RDKit would log 
 
 
 def _molecule(smiles: str, one_molecule: bool = False):
-    """The RDKit molecule of a non-empty string that parses and sanitizes (and with ``one_molecule``, is one
-    connected molecule: a single fragment), else None."""
-    mol = Chem.MolFromSmiles(smiles) if smiles else None  # parses and sanitizes
+    """The RDKit molecule of a non-empty string without whitespace that parses and sanitizes (and with
+    ``one_molecule``, is one connected molecule: a single fragment), else None. Whitespace: RDKit reads what
+    follows a space as the molecule's name, so ``"C junk"`` would pass as methane."""
+    if not smiles or any(c.isspace() for c in smiles):
+        return None
+    mol = Chem.MolFromSmiles(smiles)  # parses and sanitizes
     if mol is None or mol.GetNumAtoms() == 0:
         return None
     return None if one_molecule and len(Chem.GetMolFrags(mol)) > 1 else mol
