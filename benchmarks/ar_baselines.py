@@ -100,8 +100,8 @@ def quality(args) -> None:
     from _common import dataset
     from _report import data_section
 
+    from ttcore.kinds import pair
     from ttcore.models import load_for_inference
-    from ttcore.models.ar import pair
     from ttcore.recipes import TrainConfig
 
     diffusion = [(Path(p).name, load_for_inference(p, "cpu", args.precision)[0]) for p in args.diffusion]
@@ -153,8 +153,8 @@ def _cell(args, label, name, model, k, settings, tok, url, training, reference) 
 def speed(args) -> None:
     from _report import run_setting
 
+    from ttcore.kinds import pair
     from ttcore.models import JointModel, ModelConfig, load_for_inference, prepare_for_inference
-    from ttcore.models.ar import pair
 
     model, tok, _ = load_for_inference(args.diffusion[0], "cpu", args.precision)
     if args.ar:

@@ -16,7 +16,7 @@ same rule."""
 import math
 from dataclasses import dataclass
 
-from ttcore.models.ar import companion
+from ttcore.kinds import companion
 from ttcore.sampling import SamplerConfig, cost
 
 from .refusals import TooLarge

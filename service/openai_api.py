@@ -59,10 +59,8 @@ def _model_id_pattern() -> re.Pattern:
     names = "|".join(map(re.escape, DECOMPOSITIONS))
     return re.compile(rf"^(?P<family>.+)-(?P<decomposition>{names})-r(?P<rank>\d+)$")
 def model_id(lm: LoadedModel) -> str:
-    """family-decomposition-rRANK; a family's autoregressive checkpoint: family-ar."""
-    if lm.info.base == "ar":
-        return f"{lm.family}-ar"
-    return f"{lm.family}-{lm.info.decomposition}-r{lm.info.rank}"
+    """The checkpoint's /v1 id, as its kind names it: family-decomposition-rRANK; an autoregressive one family-ar."""
+    return lm.kind.model_id(lm.family, lm.model.cfg)
 
 
 def openai_error(status: int, message: str, param: str | None = None, code: str | None = None,
@@ -74,13 +72,13 @@ def openai_error(status: int, message: str, param: str | None = None, code: str 
                                            "param": None if param is None else clip(param, 64), "code": code}})
 
 
-def _generate_request(req, prompt: str, checkpoints=(), ar_ids: dict | None = None) -> GenerateRequest:
+def _generate_request(req, prompt: str, checkpoints=(), named_ids: dict | None = None) -> GenerateRequest:
     """The generation request of an OpenAI request: ``model`` a loaded checkpoint's name (one of
-    ``checkpoints``), a model id (family-decomposition-rRANK, or family-ar: a key of ``ar_ids``, which names
+    ``checkpoints``), a model id (family-decomposition-rRANK, or family-ar: a key of ``named_ids``, which names
     its checkpoint) or a family."""
     m = _model_id_pattern().match(req.model)
     family, decomposition, rank = (m["family"], m["decomposition"], int(m["rank"])) if m else (req.model, None, None)
-    checkpoint = req.model if req.model in checkpoints else (ar_ids or {}).get(req.model)
+    checkpoint = req.model if req.model in checkpoints else (named_ids or {}).get(req.model)
     if checkpoint is not None:
         family, decomposition, rank = None, None, None
     # the shared fields the client set (unset ones keep their defaults: a distilled checkpoint's own steps)
@@ -92,11 +90,12 @@ def _generate_request(req, prompt: str, checkpoints=(), ar_ids: dict | None = No
                            prompt=prompt or None, stream=req.stream, **sampler)  # a stream is estimated
 
 
-def _ar_ids(serving: Serving) -> dict:
-    """family-ar -> the name of that family's AR checkpoint (the first by name)."""
+def _named_ids(serving: Serving) -> dict:
+    """The model ids of kinds answered only when named (``ModelKind.by_default`` false: family-ar) -> the
+    checkpoint each names (the first by name)."""
     ids = {}
     for lm in serving.registry.models:
-        if lm.info.base == "ar":
+        if not lm.kind.by_default:  # named by its own id: the first checkpoint of that id
             ids.setdefault(model_id(lm), lm.name)
     return ids
 
@@ -144,7 +143,7 @@ async def completions(req: CompletionRequest, request: Request, serving: Serving
 async def chat_completions(req: ChatCompletionRequest, request: Request, serving: Serving = Depends(current_serving)):
     """The conversation written into the prompt by the family's chat template (``service.chat``); the reply is
     the completion of that prompt, as ``/v1/completions`` makes it."""
-    gen = _generate_request(req, "", {lm.name for lm in serving.registry.models}, _ar_ids(serving))
+    gen = _generate_request(req, "", {lm.name for lm in serving.registry.models}, _named_ids(serving))
     lm = serving.resolve(gen)
     template = chat_template(lm.domain)
     if template is None:
@@ -161,7 +160,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, serving
 
 async def _serve(serving: Serving, req, request: Request, text: str, shape):
     """A completion of ``text`` answered in ``shape`` (Completions or Chat Completions), whole or streamed."""
-    gen = _generate_request(req, text, {lm.name for lm in serving.registry.models}, _ar_ids(serving))
+    gen = _generate_request(req, text, {lm.name for lm in serving.registry.models}, _named_ids(serving))
     # everything that can refuse the request happens before it is admitted: a failure after admission would hold
     # a slot (and run the job) with no reader; a refusal is answered by the app's handler (``openai_refused``)
     lm = serving.resolve(gen)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
+from ttcore.kinds import ModelKind, pair
 from ttcore.metrics.kinds import MetricsKind, default_metrics, get_metrics_kind
 from ttcore.models import CheckpointError, load_for_inference, resolve_precision
-from ttcore.models.ar import pair
 
 from .constraints import Constraints, grammars_of
 from .refusals import ModelNotFound, PromptError
@@ -45,13 +45,15 @@ class ModelFacts:
     distilled: dict | None = None  # teacher, objective and the step count it was distilled for (``distill.py``)
     grammars: tuple[str, ...] = ()  # what a request's ``grammar`` may name (``service.constraints``)
     ar_pair: str | None = None  # the family's autoregressive checkpoint that EDLM and DCD consult (``pair_ar``)
+    kind: str = "diffusion"  # its model kind's name (``ttcore.kinds``)
+    kind_steps: int | None = None  # the steps its kind gives a request that sets none (``ModelKind.default_steps``)
 
     @property
     def default_steps(self) -> int | None:
-        """The steps a request that sets none gets: a distilled checkpoint's own count, an autoregressive one's
-        length (one token a step; None: the API's)."""
-        if self.base == "ar":
-            return self.length
+        """The steps a request that sets none gets: its kind's (an autoregressive model's length: one token a
+        step), else a distilled checkpoint's own count (None: the API's)."""
+        if self.kind_steps is not None:
+            return self.kind_steps
         return None if self.distilled is None else self.distilled["steps"]
 
 
@@ -72,20 +74,14 @@ class LoadedModel:
             self.constraints = Constraints(self.tokenizer, self.name)
 
     @property
+    def kind(self) -> ModelKind:
+        """Its model's kind (``ttcore.kinds``): what it can generate and score, how it is named and paired."""
+        return self.model.cfg.kind
+
+    @property
     def metrics(self) -> MetricsKind:
         """What its family is measured by: whether answers carry a per-sample check (``valid``, ``valid_only``)."""
         return get_metrics_kind(self.info.metrics)
-
-
-def _base(cfg) -> str:
-    """What kind of model it is: an MDM (``mdlm``), a latent model: VADD's z per sequence (``vadd``) or a Di4C
-    mixture with z per step (``di4c``; ``ModelConfig.latent_draw``), or the family's autoregressive model
-    (``ar``, ``ttcore.models.ar``)."""
-    if cfg.dit.causal:
-        return "ar"
-    if not cfg.dit.latent_dim:
-        return "mdlm"
-    return "di4c" if cfg.latent_draw == "step" else "vadd"
 
 
 def _distilled(recorded) -> dict | None:
@@ -125,7 +121,7 @@ def _preference(lm: "LoadedModel", steps: int | None) -> tuple:
     one (a distilled student is the few-step specialist, its teacher the general one). An autoregressive
     checkpoint answers only when named (``checkpoint``): it is the baseline, not a diffusion model."""
     fits = lm.info.distilled is not None and steps is not None and steps <= lm.info.distilled["steps"]
-    return lm.info.base != "ar", lm.info.outputs_per_position, lm.info.rank, fits, lm.info.distilled is None
+    return lm.kind.by_default, lm.info.outputs_per_position, lm.info.rank, fits, lm.info.distilled is None
 
 
 class ModelRegistry:
@@ -154,10 +150,10 @@ class ModelRegistry:
 
     def pair_ar(self) -> None:
         """Pair each diffusion checkpoint with its family's autoregressive checkpoint of the same tokenizer, if one
-        is loaded (the first by name), for ``sampler: edlm`` and ``dcd`` (``ttcore.models.ar.pair``)."""
-        ars = [lm for lm in self.models if lm.info.base == "ar"]
+        is loaded (the first by name), for ``sampler: edlm`` and ``dcd`` (``ttcore.kinds.pair``)."""
+        ars = [lm for lm in self.models if lm.kind.companion]
         for lm in self.models:
-            if lm.info.base == "ar":
+            if not lm.kind.takes_companion:
                 continue
             for ar in ars:
                 if ar.family != lm.family or _tokenizer_of(ar) != _tokenizer_of(lm):
@@ -187,7 +183,8 @@ class ModelRegistry:
                          parameters=sum(p.numel() for p in model.parameters()),
                          card_url=f"/models/{d.name}/card" if card is not None else None,
                          summary=tuple(line[2:] for line in (card or "").splitlines() if line.startswith("- "))[:8],
-                         base=_base(cfg), latent_dim=cfg.dit.latent_dim,
+                         base=cfg.kind.base(cfg), latent_dim=cfg.dit.latent_dim, kind=cfg.kind.name,
+                         kind_steps=cfg.kind.default_steps(cfg),
                          distilled=_distilled(cfg.extra.get("distilled")), grammars=grammars_of(tok))
         log.info("loaded %s: %s %s r=%d (admission times each kind of work when a request first needs it)",
                  d.name, family, cfg.decomposition, cfg.rank)

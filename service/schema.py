@@ -353,7 +353,9 @@ class ScoreResponse(BaseModel):
 class ModelInfo(BaseModel):
     model: str
     checkpoint: str
-    base: Literal["mdlm", "vadd", "di4c", "ar"] = Field(
+    kind: str = Field("diffusion", description="The model kind (`ttcore.kinds`): `diffusion` (full-sequence masked "
+                      "diffusion) or `autoregressive`; a kind decides the orderings, prompts and scores it serves.")
+    base: str = Field(
         "mdlm", description="The base model: `mdlm` (masked diffusion), `vadd` (a latent z ~ N(0, I) per sequence, "
         "fixed through the steps; paper Sec. 4.4), `di4c` (a distilled mixture: z ~ N(0, I) drawn again at every "
         "step, so each step draws from E_z prod_i p(x^i | x_t, z); Hayakawa et al. 2025) or `ar` (the family's "

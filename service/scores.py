@@ -8,7 +8,6 @@ import torch
 
 from ttcore import scoring
 from ttcore.losses import sample_times
-from ttcore.models.ar import is_suffix
 from ttcore.sampling import cost
 from ttcore.sampling.steps import WorkKind
 
@@ -28,8 +27,8 @@ async def score(serving: Serving, request: ScoreRequest, gone=None) -> ScoreResp
     arrived = time.perf_counter()
     lm = serving.registry.resolve(request.model, request.decomposition, request.rank, request.checkpoint)
     model, tok = lm.model, lm.tokenizer
-    if lm.info.base == "ar" and request.mode == "elbo":
-        raise ScoreInputError(["mode"], f"{lm.name} is an autoregressive model: its log p(x) is exact (mode joint); "
+    if not lm.kind.elbo and request.mode == "elbo":
+        raise ScoreInputError(["mode"], f"{lm.name} is {lm.kind.description}: its log p(x) is exact (mode joint); "
                                         "the ELBO is a masked diffusion model's bound")
     if model.latent_dim:
         raise ScoreInputError(["model"], f"{lm.name} is a {lm.info.base} model: its likelihood integrates over the "
@@ -37,10 +36,11 @@ async def score(serving: Serving, request: ScoreRequest, gone=None) -> ScoreResp
     if request.mode == "elbo" and request.template is not None:
         raise ScoreInputError(["template"], "template applies to joint mode only: elbo draws its own masks")
     x0, mask, lengths = _encode_for_scoring(tok, request)
-    if lm.info.base == "ar" and not is_suffix(mask):
-        raise ScoreInputError(["template"], f"{lm.name} is an autoregressive model: it scores a suffix given a prefix, "
-                                            "so the template's [MASK]s must run from the first to the model's length "
-                                            f"({tok.length} tokens; the positions after a template are known)")
+    why = lm.kind.score_refusal(mask)
+    if why is not None:
+        raise ScoreInputError(["template"], f"{lm.name}: {why} (the template's [MASK]s must run from the first to "
+                                            f"the model's length, {tok.length} tokens; the positions after a "
+                                            "template are known)")
     rows = cost.rows_per_pass(model.cfg, True, serving.memory_budget)
     if rows == 0:
         raise ScoreInputError(["model"], "one sequence of this model does not fit the server's memory budget")

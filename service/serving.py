@@ -10,7 +10,6 @@ from dataclasses import dataclass
 import torch
 
 from ttcore.constraints import ConstraintError
-from ttcore.models.ar import ORDERING as AR_ORDERING
 from ttcore.sampling import GenerationRun, InvalidSampler
 
 from . import admission
@@ -133,12 +132,13 @@ class Serving:
     @staticmethod
     def with_defaults(request: GenerateRequest, lm) -> GenerateRequest:
         """``request`` with the checkpoint's defaults for what it leaves unset: a distilled checkpoint's steps; an
-        autoregressive checkpoint's steps (its length) and ordering (left to right)."""
+        the settings its kind fixes (an autoregressive checkpoint's steps, its length, and ordering, left to right)."""
         update = {}
         if "steps" not in request.model_fields_set and lm.info.default_steps is not None:
             update["steps"] = lm.info.default_steps
-        if lm.info.base == "ar" and "ordering" not in request.model_fields_set:
-            update["ordering"] = AR_ORDERING
+        for name, value in lm.kind.request_defaults().items():
+            if name not in request.model_fields_set:
+                update[name] = value
         return request.model_copy(update=update) if update else request
 
     def retime(self, lm, kind) -> None:
@@ -183,8 +183,8 @@ class Serving:
         key = lm.constraints.key(request.regex, request.grammar, request.prompt)
         if key is None:
             return None, None, field
-        if lm.info.base == "ar":
-            raise Unsupported(field, f"{field} is served by the masked diffusion checkpoints (an autoregressive one "
+        if not lm.kind.constrains:
+            raise Unsupported(field, f"{field} is served by the masked diffusion checkpoints ({lm.kind.description} "
                                      "draws no joint of the masked positions to restrict)")
         if not config.joint:
             raise Unsupported("joint", f"{field} needs the joint draw: joint false draws each position alone")

@@ -20,8 +20,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from ttcore.distributions.streams import warm_streams
-from ttcore.models.ar import ORDERING as AR_ORDERING
-from ttcore.models.ar import companion, is_autoregressive
+from ttcore.kinds import companion
 from ttcore.sampling import GenerationRun, SamplerConfig
 from ttcore.sampling.steps import WorkKind
 
@@ -216,15 +215,13 @@ def _best(model, n: int, steps: int, repeats: int = CALIBRATION_REPEATS, constra
     """The shortest of up to ``repeats`` timings of one step of a fresh run of ``n`` sequences (the shortest: a
     busy machine only ever slows a timing down); one only when a step takes ``CALIBRATION_SLOW_S`` or more."""
     times = []
-    ar = is_autoregressive(model)
-    if ar:  # its only way: one token a step, left to right; timed over a whole run, whose first step fills the
-        # key-value cache (a forward of the sequence) and the others compute one position each: the mean step
-        settings, steps = dict(settings, ordering=AR_ORDERING), max(steps, model.cfg.dit.length)
+    # the kind's way to time a step (``ModelKind.calibration``: a cached kind's mean step over a whole run)
+    settings, steps, whole_run = model.cfg.kind.calibration(settings, steps, model.cfg)
     for _ in range(repeats):
         run = GenerationRun(model, n, steps, SamplerConfig(**settings), seed=0, constraint=constraint)
         t0, taken = time.perf_counter(), 0
         with model.compute_context():
-            while not taken or (ar and not run.done):
+            while not taken or (whole_run and not run.done):
                 run.step()
                 taken += 1
         times.append((time.perf_counter() - t0) / taken)

@@ -78,7 +78,7 @@ def make_ar_checkpoint(out: Path, base: Path) -> Path:
     import json
 
     from ttcore.data import load_dataset
-    from ttcore.models.ar import ar_loss
+    from ttcore.kinds.autoregressive import ar_loss
     from ttcore.tokenizers import load_tokenizer
 
     cfg = load_config(TINY, ["threads=1", "val_batches=1", "model.causal=true", f"data.source={SAMPLE}"])

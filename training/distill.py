@@ -27,7 +27,7 @@ import torch
 from _common import config_from_args, dataset, parser, tensors
 from _loop import fit
 
-from ttcore.distill import DI4C_LATENTS, OBJECTIVES, STATES, distill_loss, mixture_student
+from ttcore.distill import OBJECTIVES, STATES, distill_loss, get_objective
 from ttcore.models import load_checkpoint, load_for_inference, load_train_state
 from ttcore.parallel import is_main_process
 from ttcore.sampling import SamplerConfig
@@ -54,10 +54,10 @@ def main():
     args = ap.parse_args()
     if args.rounds > 1 and args.k != 2:
         raise SystemExit("--rounds > 1 halves the steps each round: leave --k at 2")
-    if args.objective == "di4c" and args.states != "data":
-        raise SystemExit("--objective di4c fits data states (its data term needs x_0): pass --states data")
-    if args.student_rank and args.objective == "di4c":
-        raise SystemExit("--student-rank grows a CP / TT student; di4c's student is a rank-1 mixture")
+    try:
+        get_objective(args.objective).check(args.states, grown=bool(args.student_rank))
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     cfg = config_from_args(args)
     teacher_dir, out = Path(args.teacher), Path(args.out)
     started, passes = time.time(), {"teacher": 0, "student": 0}
@@ -80,8 +80,9 @@ def distil_round(args, cfg, teacher_dir: Path, start: Path, out: Path, steps: in
     """One round: a student of ``steps`` steps fitted to ``teacher_dir`` at ``k * steps`` steps. -> its meta."""
     resuming = args.resume and out.exists() and load_train_state(out) is not None
     model, tokenizer, _ = load_checkpoint(out if resuming else start)
-    if args.objective == "di4c" and not model.latent_dim:
-        model = mixture_student(model, args.latent_dim)  # the rank-1 start plus a latent (a new round's student)
+    objective = get_objective(args.objective)
+    if objective.student is not None:  # e.g. di4c: the rank-1 start plus a latent (a new round's student)
+        model = objective.student(model, args.latent_dim)
     if not resuming and args.student_rank and args.student_rank != model.cfg.rank:  # a later round's start is grown
         model = model.with_rank(args.student_rank, cfg.model.head_noise, torch.Generator().manual_seed(cfg.seed))
     teacher, _, _ = load_for_inference(teacher_dir, cfg.device if cfg.device != "auto" else "cpu", cfg.precision)
@@ -96,7 +97,7 @@ def distil_round(args, cfg, teacher_dir: Path, start: Path, out: Path, steps: in
     model.cfg.extra["distilled"] = record
     train, val = tensors(dataset(cfg, tokenizer))
 
-    def objective(student, x0, generator, step):
+    def loss(student, x0, generator, step):
         teacher.to(x0.device)
         return distill_loss(student, teacher, x0, steps=steps, k=k, objective=args.objective,
                             teacher_config=teacher_config, generator=generator,
@@ -106,12 +107,9 @@ def distil_round(args, cfg, teacher_dir: Path, start: Path, out: Path, steps: in
             f"to {steps} steps from {teacher_dir.name} at {k * steps} ({args.objective})"
     meta = fit(model, tokenizer, train, val, cfg, out, resume=resuming, max_steps=args.max_steps,
                max_minutes=args.max_minutes, title=title, quiet=args.quiet, fit_minutes=args.fit_minutes,
-               objective=objective)
-    # forward passes of a batch of states: Di4C's teacher also gives its marginals at x_t, and its student runs
-    # DI4C_LATENTS components at x_t (with gradient) and at the teacher's x_s
-    di4c = args.objective == "di4c"
-    meta["distill"] = {"teacher_forward_passes": (k + di4c) * meta["step"],
-                       "student_forward_passes": (2 * DI4C_LATENTS if di4c else 1) * meta["step"]}
+               objective=loss)
+    meta["distill"] = {"teacher_forward_passes": (k + objective.teacher_passes) * meta["step"],  # a batch's
+                       "student_forward_passes": objective.student_passes * meta["step"]}
     if is_main_process():
         print(f"wrote {out}: step {meta['step']}, val {meta['val']}, {meta['seconds_per_step']:.3f} s/step")
     return meta

@@ -1,5 +1,6 @@
-"""Train a family's autoregressive model: the DiT's width and depth with causal attention (``ttcore.models.ar``),
-the same tokenizer, data section and loop as ``pretrain.py``, fitted by maximum likelihood, -log p(x) per token.
+"""Train a family's autoregressive model (``ttcore.kinds.autoregressive``): the DiT's width and depth with causal
+attention, the same tokenizer, data section and loop as ``pretrain.py``, fitted by maximum likelihood, -log p(x)
+per token.
 
     python training/train_ar.py --config qm9 --out runs/qm9-ar --max-minutes 150 --resume
     python training/train_ar.py --config tiny --data tests/data/qm9_sample.txt --out runs/tiny-ar --max-steps 50
@@ -9,7 +10,7 @@ the same tokenizer, data section and loop as ``pretrain.py``, fitted by maximum 
 from _common import config_from_args, new_or_resumed, parser, report
 from _loop import fit
 
-from ttcore.models.ar import ar_loss
+from ttcore.kinds.autoregressive import ar_loss
 
 
 def main():

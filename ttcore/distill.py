@@ -26,11 +26,13 @@ by ``seed`` (the rollouts' and the teacher's draws), so a resumed run is exact."
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from ttcore.models.vadd import prior_sample
+from ttcore.registry import Registry
 from ttcore.sampling import GenerationRun, SamplerConfig, batch_step
 
 
@@ -273,28 +275,75 @@ def di4c_objective(model, c: Completion) -> dict:
             "consistency": (consistency.sum() / tokens).detach(), "data": (data.sum() / tokens).detach()}
 
 
-OBJECTIVES = {"joint": joint_objective, "marginal": marginal_objective, "di4c": di4c_objective}
+@dataclass(frozen=True)
+class Objective:
+    """A distillation objective: its loss on a teacher's completion and what a recipe needs to know of it."""
+    name: str
+    loss: Callable[[object, Completion], dict]  # (student, completion) -> {loss, nll, lc, ...}
+    states: tuple[str, ...] = STATES  # the states (``STATES``) it fits: di4c's data term needs x_0, so data only
+    grows: bool = True  # a CP / TT student may be grown to a rank (``--student-rank``)
+    student: Callable | None = None  # (start checkpoint's model, latent_dim) -> its student; None: the start itself
+    teacher_passes: int = 0  # teacher forward passes a batch beyond the k of its completion
+    student_passes: int = 1  # student forward passes a batch
+
+    def check(self, states: str, grown: bool) -> None:
+        """Raise ValueError, naming the recipe's flag, for states or a grown rank this objective cannot fit."""
+        if states not in self.states:
+            raise ValueError(f"--objective {self.name} fits --states {' or '.join(self.states)}, got {states!r}")
+        if grown and not self.grows:
+            raise ValueError(f"--student-rank grows a CP / TT student; {self.name}'s student is its own")
+
+
+OBJECTIVES: Registry = Registry("objective")  # what ``distill_loss`` and ``training/distill.py`` accept by name
+register_objective = OBJECTIVES.register
+unregister_objective = OBJECTIVES.unregister
+get_objective = OBJECTIVES.named
+
+
+def _di4c_student(model, latent_dim: int):
+    return model if model.latent_dim else mixture_student(model, latent_dim)  # a resumed student has its latent
+
+
+for _objective in (Objective("joint", joint_objective), Objective("marginal", marginal_objective),
+                   # Di4C: its teacher also gives its marginals at x_t; its student runs DI4C_LATENTS components
+                   # at x_t (with gradient) and at the teacher's x_s
+                   Objective("di4c", di4c_objective, states=("data",), grows=False, student=_di4c_student,
+                             teacher_passes=1, student_passes=2 * DI4C_LATENTS)):
+    register_objective(_objective)
+
+
+def _data_states(student, teacher, x0, steps, k, teacher_config, generator, seed):
+    return student_states(x0, steps, student.cfg.dit.mask_id, generator)
+
+
+def _student_rollout(student, teacher, x0, steps, k, teacher_config, generator, seed):
+    j = torch.randint(0, steps, (len(x0),), generator=generator, device=x0.device)
+    return rollout_states(student, len(x0), steps, j, SamplerConfig(), seed + 7919, x0.device), j
+
+
+def _teacher_rollout(student, teacher, x0, steps, k, teacher_config, generator, seed):
+    j = torch.randint(0, steps, (len(x0),), generator=generator, device=x0.device)
+    return rollout_states(teacher, len(x0), k * steps, j * k, teacher_config, seed + 7919, x0.device), j
+
+
+# where a batch's x_t come from (``distill_loss``): name -> (draw -> (x_t, j), whether the objective sees x_0)
+STATE_SOURCES = {"student": (_student_rollout, False), "teacher": (_teacher_rollout, False),
+                 "data": (_data_states, True)}
 
 
 def distill_loss(student, teacher, x0: torch.Tensor, *, steps: int, k: int, objective: str,
                  teacher_config: SamplerConfig, generator: torch.Generator, seed: int, states: str = "student") -> dict:
     """One batch: states at the student's step boundaries, the teacher's k-step completions from them
-    (``teacher_completion``), the objective on what the teacher committed. ``states``: ``student`` (on-policy:
-    where the student's own first j steps lead, ``rollout_states``: the teacher shows how to go on from the
-    student's own mistakes), ``teacher`` (where the teacher's first k j steps lead) or ``data`` (the data masked
-    at the boundary, ``student_states``: close to the MLE the student was trained with). -> the objective's dict
-    plus ``committed`` (tokens the teacher committed, the batch's)."""
-    mask_id = student.cfg.dit.mask_id
-    b = len(x0)
-    if states == "data":
-        x_t, j = student_states(x0, steps, mask_id, generator)
-    else:
-        j = torch.randint(0, steps, (b,), generator=generator, device=x0.device)
-        x_t = rollout_states(student, b, steps, j, SamplerConfig(), seed + 7919, x0.device) if states == "student" \
-            else rollout_states(teacher, b, k * steps, j * k, teacher_config, seed + 7919, x0.device)
+    (``teacher_completion``), the objective on what the teacher committed. ``states`` (``STATE_SOURCES``):
+    ``student`` (on-policy: where the student's own first j steps lead, ``rollout_states``: the teacher shows how
+    to go on from the student's own mistakes), ``teacher`` (where the teacher's first k j steps lead) or ``data``
+    (the data masked at the boundary, ``student_states``: close to the MLE the student was trained with). -> the
+    objective's dict plus ``committed`` (tokens the teacher committed, the batch's)."""
+    draw, sees_x0 = STATE_SOURCES[states]
+    x_t, j = draw(student, teacher, x0, steps, k, teacher_config, generator, seed)
     done = teacher_completion(teacher, x_t, j, steps, k, teacher_config, seed)
-    chosen = (x_t == mask_id) & (done != mask_id)
-    out = OBJECTIVES[objective](student, Completion(x_t, done, chosen, x0 if states == "data" else None, teacher,
-                                                    generator))
+    chosen = (x_t == student.cfg.dit.mask_id) & (done != student.cfg.dit.mask_id)
+    completion = Completion(x_t, done, chosen, x0 if sees_x0 else None, teacher, generator)
+    out = get_objective(objective).loss(student, completion)
     out["committed"] = chosen.sum()
     return out

@@ -27,22 +27,14 @@ import torch
 
 from ttcore.decompositions.common import per_sequence
 from ttcore.losses import forward_mask
-from ttcore.models.ar import ar_score, is_autoregressive
 
 
 @torch.no_grad()
 def score(model, x0: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x0 [b, l] tokens, mask [b, l] the positions to score -> (log p(x_M | x_t) [b], per-position
-    log p(x^i | x_t) [b, l] with NaN where not masked). The rest of x0 is the model's input x_t. An
-    autoregressive model: ``ar.ar_score`` (the mask a suffix; per position its conditional given the prefix)."""
-    if is_autoregressive(model):
-        return ar_score(model, x0, mask)
-    x_t = torch.where(mask, torch.full_like(x0, model.cfg.dit.mask_id), x0)
-    t = mask.float().mean(1)  # the masked fraction: the diffusion time of x_t under the log-linear schedule
-    out = model(x_t, mask, sigma=t)
-    token = torch.full(x0.shape, float("nan"), dtype=torch.float64, device=x0.device)
-    token[mask] = out.marginal_log_probs(x0).double()
-    return out.log_prob(x0).double(), token
+    """x0 [b, l] tokens, mask [b, l] the positions to score -> (log p(x_M | the rest) [b], per-position
+    log p(x^i | the rest) [b, l] with NaN where not masked), as the model's kind scores (``ModelKind.score``: a
+    diffusion model's joint given x_t, the rest of x0; an autoregressive model's suffix given its prefix)."""
+    return model.cfg.kind.score(model, x0, mask)
 
 
 @torch.no_grad()

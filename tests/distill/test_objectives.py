@@ -216,3 +216,44 @@ def prior_at(model, seed: int, rows: int, step: int) -> torch.Tensor:
 
     return prior_sample(rows, model.latent_dim, Streams(torch.full((rows,), seed), torch.arange(rows),
                                                          torch.full((rows,), step)), "cpu")
+
+
+@pytest.mark.parametrize("states", ["student", "teacher", "data"])
+def test_a_registered_objective_runs_through_distill_loss_on_the_same_completions(states):
+    """A toy objective (half the joint objective) registered by name: ``distill_loss`` draws the same states and
+    completions for it as for ``joint`` (the same seeds), so its loss is exactly half; its own rules refuse."""
+    from ttcore.distill import (
+        OBJECTIVES,
+        Objective,
+        distill_loss,
+        get_objective,
+        joint_objective,
+        register_objective,
+        unregister_objective,
+    )
+    from ttcore.sampling import SamplerConfig
+
+    def half(student, completion):
+        out = joint_objective(student, completion)
+        return dict(out, loss=out["loss"] / 2)
+
+    student, teacher = tiny_model("tt", V, L, 2, 0.5, 0.5), tiny_model("tt", V, L, 3, 0.7, 0.7)
+    x0 = torch.randint(0, V, (6, L), generator=torch.Generator().manual_seed(0))
+    register_objective(Objective("half", half, states=("student", "teacher", "data"), grows=False))
+    try:
+        def run(name):
+            return distill_loss(student, teacher, x0, steps=2, k=2, objective=name, teacher_config=SamplerConfig(),
+                                generator=torch.Generator().manual_seed(3), seed=11, states=states)
+
+        joint, halved = run("joint"), run("half")
+        assert halved["committed"] == joint["committed"] > 0
+        assert torch.equal(halved["loss"], joint["loss"] / 2)
+        with pytest.raises(ValueError, match="--student-rank grows a CP / TT student; half's student"):
+            get_objective("half").check(states, grown=True)
+    finally:
+        unregister_objective("half")
+    assert list(OBJECTIVES) == ["joint", "marginal", "di4c"]
+    with pytest.raises(ValueError, match="--objective di4c fits --states data, got 'student'"):
+        get_objective("di4c").check("student", grown=False)
+    with pytest.raises(ValueError, match="objective must be one of joint, marginal, di4c"):
+        get_objective("half")

@@ -1,4 +1,4 @@
-"""The autoregressive model (``ttcore.models.ar``): its likelihood is a normalized distribution equal to the
+"""The autoregressive model (``ttcore.kinds.autoregressive``): its likelihood is a normalized distribution equal to the
 product of its conditionals, each position sees only the tokens before it, and its generation (the denoising
 loop, one token a step, left to right) draws exactly from it."""
 
@@ -7,8 +7,8 @@ import torch
 from brute import all_sequences, chi_square_pvalue
 from tiny import tiny_ar
 
+from ttcore.kinds.autoregressive import ar_conditionals, ar_log_prob
 from ttcore.models import DiTConfig, JointModel, ModelConfig
-from ttcore.models.ar import ar_conditionals, ar_log_prob
 from ttcore.sampling import generate
 
 V, L = 3, 3
@@ -73,7 +73,7 @@ def test_finetuning_refuses_an_autoregressive_base():
 
 
 def test_ar_score_is_the_exact_conditional_of_a_suffix():
-    from ttcore.models.ar import ar_score
+    from ttcore.kinds.autoregressive import ar_score
 
     model = tiny_ar(V, L)
     seqs = all_sequences(L, V)

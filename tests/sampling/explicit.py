@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ttcore.decompositions import get_decomposition
+from ttcore.kinds import DIFFUSION
 
 
 def _pos(h):
@@ -42,7 +43,7 @@ class _Explicit(nn.Module):
         super().__init__()
         self.format = get_decomposition(decomposition)
         self.cfg = SimpleNamespace(dit=SimpleNamespace(vocab_size=v + 1, length=l, out_vocab=v, mask_id=v),
-                                   decomposition=decomposition, rank=rank, format=self.format)
+                                   decomposition=decomposition, rank=rank, format=self.format, kind=DIFFUSION)
         self._device = nn.Parameter(torch.zeros(1), requires_grad=False)
         self.calls = 0
 

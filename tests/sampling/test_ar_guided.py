@@ -13,7 +13,8 @@ from brute import all_sequences, chi_square_pvalue
 from tiny import tiny_ar, tiny_model
 
 from ttcore.distributions import Streams
-from ttcore.models.ar import ar_log_prob, pair
+from ttcore.kinds import pair
+from ttcore.kinds.autoregressive import ar_log_prob
 from ttcore.sampling import make_run
 from ttcore.sampling.steps.dcd import copula_tilts, dcd_step
 from ttcore.sampling.steps.edlm import edlm_step

@@ -128,8 +128,8 @@ def test_the_openai_api_names_the_ar_checkpoint_apart(ar_server):
 
 
 def test_score_gives_the_ar_checkpoints_exact_likelihood(ar_server, ar_root):
+    from ttcore.kinds.autoregressive import ar_log_prob
     from ttcore.models import load_checkpoint
-    from ttcore.models.ar import ar_log_prob
 
     r = httpx.post(ar_server + "/score", json={"checkpoint": "qm9-ar", "sequences": ["CCO", "c1ccccc1"]}, timeout=60)
     assert r.status_code == 200, r.text
@@ -180,8 +180,8 @@ def test_edlm_over_a_served_tt_draws_its_joint_candidates(checkpoints, ar_root, 
     from service.registry import ModelRegistry
     from service.schema import GenerateRequest
     from service.serving import Serving
+    from ttcore.kinds import pair
     from ttcore.models import load_for_inference
-    from ttcore.models.ar import pair
     from ttcore.sampling import GenerationRun
 
     root = tmp_path / "tt-and-ar"

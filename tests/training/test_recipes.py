@@ -439,7 +439,7 @@ def test_a_non_finite_loss_stops_the_run_with_a_clear_error_and_writes_nothing_a
 def test_ar_recipe_trains_resumes_exactly_and_exports(tmp_path):
     """training/train_ar.py at its smallest: the AR objective falls, the checkpoint is causal with the rank-1 head and
     an exact validation line; a resumed run continues to the same weights as one straight run; export keeps it."""
-    from ttcore.models.ar import ar_log_prob
+    from ttcore.kinds.autoregressive import ar_log_prob
 
     common = ["--config", "tiny", "--data", SAMPLE, "--quiet", "--set", "val_every=10", "total_steps=20"]
     straight = _run(ROOT / "training" / "train_ar.py", "--out", tmp_path / "a", "--max-steps", 20, *common)

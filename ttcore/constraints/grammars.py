@@ -5,6 +5,8 @@
 from dataclasses import dataclass
 from typing import Callable
 
+from ttcore.registry import Registry
+
 from .smiles import smiles_dfa
 
 
@@ -15,17 +17,14 @@ class Grammar:
     kinds: tuple[str, ...]
 
 
-GRAMMARS: dict[str, Grammar] = {}
+GRAMMARS: Registry = Registry("grammar")  # what a request's ``grammar`` (or a recipe) may name
 
 
-def register_grammar(name: str, grammar: Grammar) -> None:
-    if name in GRAMMARS:
-        raise ValueError(f"grammar {name!r} is registered already")
-    GRAMMARS[name] = grammar
+def register_grammar(name: str, grammar: Grammar) -> Grammar:
+    return GRAMMARS.register(grammar, name)
 
 
-def unregister_grammar(name: str) -> None:
-    GRAMMARS.pop(name, None)
+unregister_grammar = GRAMMARS.unregister
 
 
 def grammars_for(kind: str) -> tuple[str, ...]:

@@ -7,6 +7,8 @@ the exact draws and marginals it answers from its head's outputs). A new format 
 anywhere) and one ``register_decomposition`` call.
 """
 
+from ttcore.registry import Registry
+
 from .base import Decomposition, Denoiser, HeadOutputs, SumsNothing
 from .cp import CPDecomposition, CPHead, CPOutputs, cp_masked_log_prob, cp_masked_marginal_log_probs
 from .factorized import FactorizedOutputs, Rank1, draw_from_components, factorized_masked_log_prob
@@ -24,26 +26,11 @@ from .tt import (
     tt_selected_log_cores,
 )
 
-DECOMPOSITIONS: dict[str, Decomposition] = {}
-
-
-def register_decomposition(fmt: Decomposition) -> Decomposition:
-    """Make ``fmt`` a format models, checkpoints, samplers and the service accept by its ``name``."""
-    if fmt.name in DECOMPOSITIONS and DECOMPOSITIONS[fmt.name] is not fmt:
-        raise ValueError(f"a decomposition named {fmt.name!r} is already registered")
-    DECOMPOSITIONS[fmt.name] = fmt
-    return fmt
-
-
-def unregister_decomposition(name: str) -> None:
-    """Remove a format added by ``register_decomposition`` (tests and plugins that clean up after them)."""
-    DECOMPOSITIONS.pop(name, None)
-
-
-def get_decomposition(name: str) -> Decomposition:
-    if name not in DECOMPOSITIONS:
-        raise ValueError(f"decomposition must be one of {', '.join(DECOMPOSITIONS)}; got {name!r}")
-    return DECOMPOSITIONS[name]
+# the formats models, checkpoints, samplers and the service accept by ``name``
+DECOMPOSITIONS: Registry = Registry("decomposition")
+register_decomposition = DECOMPOSITIONS.register
+unregister_decomposition = DECOMPOSITIONS.unregister
+get_decomposition = DECOMPOSITIONS.named
 
 
 for _fmt in (Rank1(), CPDecomposition(), TTDecomposition()):

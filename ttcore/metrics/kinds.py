@@ -12,6 +12,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ttcore.registry import Registry
+
 log = logging.getLogger("ttcore.metrics")
 
 Checker = Callable[[str], dict | None]  # a sample's text -> its extra answer fields when valid, None when not
@@ -68,25 +70,11 @@ def _rdkit_mixtures() -> Checker | None:
     return _rdkit_properties(one_molecule=False)
 
 
-METRICS_KINDS: dict[str, MetricsKind] = {}
-
-
-def register_metrics_kind(kind: MetricsKind) -> MetricsKind:
-    """Make ``kind`` a ``data.metrics`` value that recipes record and the service and ``evaluate.py`` honour."""
-    if kind.name in METRICS_KINDS and METRICS_KINDS[kind.name] is not kind:
-        raise ValueError(f"a metrics kind named {kind.name!r} is already registered")
-    METRICS_KINDS[kind.name] = kind
-    return kind
-
-
-def unregister_metrics_kind(name: str) -> None:
-    METRICS_KINDS.pop(name, None)
-
-
-def get_metrics_kind(name: str) -> MetricsKind:
-    if name not in METRICS_KINDS:
-        raise ValueError(f"metrics must be one of {list(METRICS_KINDS)}, got {name!r}")
-    return METRICS_KINDS[name]
+# the ``data.metrics`` values that recipes record and the service and ``evaluate.py`` honour
+METRICS_KINDS: Registry = Registry("metrics")
+register_metrics_kind = METRICS_KINDS.register
+unregister_metrics_kind = METRICS_KINDS.unregister
+get_metrics_kind = METRICS_KINDS.named
 
 
 def default_metrics(tokenizer: str) -> str:

@@ -32,7 +32,7 @@ class DiTConfig:
     time_conditioning: bool = False
     rotary_values: bool = True
     latent_dim: int = 0  # > 0: a VADD latent z (Sec. 4.4) enters the conditioning (adaLN) of every block
-    causal: bool = False  # an autoregressive model (``ttcore.models.ar``): causal attention, inputs shifted right
+    causal: bool = False  # autoregressive (``ttcore.kinds.autoregressive``): causal attention, inputs shifted right
 
     def __post_init__(self):
         if self.time_conditioning:  # training, scoring and sampling would each feed the network another time
@@ -180,7 +180,7 @@ class DiT(nn.Module):
 
     ``causal``: the same blocks as an autoregressive model: attention only to earlier positions, and the input
     shifted one position right with [MASK] as the start token, so position i's features see x^{<i} only and its
-    head predicts p(x^i | x^{<i}) (``ttcore.models.ar``)."""
+    head predicts p(x^i | x^{<i}) (``ttcore.kinds.autoregressive``)."""
 
     def __init__(self, cfg: DiTConfig):
         super().__init__()

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from ttcore.decompositions import HEAD_KINDS, Decomposition, HeadOutputs, get_decomposition
+from ttcore.kinds import ModelKind, kind_of
 
 from .dit import DiT, DiTConfig
 from .heads import FinalLayer
@@ -40,8 +41,7 @@ class ModelConfig:
             raise ValueError(f"rank must be >= 1, got {self.rank}")
         if self.latent_draw not in LATENT_DRAWS:
             raise ValueError(f"latent_draw must be one of {', '.join(LATENT_DRAWS)}, got {self.latent_draw!r}")
-        if self.dit.causal and (self.format.joint_head or self.dit.latent_dim or self.backbone is not None):
-            raise ValueError("an autoregressive model (dit.causal) is a DiT with the rank-1 head and no latent")
+        self.kind.check_config(self)
         if self.head not in HEAD_KINDS:
             raise ValueError(f"head must be one of {', '.join(HEAD_KINDS)}, got {self.head!r}")
 
@@ -51,12 +51,14 @@ class ModelConfig:
         return get_decomposition(self.decomposition)
 
     @property
+    def kind(self) -> ModelKind:
+        """The model's kind (``ttcore.kinds``: full-sequence diffusion, autoregressive, ...)."""
+        return kind_of(self)
+
+    @property
     def head_label(self) -> str:
-        """The head as model cards and /models name it: 1layer / 2layer, ``base`` for rank 1 (the MDM's W), ``ar``
-        for an autoregressive model's next-token head."""
-        if self.dit.causal:
-            return "ar"
-        return self.head if self.format.joint_head else "base"
+        """The head as model cards and /models name it (the kind's ``head_label``)."""
+        return self.kind.head_label(self)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -91,8 +93,8 @@ class JointModel(nn.Module):
                   noise: float = 0.0, generator: torch.Generator | None = None) -> "JointModel":
         """Fine-tuning start (Sec. 4.5): the base model's weights, a joint head initialized to keep
         its marginals, plus ``noise`` (relative std) to break rank symmetry."""
-        if base.cfg.dit.causal:
-            raise ValueError("the base model must be a masked diffusion model, got an autoregressive one")
+        if not base.cfg.kind.joint_heads:
+            raise ValueError(f"the base model must be a masked diffusion model, got {base.cfg.kind.description}")
         if base.format.joint_head:
             raise ValueError(f"the base model must be rank 1 (decomposition 'none'), got {base.cfg.decomposition!r}")
         joint = get_decomposition(decomposition).joint_head

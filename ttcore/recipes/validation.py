@@ -3,7 +3,6 @@
 import torch
 
 from ttcore.losses import mdlm_loss, vadd_loss
-from ttcore.models.ar import ar_loss, is_autoregressive
 from ttcore.models.vadd import prior_sample
 
 
@@ -25,15 +24,16 @@ def evaluate_loss(model, tokens: torch.Tensor, mask_id: int, *, batch_size: int,
     ``nll`` (joint NLL per masked token, the training objective), ``marginal_nll`` (per masked token,
     each scored by its exact single-position marginal) and ``nelbo`` (the continuous-time bound's
     one-sample estimate, nats per position, padding included; comparable across ranks). An autoregressive model
-    (``ttcore.models.ar``): ``nll``, its exact -log p(x) per position, padding included (an upper bound's
+    (``ttcore.kinds.autoregressive``): ``nll``, its exact -log p(x) per position, padding included (an upper bound's
     counterpart: comparable with the diffusion models' ``nelbo``)."""
     model.eval()
-    if is_autoregressive(model):  # its exact NLL, nothing drawn
+    kind = model.cfg.kind
+    if kind.exact_likelihood:  # its exact NLL (``ModelKind.exact_nll``), nothing drawn
         n = min(batches, max(1, len(tokens) // batch_size))
         total = 0.0
         for k in range(n):
             with autocast(device, precision):
-                total += ar_loss(model, tokens[k * batch_size:(k + 1) * batch_size].to(device))["nll"].item() / n
+                total += kind.exact_nll(model, tokens[k * batch_size:(k + 1) * batch_size].to(device)).item() / n
         model.train()
         return {"nll": total}  # -log p(x) per position (padding included), exact: comparable with ``nelbo``
     g = torch.Generator(device).manual_seed(1234)

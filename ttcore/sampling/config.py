@@ -6,6 +6,7 @@ outputs), so no caller decides by the ordering's or the sampler's name."""
 from dataclasses import asdict, dataclass, fields
 
 from ttcore.decompositions import CONTRACTIONS
+from ttcore.errors import InvalidSampler
 
 from .eb import EB_PROXIES
 from .orderings import ADAPTIVE, PREDETERMINED
@@ -15,14 +16,6 @@ from .steps import SAMPLERS, STEP_CLASSES, Step, WorkKind
 MAX_DCD_CHUNK = 1024  # DCD's chunk of adjacent positions (a chunk past the length is the whole sequence)
 MAX_EDLM_CANDIDATES = 16  # EDLM's k: each candidate is one more AR forward of the sequence a step
 ADAPTIVE_PATHS = ("fast", "exact")  # the first is the default everywhere (library, API, playground)
-
-
-class InvalidSampler(ValueError):
-    """Settings no step class can run; ``field`` names the setting (the request field of the same name)."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(message)
-        self.field = field
 
 
 @dataclass(frozen=True)

@@ -57,12 +57,9 @@ def summed_outputs_bytes(cfg) -> int:
 
 
 def kv_cache_row_bytes(cfg, copies: int = 2) -> int:
-    """An autoregressive model's key-value cache of one sequence (``ttcore.models.kv_cache``): every block's keys
-    and values at every position, float32 (an upper bound under bf16), ``copies`` times (a generation's cache is
-    held between steps and copied once more when runs step together). 0 for a masked diffusion model."""
-    if not getattr(cfg.dit, "causal", False):
-        return 0
-    return copies * 2 * cfg.dit.n_blocks * cfg.dit.length * cfg.dit.hidden_dim * 4
+    """The key-value cache of one sequence a generation of its kind holds, ``copies`` times
+    (``ModelKind.cache_row_bytes``; 0 for a masked diffusion model)."""
+    return cfg.kind.cache_row_bytes(cfg, copies)
 
 
 def forward_row_bytes(cfg) -> int:

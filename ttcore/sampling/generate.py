@@ -15,7 +15,6 @@ from functools import partial
 import torch
 
 from ttcore.distributions import Streams
-from ttcore.models.ar import check_ar_run, is_autoregressive
 from ttcore.models.kv_cache import cached_features
 from ttcore.models.vadd import prior_sample
 
@@ -81,13 +80,10 @@ class GenerationRun:
             if int(prompt.min()) < 0 or int(prompt.max()) > self.mask_id:
                 raise ValueError(f"prompt ids must lie in [0, {self.mask_id}]")
             self.tokens = prompt.expand(num_samples, length).clone() if prompt.dim() == 1 else prompt.clone()
-        if is_autoregressive(model):
-            check_ar_run(config, steps, self.tokens, self.mask_id)
-            if constraint is not None:
-                raise ValueError("an autoregressive model takes no constraint here (its steps draw no joint of the "
-                                 "masked positions to restrict)")
+        kind = model.cfg.kind  # what it can generate (``ttcore.kinds``): refused here, naming the setting
+        kind.check_run(config, steps, self.tokens, self.mask_id, constraint is not None)
         self.constraint = constraint
-        self.kv_cache = kv_cache and is_autoregressive(model)
+        self.kv_cache = kv_cache and kind.holds_cache
         self.kv = None  # the run's ``KVCache`` between steps (dropping it costs a prefill, nothing else)
         if constraint is not None:
             check_constraint(constraint, self.sampler, model, self.tokens, self.mask_id)

@@ -1,5 +1,5 @@
 """DCD (Liu et al., ICLR 2025, "Discrete Copula Diffusion", arXiv 2410.01949) with an autoregressive copula, as a
-step over a diffusion checkpoint paired with an autoregressive one (``ttcore.models.ar.pair``).
+step over a diffusion checkpoint paired with an autoregressive one (``ttcore.kinds.pair``).
 
 DCD keeps the diffusion model's univariate marginals p_dm(x^i | x_t) and takes the dependencies between the
 positions from the AR model: the step's joint is the I-projection of the AR's joint onto those marginals,
@@ -25,7 +25,8 @@ from its key-value cache up to the last position of T (``ttcore.models.kv_cache`
 import torch
 
 from ttcore.distributions import Site, sample_categorical, uniforms
-from ttcore.models.ar import companion, next_token_log_probs
+from ttcore.kinds import companion
+from ttcore.kinds.autoregressive import next_token_log_probs
 from ttcore.models.kv_cache import decode, prefill
 
 from ..orderings import chunked_priority

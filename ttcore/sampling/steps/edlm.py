@@ -1,6 +1,6 @@
 """EDLM (Xu et al., ICLR 2025, "Energy-Based Diffusion Language Models for Text Generation", arXiv 2410.21357)
 with its autoregressive energy, as a step over a diffusion checkpoint paired with an autoregressive one
-(``ttcore.models.ar.pair``).
+(``ttcore.kinds.pair``).
 
 EDLM's denoiser is p(x | x_t) proportional to p_diff(x | x_t) exp(-E(x)), with the residual energy of an AR model
 E(x) = -log p_AR(x) + log p_diff(x_M | x_t) (EDLM's rank-1 denoiser: sum_{i masked} log p_diff(x^i | x_t)): the
@@ -23,7 +23,9 @@ a joint head, k joint draws and every masked position's full head outputs for th
 import torch
 
 from ttcore.distributions import Site, is_one, sample_categorical, uniforms
-from ttcore.models.ar import ar_log_prob, companion
+from ttcore.errors import InvalidSampler
+from ttcore.kinds import companion
+from ttcore.kinds.autoregressive import ar_log_prob
 
 from .base import ConfiguredStep, WorkKind
 
@@ -130,8 +132,6 @@ class EDLMStep(ConfiguredStep):
         check_paired(run, "edlm")
         c = self.config
         if c.contraction != "head" and proposes_jointly(run.model.format, c.temperature, c.joint):
-            from ..config import InvalidSampler
-
             raise InvalidSampler("contraction", "sampler edlm over a joint head draws its candidates jointly, every "
                                  "masked position at once (none summed out): contraction applies only to its "
                                  "marginal proposals (joint: false, or a temperature other than 1)")
@@ -155,14 +155,14 @@ class EDLMStep(ConfiguredStep):
 def check_paired(run, name: str) -> None:
     """Refuse (``InvalidSampler``, a ValueError naming the field) an AR-guided sampler on a model without its
     autoregressive pair, or with an ordering that does not fix the step's set before it draws."""
-    from ..config import InvalidSampler as Refused
     from ..orderings import PREDETERMINED
 
     if run.latent is not None:
-        raise Refused("sampler", f"sampler {name} takes a masked diffusion model without a latent (VADD, Di4C)")
+        raise InvalidSampler("sampler", f"sampler {name} takes a masked diffusion model without a latent (VADD, Di4C)")
     if companion(run.model) is None:
-        raise Refused("sampler", f"sampler {name} needs an autoregressive model paired with this checkpoint (a "
-                         "server pairs its family's AR checkpoint if one is beside it; training/train_ar.py makes one)")
+        raise InvalidSampler("sampler", f"sampler {name} needs an autoregressive model paired with this checkpoint "
+                             "(a server pairs its family's AR checkpoint if one is beside it; training/train_ar.py "
+                             "makes one)")
     if run.config.ordering not in PREDETERMINED:
-        raise Refused("ordering", f"sampler {name} takes a predetermined ordering ({', '.join(PREDETERMINED)}), got "
-                         f"{run.config.ordering!r}")
+        raise InvalidSampler("ordering", f"sampler {name} takes a predetermined ordering "
+                                         f"({', '.join(PREDETERMINED)}), got {run.config.ordering!r}")
