@@ -294,18 +294,6 @@ def conditioned_cores(cores: torch.Tensor, x_cond: torch.Tensor) -> torch.Tensor
     return cores * keep.view(keep.shape + (1,) * (cores.dim() - 3)).to(cores.dtype)
 
 
-def as_chain(joint) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """A format's joint as a chain s^T G_1(x^1) ... G_l(x^l) 1: (start [b, r], cores, diagonal). A Tensor-Train
-    (``cores`` [b, l, v, r, r]: s = 1/r, dense), CP (``weights`` [b, r], ``factors`` [b, l, r, v]: diagonal
-    cores [b, l, v, r]) or factorized (``probs`` [b, l, v]: r = 1)."""
-    if hasattr(joint, "cores"):
-        b, r = joint.cores.shape[0], joint.cores.shape[-1]
-        return joint.cores.new_full((b, r), 1.0 / r), joint.cores, False
-    if hasattr(joint, "factors"):
-        return joint.weights, joint.factors.transpose(2, 3), True
-    return joint.probs.new_ones(joint.probs.shape[0], 1), joint.probs[..., None], True
-
-
 class Constrained:
     """p(x | x in L): a joint (``Factorized``, ``CP``, ``TensorTrain``) restricted to the sequences an automaton
     accepts, per row (``Automata``), normalized exactly; a ``JointDistribution`` itself, so the samplers' chain rule
@@ -314,7 +302,7 @@ class Constrained:
 
     def __init__(self, joint, automata: Automata, known: torch.Tensor | None = None):
         self.joint = joint
-        self.start, self.cores, self.diagonal = as_chain(joint)  # the messages run in the cores' dtype
+        self.start, self.cores, self.diagonal = joint.chain()  # the messages run in the cores' dtype
         self.automata = automata
         self.known = known  # [b, l]: the tokens whose cores are delta(x = token) I (x_t's), -1 elsewhere
         self.b, self.l, self.v = self.cores.shape[0], self.cores.shape[1], self.cores.shape[2]

@@ -28,3 +28,8 @@ class JointDistribution(Protocol):
         """One exact joint draw of the positions [b, l] (all when None), the rest marginalized: -> [b, l],
         -1 off ``positions``."""
         ...
+
+    def chain(self) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """The joint as a chain p(x) = s^T G_1(x^1) ... G_l(x^l) 1, what its product with an automaton needs
+        (``automaton.Constrained``): (start s [b, r], cores [b, l, v, r, r], or [b, l, v, r] when ``diagonal``)."""
+        ...

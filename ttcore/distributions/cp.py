@@ -88,6 +88,10 @@ class CP:
         check_tokens("x_cond", x_cond, self.b, self.l, self.v, allow_free=True)
         return cp_marginals(self.weights, self.factors, x_cond)
 
+    def chain(self) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """s = w, diagonal cores G_i(x) = diag(p^(a, i)(x)) over the components a: [b, l, v, r]."""
+        return self.weights, self.factors.transpose(2, 3), True
+
     def sample(self, positions: torch.Tensor | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
         """Exact joint draw at ``positions`` [b, l] (Eq. 18): a component a ~ w, then each chosen
         position from p^(a, i). Other positions are marginalized out and returned as -1."""

@@ -47,6 +47,10 @@ class Factorized:
         onehot = torch.nn.functional.one_hot(x_cond.clamp_min(0), self.v).to(self.probs.dtype)
         return torch.where(known.unsqueeze(-1), onehot, self.probs)
 
+    def chain(self) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """r = 1: s = 1, G_i(x) = p(x^i = x)."""
+        return self.probs.new_ones(self.b, 1), self.probs[..., None], True
+
     def sample(self, positions: torch.Tensor | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
         """Independent draws at ``positions`` [b, l] (all when None); -1 elsewhere."""
         positions = check_positions(positions, self.b, self.l, self.probs.device)

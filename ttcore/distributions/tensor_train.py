@@ -299,6 +299,11 @@ class TensorTrain:
         check_tokens("x", x, self.b, self.l, self.v, allow_free=False)
         return tt_log_prob(self.cores, x)
 
+    def chain(self) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """s = 1/r (uniform), the dense cores [b, l, v, r, r]."""
+        r = self.cores.shape[-1]
+        return self.cores.new_full((self.b, r), 1.0 / r), self.cores, False
+
     def contracted(self) -> torch.Tensor:
         """sum_x G_i(x) [b, l, r, r] (row-stochastic); computed once, reused by every conditioning."""
         if self._summed is None:
