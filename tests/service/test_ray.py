@@ -43,7 +43,6 @@ def test_a_killed_replica_ends_its_stream_with_an_error_event_and_is_replaced(ra
     succeeds within 30 s."""
     (pid,) = replica_pids()
     events, data = [], []
-    t0 = time.time()
     with httpx.stream("POST", ray_server + "/generate", json=dict(model="text", num_samples=64, steps=1000,
                                                                   ordering="entropy", stream=True),
                       timeout=httpx.Timeout(60, read=30)) as r:
@@ -52,10 +51,10 @@ def test_a_killed_replica_ends_its_stream_with_an_error_event_and_is_replaced(ra
                 events.append(line[7:])
                 if len(events) == 2:
                     os.kill(pid, signal.SIGKILL)
-                    t0 = time.time()
             elif line.startswith("data: "):
                 data.append(json.loads(line[6:]))
-    assert events[-1] == "error" and "done" not in events and time.time() - t0 < 30, events[-3:]
+    # ended by the ingress's error event, not by the client's read timeout (30 s, the hang guard)
+    assert events[-1] == "error" and "done" not in events, events[-3:]
     assert data[-1]["code"] == "replica_failed" and data[-1]["id"] == data[0]["id"]
     deadline = time.time() + 30
     while True:
