@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ttcore.tokenizers.symbols import MASK  # every tokenizer spells it so: a prompt with it is a template
 
-from .engine import EngineError
+from .batcher import EngineError
 from .serving import Failure, Serving, Ticket
 
 

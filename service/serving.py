@@ -13,9 +13,10 @@ from ttcore.constraints import ConstraintError
 from ttcore.sampling import GenerationRun, InvalidSampler
 
 from . import admission
+from .batcher import EngineError, Job, StepOutput
 from .config import ServiceArgs
 from .constraints import AutomatonCache
-from .engine import Engine, EngineError, Job, StepOutput
+from .engine import Engine
 from .refusals import Overloaded, TooLarge, Unsupported
 from .registry import ModelRegistry
 from .schema import (

@@ -77,7 +77,8 @@ def test_a_request_that_sits_out_steps_rebuilds_its_cache(ar_root):
     when the reader reads again, and the answer is a lone uncached run's."""
     import asyncio
 
-    from service.engine import MAX_BACKLOG, Engine
+    from service.batcher import MAX_BACKLOG
+    from service.engine import Engine
     from service.registry import ModelRegistry
     from service.schema import GenerateRequest
     from service.serving import Serving

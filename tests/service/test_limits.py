@@ -512,3 +512,33 @@ def test_hints_followed_after_traffic_beside_cpu_burners_are_served_not_timed_ou
             b.terminate()
             b.join()
         _stop(proc)
+
+
+def test_retry_after_is_when_the_slot_frees(checkpoints):
+    """Retry-After came from admission's estimate even when the requests ran far longer: now from the
+    admitted requests' own pace once they have stepped."""
+    import threading
+
+    from servers import start_uvicorn
+
+    proc, url = start_uvicorn(checkpoints, "--max-requests", "1")
+    try:
+        long = threading.Thread(target=lambda: httpx.post(url + "/generate", json=dict(
+            model="qm9", num_samples=256, steps=400, ordering="entropy"), timeout=300))  # 400 > l: idle steps too
+        long.start()
+        deadline = time.time() + 30
+        while metric(httpx.get(url + "/metrics").text, "ttcore_tokens_generated_total") < 256 * 2:
+            assert time.time() < deadline
+            time.sleep(0.05)
+        r = httpx.post(url + "/generate", json=dict(model="qm9", num_samples=1, steps=2))
+        assert r.status_code == 503
+        retry = int(r.headers["retry-after"])
+        t0 = time.perf_counter()
+        long.join()
+        finished_after = time.perf_counter() - t0
+        assert finished_after <= retry + 2, (retry, finished_after)  # not sooner than it said, by much
+        assert retry <= max(2.0, 3 * finished_after) + 1, (retry, finished_after)  # nor far later
+        assert httpx.post(url + "/generate", json=dict(model="qm9", num_samples=1, steps=2)).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -49,3 +49,66 @@ def test_five_scores_queued_never_run_more_than_one_piece_between_two_generation
     assert steps_after - steps == 7  # its steps after the first, each counted
     assert at_most_one_after - at_most_one == 7  # and each waited for at most one piece of the 5 scores' work
     assert left > 0  # the scores were still queued when it finished: it did not simply run after them
+
+
+def test_score_is_admitted_interleaved_with_generation_cancelled_and_keeps_health():
+    """The review: text ELBO 4 x 64 ran 58 s after its client left, a 1-sample /generate waited 72 s behind
+    it, /health answered 503 meanwhile, and the schema's maximum was about 15 minutes of unadmitted work.
+    Asserted in counts of work (the /score pieces that ran while a /generate took its steps), never in seconds:
+    a shared machine's timings are not this server's to promise."""
+    import threading
+
+    from servers import start_uvicorn
+
+    root = ROOT
+    # precision auto: forced bf16 on a CPU without it makes one ELBO piece take tens of seconds under load
+    proc, url = start_uvicorn(root / "checkpoints", "--stall-s", "4")
+    try:
+        big = {"model": "text", "sequences": ["The Congress shall"] * 64, "mode": "elbo", "num_mc": 64,
+               "timeout_s": 5}
+        r = httpx.post(url + "/score", json=big, timeout=60)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"][-1] in ("num_mc", "sequences"), r.text
+        long = {"model": "text", "sequences": ["The Congress shall make no law"] * 4, "mode": "elbo", "num_mc": 64}
+        # warm the text kind first (a kind's first request times it): what follows counts pieces against steps
+        assert httpx.post(url + "/generate", json={"model": "text", "num_samples": 1, "steps": 4},
+                          timeout=120).status_code == 200
+
+        def pieces() -> float:
+            return metric(httpx.get(url + "/metrics").text, "ttcore_score_pieces_total", 'model="text"')
+
+        def until(condition, what: str, limit_s: float = 120):  # a hang guard, not a speed assertion
+            deadline = time.time() + limit_s
+            while not condition():
+                assert time.time() < deadline, what
+                time.sleep(0.05)
+
+        scored, first = [], pieces()
+        worker = threading.Thread(target=lambda: scored.append(httpx.post(url + "/score", json=long, timeout=300)))
+        worker.start()
+        until(lambda: pieces() > first or scored, "the score never started")
+        assert not scored, scored[0].text  # it ran no piece and already answered: refused
+        before = pieces()
+        small = httpx.post(url + "/generate", json={"model": "text", "num_samples": 1, "steps": 4}, timeout=120)
+        during = pieces() - before
+        health = httpx.get(url + "/health")
+        worker.join()
+        assert small.status_code == 200 and health.status_code == 200, health.text
+        assert scored[0].status_code == 200 and all(s["nelbo_per_token"] > 0 for s in scored[0].json()["scores"])
+        total = pieces() - first  # the long score's pieces: one ELBO draw of its 4 sequences each
+        # interleaved: about one piece per generation step (4), not the score's remaining ~60 first
+        assert total >= 64 and during <= 4 + 2, (during, total)
+        # a client that leaves cancels its score: its remaining pieces never run
+        cancelled = metric(httpx.get(url + "/metrics").text, "ttcore_cancelled_total")
+        start = pieces()
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(url + "/score", json=long, timeout=1.0)
+        until(lambda: metric(httpx.get(url + "/metrics").text, "ttcore_cancelled_total") > cancelled,
+              "the abandoned score was never cancelled")
+        ran = pieces() - start
+        time.sleep(0.5)
+        assert pieces() - start == ran < 64, ran  # stopped, short of its 64 pieces
+        assert httpx.post(url + "/generate", json={"model": "text", "num_samples": 1, "steps": 4},
+                          timeout=120).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -5,7 +5,7 @@ from urllib.parse import urlparse
 
 import httpx
 import pytest
-from servers import start_uvicorn
+from servers import ROOT, start_uvicorn
 
 KEY = "ttcore-test-key-0123456789abcdef"
 OTHER = "another-valid-key-fedcba9876543210"
@@ -141,3 +141,85 @@ def test_keys_and_limits_under_ray_serve(checkpoints, tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def test_security_headers_on_every_route_to_the_page(server):
+    for path in ("/", "/playground/index.html", "/playground/playground.js"):
+        r = httpx.get(server + path)
+        assert r.status_code == 200 and "frame-ancestors 'none'" in r.headers["content-security-policy"], path
+        assert r.headers["x-content-type-options"] == "nosniff"
+    depict = httpx.get(server + "/depict", params={"smiles": "CCO"})
+    assert depict.headers["x-content-type-options"] == "nosniff"
+
+
+def test_two_authorization_headers_and_foreign_host_names_are_refused(server):
+    two = httpx.post(server + "/generate", json={"model": "qm9"},
+                     headers=[("authorization", "Bearer a"), ("authorization", "Bearer b")])
+    assert two.status_code == 400 and "Authorization" in two.json()["detail"]
+    rebinding = httpx.get(server + "/models", headers={"host": "attacker.example"})
+    assert rebinding.status_code == 400  # a keyless loopback server: a DNS-rebound page cannot drive it
+    port = server.rsplit(":", 1)[1]
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}"):
+        assert httpx.get(server + "/models", headers={"host": host}).status_code == 200, host
+
+
+def test_slow_clients_are_disconnected_and_urls_are_logged_without_queries(checkpoints):
+    import socket
+    import subprocess
+    import sys
+
+    from servers import free_port, wait_ready
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "service", "--checkpoints", str(checkpoints), "--port", str(port),
+                             "--threads", "1", "--precision", "fp32", "--read-timeout-s", "1", "--log-level", "info"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, proc=proc)
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(b"POST /generate HTTP/1.1\r\nHost: localhost\r\n")  # half a header, then nothing
+            s.settimeout(30)  # a hang guard: the server's 1 s read timeout closes it long before
+            assert s.recv(1024) == b""  # closed by the server
+        assert httpx.get(url + "/models?api_key=hunter2-secret-value").status_code == 200
+    finally:
+        proc.terminate()
+        log = proc.communicate(timeout=30)[0].decode()
+    assert "GET /models?[query not logged]" in log and "hunter2" not in log
+
+
+def test_a_short_api_key_stops_the_start_with_one_line(checkpoints):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "service", "--checkpoints", str(checkpoints)],
+                          env={"TTCORE_API_KEY": "short", "PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == ("ttcore: API keys must be at least 16 characters; key(s) "
+                                                   "number [1] are shorter")
+
+
+@pytest.mark.parametrize("head,why", [
+    (b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n",
+     b"Transfer-Encoding"),
+    (b"GET /models HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n  folded\r\n\r\n", b"obs-fold"),
+    (b"GET /models HTTP/1.1\nHost: x\n\n", b"bare LF"),
+    (b"GET /models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer a\nX-Injected: 1\r\n\r\n", b"bare LF"),
+])
+def test_request_heads_that_parsers_read_differently_are_refused(server, head, why):
+    """The review: h11 accepted Content-Length with chunked, obs-fold, bare LF and a LF inside Authorization; a
+    proxy in front may parse them otherwise (request smuggling). Each gets a 400 naming the rule and a close,
+    and a well-formed request on a new connection is answered."""
+    import socket
+    from urllib.parse import urlparse
+
+    u = urlparse(server)
+    with socket.create_connection((u.hostname, u.port)) as s:
+        s.sendall(head)
+        s.settimeout(30)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 400") and why in data, data[:300]
+    assert httpx.get(server + "/models").status_code == 200
