@@ -93,7 +93,24 @@ def rollout_states(model, b: int, steps: int, j: torch.Tensor, config: SamplerCo
                                                                  device=device), lambda jj: jj, out)
 
 
-STATES = ("student", "teacher", "data")  # where a batch's x_t come from (``distill_loss``)
+def _data_states(student, teacher, x0, steps, k, teacher_config, generator, seed):
+    return student_states(x0, steps, student.cfg.dit.mask_id, generator)
+
+
+def _student_rollout(student, teacher, x0, steps, k, teacher_config, generator, seed):
+    j = torch.randint(0, steps, (len(x0),), generator=generator, device=x0.device)
+    return rollout_states(student, len(x0), steps, j, SamplerConfig(), seed + 7919, x0.device), j
+
+
+def _teacher_rollout(student, teacher, x0, steps, k, teacher_config, generator, seed):
+    j = torch.randint(0, steps, (len(x0),), generator=generator, device=x0.device)
+    return rollout_states(teacher, len(x0), k * steps, j * k, teacher_config, seed + 7919, x0.device), j
+
+
+# where a batch's x_t come from (``distill_loss``): name -> (draw -> (x_t, j), whether the objective sees x_0)
+STATE_SOURCES = {"student": (_student_rollout, False), "teacher": (_teacher_rollout, False),
+                 "data": (_data_states, True)}
+STATES = tuple(STATE_SOURCES)
 
 
 def teacher_completion(teacher, x_t: torch.Tensor, j: torch.Tensor, steps: int, k: int, config: SamplerConfig,
@@ -310,25 +327,6 @@ for _objective in (Objective("joint", joint_objective), Objective("marginal", ma
                    Objective("di4c", di4c_objective, states=("data",), grows=False, student=_di4c_student,
                              teacher_passes=1, student_passes=2 * DI4C_LATENTS)):
     register_objective(_objective)
-
-
-def _data_states(student, teacher, x0, steps, k, teacher_config, generator, seed):
-    return student_states(x0, steps, student.cfg.dit.mask_id, generator)
-
-
-def _student_rollout(student, teacher, x0, steps, k, teacher_config, generator, seed):
-    j = torch.randint(0, steps, (len(x0),), generator=generator, device=x0.device)
-    return rollout_states(student, len(x0), steps, j, SamplerConfig(), seed + 7919, x0.device), j
-
-
-def _teacher_rollout(student, teacher, x0, steps, k, teacher_config, generator, seed):
-    j = torch.randint(0, steps, (len(x0),), generator=generator, device=x0.device)
-    return rollout_states(teacher, len(x0), k * steps, j * k, teacher_config, seed + 7919, x0.device), j
-
-
-# where a batch's x_t come from (``distill_loss``): name -> (draw -> (x_t, j), whether the objective sees x_0)
-STATE_SOURCES = {"student": (_student_rollout, False), "teacher": (_teacher_rollout, False),
-                 "data": (_data_states, True)}
 
 
 def distill_loss(student, teacher, x0: torch.Tensor, *, steps: int, k: int, objective: str,
