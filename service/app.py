@@ -141,12 +141,15 @@ def create_app(serving: Serving, security: SecurityConfig | None = None) -> Fast
             if request.url.path.startswith("/v1/"):
                 return openai_error(400, message, None)
             return JSONResponse(status_code=400, content={"detail": message})
+        if not_json:  # as the OpenAPI document says: 400 for a body that is not JSON (no field is at fault)
+            message = "the body is not valid JSON: " + next(e["msg"] for e in errors if e["type"] == "json_invalid")
+            if request.url.path.startswith("/v1/"):
+                return openai_error(400, message, None)
+            return JSONResponse(status_code=400, content={"detail": message})
         if request.url.path.startswith("/v1/"):  # OpenAI clients expect their error object
             first = errors[0]
             field = ".".join(p for p in first["loc"] if p != "body")
             return openai_error(400, f"{field}: {first['msg']}" if field else first["msg"], field or None)
-        if not_json:  # as the OpenAPI document says: 400 for a body that is not JSON
-            return JSONResponse(status_code=400, content={"detail": "the body is not valid JSON: " + errors[0]["msg"]})
         return JSONResponse(status_code=422, content={"detail": errors})
 
     app.add_exception_handler(HTTPException, http_error)

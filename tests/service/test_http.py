@@ -76,5 +76,7 @@ def test_malformed_json_is_a_400_and_v1_errors_are_openai_objects(server):
     assert r.status_code == 400 and "JSON" in r.json()["detail"]
     v1 = httpx.post(server + "/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
     assert v1.status_code == 400 and set(v1.json()["error"]) >= {"message", "type", "param", "code"}
+    # no field is at fault: the error names the body, not a position in it as a param
+    assert v1.json()["error"]["param"] is None and "not valid JSON" in v1.json()["error"]["message"], v1.text
     too_big = httpx.post(server + "/v1/completions", content=b"x" * (2 << 20), headers={"content-type": "text/plain"})
     assert too_big.status_code == 413 and "error" in too_big.json()
