@@ -149,7 +149,10 @@ def model_info(lm: LoadedModel) -> ModelInfo:
     return ModelInfo(**dataclasses.asdict(lm.info),
                      estimated_seconds={k: speed.estimate(k) for k in Speed.KINDS if speed.timed(k)},
                      estimated_step_overhead_seconds={k: speed.overhead_seconds(k) for k in Speed.KINDS
-                                                      if k != WorkKind.chain_rule and speed.timed(k)})
+                                                      if k != WorkKind.chain_rule and speed.timed(k)},
+                     estimated_timed_rows={k: speed.timed_rows(k) for k in Speed.KINDS
+                                           if k != WorkKind.chain_rule and speed.timed(k)
+                                           and speed.timed_rows(k) is not None})
 
 
 @router.get("/models/{checkpoint}/card", response_class=Response, responses=error_docs.native({

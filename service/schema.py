@@ -400,11 +400,16 @@ class ModelInfo(BaseModel):
         "`tempered_step` (a CP / TT step at a temperature other than 1; `tempered_chooser_step` with "
         "`adaptive_path: fast`), `chooser_step` (a step of "
         "`adaptive_path: fast`), `chain_rule` (the picks of a whole `adaptive_path: exact` generation). A step "
-        "of n sequences is estimated as its kind's `estimated_step_overhead_seconds` plus n times this (scaled "
-        "up for more `chooser_outputs` than the default).")
+        "of n sequences is estimated as its kind's `estimated_step_overhead_seconds` plus n times this while n is "
+        "at most its `estimated_timed_rows`, each sequence beyond those costing 1.3 times this (scaled up for "
+        "more `chooser_outputs` than the default).")
     estimated_step_overhead_seconds: dict[str, float] = Field(
         default_factory=dict, description="Admission's per-step overhead of each step kind (whatever the number "
         "of sequences), from its timing, with the same ratio.")
+    estimated_timed_rows: dict[str, int] = Field(
+        default_factory=dict, description="The sequences each step kind's timing ran in one step (fewer on a "
+        "slow machine: a timing stops growing its batch at about 0.1 s a step); a larger step's sequences "
+        "beyond these are estimated at 1.3 times the per-sequence figure.")
     adaptive_paths: list[str] = Field(
         default_factory=lambda: ["fast", "exact"], description="The `adaptive_path` values this checkpoint serves.")
 

@@ -166,6 +166,12 @@ class Speed:
         """A chain-rule run's picks over ``rows`` sequences, a whole run's, margin included."""
         return self.margin(WorkKind.chain_rule, rows) * rows * self.timing[WorkKind.chain_rule][1]
 
+    def timed_rows(self, kind: WorkKind) -> int | None:
+        """The sequences a step kind's timing ran in one step: a larger step's sequences beyond these cost
+        ``ROWS_GROWTH`` times the per-row figure (None: a timing given without its rows, which never grows)."""
+        rows = self.timing[self._step_kind(kind)][2]
+        return int(rows) if math.isfinite(rows) else None
+
     def estimate(self, kind: WorkKind) -> float:
         """Seconds per sequence of a kind at one sequence, margin included: a step's (the chain rule: a whole
         run's picks)."""

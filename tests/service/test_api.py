@@ -29,6 +29,7 @@ def test_health_ready_models(server):
     assert r.status_code == 200, r.text
     cp = next(m for m in httpx.get(server + "/models").json()["models"] if m["checkpoint"] == "qm9-cp-r3")
     assert cp["estimated_seconds"]["chooser_step"] > 0 and "chooser_step" in cp["estimated_step_overhead_seconds"]
+    assert 2 <= cp["estimated_timed_rows"]["chooser_step"] <= 64  # what its timing ran (at least 2, at most 64)
     card = httpx.get(server + models[0]["card_url"])  # the card itself, served apart (was inlined: 13 KB each)
     assert card.status_code == 200 and card.text.startswith("# ") and card.headers["content-type"].startswith(
         "text/markdown")
@@ -350,8 +351,10 @@ def test_valid_only_answers_what_it_found_when_the_deadline_passes_in_a_later_ro
         assert httpx.post(server + "/generate", json=body, timeout=120).status_code == 200
         one_round = max(one_round, time.perf_counter() - t0)
     info = next(m for m in httpx.get(server + "/models").json()["models"] if m["checkpoint"] == "qm9-tt-r2")
+    timed = info["estimated_timed_rows"]["predetermined_step"]
+    rows = min(64, timed) + 1.3 * max(64 - timed, 0)  # sequences beyond the timed ones cost 1.3x
     admitted_at = min(64, info["length"]) * (info["estimated_step_overhead_seconds"]["predetermined_step"]
-                                             + 64 * info["estimated_seconds"]["predetermined_step"])  # admission's rule
+                                             + rows * info["estimated_seconds"]["predetermined_step"])  # admission's
     timeout = max(1.8 * one_round, 1.05 * admitted_at)  # the first round is admitted; all four rarely fit
     r = httpx.post(server + "/generate", json=dict(body, valid_only=True, timeout_s=timeout), timeout=120)
     assert r.status_code == 200, r.text

@@ -318,8 +318,10 @@ def test_a_server_started_on_a_busy_machine_times_its_work_when_requests_need_it
             t = httpx.post(url + "/generate", json=dict(body, seed=seed), timeout=60).json()["timings"]
             measured.append((t["forward_ms"] + t["sampling_ms"]) / 1e3)
         m = info()
+        timed = m["estimated_timed_rows"]["predetermined_step"]  # a busy timing may have run fewer than 8
+        rows = min(8, timed) + 1.3 * max(8 - timed, 0)
         whole = 8 * (m["estimated_step_overhead_seconds"]["predetermined_step"]
-                     + 8 * m["estimated_seconds"]["predetermined_step"])  # admission's estimate of one of them
+                     + rows * m["estimated_seconds"]["predetermined_step"])  # admission's estimate of one of them
         assert max(measured) * 0.999 <= whole, (measured, whole, m)  # an upper bound of what they took
     finally:
         _stop(proc)
