@@ -71,7 +71,7 @@ def plan(model, speed: Speed, *, num_samples: int, steps: int, config: SamplerCo
     chooses = config.step.chooses  # the fast path's choice (at temperature != 1 too)
     ar = companion(model) if config.step.ar_cache else None  # DCD's draw holds the AR model's cache of its rows
     ar_cfg = None if ar is None else ar.cfg
-    rows = cost.rows_per_pass(cfg, adaptive, memory_budget, exact, chooses, config.chooser_outputs, ar_cfg)
+    rows = cost.rows_per_pass(cfg, adaptive, memory_budget, exact, chooses, config.option("chooser_outputs"), ar_cfg)
     if constraint is not None:  # every masked position's full outputs (as the chain rule holds) and the messages
         row = cost.step_row_bytes(cfg, True, False, None) + automaton_row_bytes(cfg, constraint)
         rows = max(0, memory_budget // row)
@@ -80,7 +80,7 @@ def plan(model, speed: Speed, *, num_samples: int, steps: int, config: SamplerCo
                                              f"constraint, above the server's memory budget of "
                                              f"{memory_budget >> 20} MB")
     if rows == 0:
-        need = cost.step_row_bytes(cfg, adaptive, chooses, config.chooser_outputs, ar_cfg) >> 20
+        need = cost.step_row_bytes(cfg, adaptive, chooses, config.option("chooser_outputs"), ar_cfg) >> 20
         raise TooLarge("ordering", f"one sequence of this model needs about {need} MB per step with this "
                                    f"ordering, above the server's memory budget of {memory_budget >> 20} MB; "
                                    "use a predetermined ordering (random, left_to_right, halton)")

@@ -83,7 +83,7 @@ def _generate_request(req, prompt: str, checkpoints=(), named_ids: dict | None =
         family, decomposition, rank = None, None, None
     # the shared fields the client set (unset ones keep their defaults: a distilled checkpoint's own steps)
     sampler = {name: getattr(req, name) for name in (*SamplerFields.model_fields, *ConstraintFields.model_fields)
-               if name in req.model_fields_set}
+               if name in req.model_fields_set} | req.step_settings
     return GenerateRequest(model=family, decomposition=decomposition, rank=rank, checkpoint=checkpoint,
                            num_samples=req.n,
                            temperature=max(req.temperature, MIN_TEMPERATURE), seed=req.seed,

@@ -3,14 +3,23 @@ sampler's settings; every field is documented with its rule and an example for t
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from ttcore.constraints import GRAMMARS, MAX_STATES
 from ttcore.constraints.regex import MAX_PATTERN
 from ttcore.decompositions import CONTRACTIONS, DECOMPOSITIONS
 from ttcore.sampling import ADAPTIVE, EB_PROXIES, PREDETERMINED, SCHEDULES, SamplerConfig
-from ttcore.sampling.config import MAX_DCD_CHUNK, MAX_EDLM_CANDIDATES
-from ttcore.sampling.steps import named_sampler, sampler_names
+from ttcore.sampling.steps import named_sampler, sampler_names, step_settings
 
 
 def registered(names, what: str):
@@ -41,10 +50,67 @@ MAX_VALID_ROUNDS = 4  # valid_only: rounds of num_samples draws at most (a bound
 ROUND_SEED_STRIDE = 1_000_003  # valid_only with a seed: round k draws with seed + k * stride
 
 
+_SETTINGS_MODEL: dict = {}  # the declared settings' key -> their model (one entry: the registry as last read)
+
+
+def step_settings_model() -> type[BaseModel]:
+    """The step classes' own settings as one strict pydantic model (``ttcore.sampling.steps.step_settings``: each
+    field's default, bounds and description are its declaration's), for the samplers registered now (so one
+    registered after import is served, as ``registered`` names are)."""
+    declared = step_settings()
+    key = tuple((name, owner) for name, (_, _, owner) in declared.items())
+    if key not in _SETTINGS_MODEL:
+        def field(f, kind):
+            m = f.metadata
+            extra = {"allow_inf_nan": False} if float in getattr(kind, "__args__", (kind,)) else {}
+            return kind, Field(f.default, ge=m["ge"], gt=m["gt"], le=m["le"], description=m["doc"], **extra)
+        _SETTINGS_MODEL.clear()
+        _SETTINGS_MODEL[key] = create_model("StepSettingFields", __config__=ConfigDict(extra="forbid", strict=True),
+                                            **{name: field(f, kind) for name, (f, kind, _) in declared.items()})
+    return _SETTINGS_MODEL[key]
+
+
 class SamplerFields(BaseModel):
     """The sampler's fields, typed once: ``POST /generate`` and ``POST /v1/completions`` (as extensions) both
-    take them; ``to_sampler_config`` turns them into the library's ``SamplerConfig``."""
+    take them; ``to_sampler_config`` turns them into the library's ``SamplerConfig``. Each step class's own
+    settings are fields too, validated by their declarations (``step_settings_model``) and kept as
+    ``step_settings``."""
     model_config = ConfigDict(extra="forbid", strict=True)
+    _step_settings: dict = PrivateAttr(default_factory=dict)
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema, handler):
+        """The OpenAPI document lists the step settings registered when it is built beside the shared fields."""
+        schema = handler.resolve_ref_schema(handler(core_schema))
+        schema.setdefault("properties", {}).update(step_settings_model().model_json_schema()["properties"])
+        return schema
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _split_step_settings(cls, data, handler):
+        if not isinstance(data, dict):
+            return handler(data)
+        model = step_settings_model()
+        own = {k: v for k, v in data.items() if k in model.model_fields}
+        errors, settings, out = [], None, None
+        try:
+            settings = model.model_validate(own)
+        except ValidationError as e:
+            errors += e.errors()
+        try:
+            out = handler({k: v for k, v in data.items() if k not in own})
+        except ValidationError as e:
+            errors += e.errors()
+        if errors:  # both parts' errors, as one body's
+            raise ValidationError.from_exception_data(cls.__name__, [
+                {k: e[k] for k in ("type", "loc", "input", "ctx") if k in e} for e in errors])
+        out._step_settings = settings.model_dump(exclude_unset=True)  # those given; the rest keep their defaults
+        return out
+
+    @property
+    def step_settings(self) -> dict:
+        """The step settings the request set (each step reads its own: ``Step.settings``)."""
+        return dict(self._step_settings)
 
     steps: int = Field(16, ge=1, le=MAX_STEPS,
                        description=f"Denoising steps K, 1..{MAX_STEPS} (one model call each; with `sampler: eb` "
@@ -82,24 +148,6 @@ class SamplerFields(BaseModel):
                     "random-order step); `exact`: the exact chain rule (Sec. 4.2), re-ranking after every pick (the "
                     "reference; full V x r x r outputs on every masked position, many times slower at text size). "
                     "No effect on predetermined orderings, `joint: false` or rank-1 checkpoints.")
-    chooser_outputs: int | None = Field(
-        None, ge=1, le=4096, description="`adaptive_path: fast`: the head outputs per masked position its choice "
-                                         "evaluates (c). Default: 2048 // V (every output at QM9's vocabulary, "
-                                         "one at text's: about the cost of a random-order step). Larger c "
-                                         "brings the choice's distributions to the head's full mixture (their "
-                                         "distance to it is at most the dropped weight) at c times the "
-                                         "cost; Benchmarks has the distance by c for each bundled checkpoint.")
-    edlm_candidates: int = Field(SamplerConfig.edlm_candidates, ge=1, le=MAX_EDLM_CANDIDATES,
-                                 description="`sampler: edlm`: candidates k a step, each scored by the paired "
-                                             "autoregressive checkpoint (one AR pass a candidate). EDLM's default 2.")
-    edlm_window: float = Field(SamplerConfig.edlm_window, gt=0, le=1, allow_inf_nan=False,
-                               description="`sampler: edlm`: the steps whose time t (the share still masked) has "
-                                           "|t - 1/2| <= w / 2 pick by EDLM's weights; the others take the plain "
-                                           "diffusion draw. 1 (the default, as the TT paper ran it): every step.")
-    dcd_chunk: int = Field(SamplerConfig.dcd_chunk, ge=1, le=MAX_DCD_CHUNK,
-                           description="`sampler: dcd` with `ordering: random`: unmask chunks of this many adjacent "
-                                       "positions, the chunks in a random order (DCD's chunked unmasking); 1 (the "
-                                       "default, as the TT paper ran DCD): each position on its own.")
     joint: bool = Field(True, strict=True,
                         description="`false`: the rank-1 view of a CP / TT checkpoint: each position drawn "
                                     "independently from its exact marginal under the joint the step would "
@@ -118,9 +166,8 @@ class SamplerFields(BaseModel):
         temperature = max(self.temperature, MIN_TEMPERATURE)
         return SamplerConfig(ordering=self.ordering, schedule=self.schedule, temperature=temperature,
                              eb_proxy=self.eb_proxy, contraction=self.contraction, joint=self.joint,
-                             adaptive_path=self.adaptive_path, chooser_outputs=self.chooser_outputs,
-                             edlm_candidates=self.edlm_candidates, edlm_window=self.edlm_window,
-                             dcd_chunk=self.dcd_chunk,
+                             adaptive_path=self.adaptive_path,
+                             **self._step_settings,
                              **named_sampler(self.sampler, self.eb_gamma))
 
 

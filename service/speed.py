@@ -61,27 +61,16 @@ class Work:
 
 
 def work_of(model_cfg, config: SamplerConfig, steps: int, constraint=None) -> Work:
-    """The work of a run with ``config`` at ``steps`` steps: its kind, scaled up by the chooser outputs it asks
-    beyond the default (the fast step's choice evaluates c head outputs per position): an upper bound, since the
-    backbone's share of a step does not grow with c. The step count needs no scale: the timing's run takes one
-    step, the most positions a step can draw (``CALIBRATION_STEPS``). A constrained run (``constraint``, a
-    ``TokenDFA``) is a ``constrained_step``, scaled by its automaton's states x token classes over the timing's
-    (``reference_automaton``) when larger: the messages' work is proportional to them (an upper bound again).
-    EDLM scales by its candidates over the timed 2; DCD by 2 (its left-context forwards, absent from the timing)."""
-    from ttcore.sampling.steps.fast_adaptive import chooser_outputs  # the step module owns c
-
+    """The work of a run with ``config`` at ``steps`` steps: its step's kind and scale (``Step.work_kind``,
+    ``Step.work_scale``: what its own settings cost over the timed step's). The step count needs no scale: the
+    timing's run takes one step, the most positions a step can draw (``CALIBRATION_STEPS``). A constrained run
+    (``constraint``, a ``TokenDFA``) is a ``constrained_step``, scaled by its automaton's states x token classes
+    over the timing's (``reference_automaton``) when larger: the messages' work is proportional to them (an upper
+    bound again)."""
     if constraint is not None:
         size = constraint.num_states * constraint.classes[1].shape[1]
         return Work(WorkKind.constrained_step, max(1.0, size / (REFERENCE_STATES * REFERENCE_CLASSES)))
-    kind, scale = config.work_kind(model_cfg), 1.0
-    if kind == WorkKind.edlm_step:  # timed at k = 2: an AR pass a candidate
-        scale = max(1.0, config.edlm_candidates / 2)
-    if kind == WorkKind.dcd_step:  # timed from the fully masked state, which needs no left-context forwards: at
-        scale = 2.0  # most one diffusion row per AR row, so at most twice the timed step (an upper bound)
-    if kind in (WorkKind.chooser_step, WorkKind.tempered_chooser_step) and config.chooser_outputs is not None:
-        e, v = model_cfg.format.outputs_per_position(model_cfg.rank), model_cfg.dit.out_vocab
-        scale = max(1.0, chooser_outputs(e, v, config.chooser_outputs) / chooser_outputs(e, v))
-    return Work(kind, scale)
+    return Work(config.work_kind(model_cfg), config.step.work_scale(model_cfg))
 
 
 class Speed:

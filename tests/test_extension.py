@@ -1,13 +1,14 @@
 """A new format, a new sampler and a new metrics kind are each one definition: this file alone defines a toy
 format (a CP whose mixture weights are uniform, no weight head), a toy sampler (right-to-left unmasking, drawn
-jointly) and a toy metrics kind (a sample is valid when its length is even), registers them through their
-register functions, and runs them through the loss, a data section, the recipes' training loop, generation and a
-real HTTP server, editing no other file."""
+jointly, with a setting of its own and the cost it declares for it) and a toy metrics kind (a sample is valid
+when its length is even), registers them through their register functions, and runs them through the loss, a
+data section, the recipes' training loop, generation and a real HTTP server, editing no other file."""
 
 import json
 import math
 import threading
 import time
+from dataclasses import dataclass
 
 import httpx
 import pytest
@@ -16,6 +17,7 @@ import uvicorn
 from _loop import fit
 from servers import SAMPLE, free_port
 
+from service.speed import Work, work_of
 from ttcore.data import DataSection, SmilesDataset
 from ttcore.decompositions import (
     ComponentHead,
@@ -26,12 +28,13 @@ from ttcore.decompositions import (
     unregister_decomposition,
 )
 from ttcore.distributions import Site, sample_categorical, softmax64, uniforms
+from ttcore.errors import InvalidSampler
 from ttcore.losses import mdlm_loss
 from ttcore.metrics.kinds import MetricsKind, register_metrics_kind, unregister_metrics_kind
 from ttcore.models import DiTConfig, JointModel, ModelConfig
 from ttcore.recipes import TrainConfig
 from ttcore.sampling import SamplerConfig, generate, predetermined_step
-from ttcore.sampling.steps import ConfiguredStep, WorkKind, register_step, unregister_step
+from ttcore.sampling.steps import ConfiguredStep, StepSettings, WorkKind, register_step, setting, unregister_step
 
 
 class UniformCP(SumsNothing):
@@ -64,9 +67,23 @@ class UniformCP(SumsNothing):
         return softmax64(head.component_logits(h[chosen]), temperature).mean(1)
 
 
+DRAWS = []  # each toy step's candidates, as its draw counted them
+
+
+@dataclass(frozen=True)
+class RightToLeftSettings(StepSettings):
+    rtl_draws: int = setting(1, "`sampler: right_to_left`: candidates drawn a step (the first is kept)", ge=1, le=4)
+
+
 class RightToLeft(ConfiguredStep):
     """Each step unmasks the rightmost masked positions (as many as the schedule says), drawn jointly by the
-    model's format; its whole rule is here: the schedule's counts (``ConfiguredStep``), its own choice."""
+    model's format; its whole rule is here: the schedule's counts (``ConfiguredStep``), its own choice, its own
+    setting (``rtl_draws`` candidates a step) and what that costs (``work_scale``)."""
+
+    Settings = RightToLeftSettings
+
+    def work_scale(self, model_cfg):
+        return float(self.settings.rtl_draws)
 
     @classmethod
     def accepts(cls, config):
@@ -80,7 +97,10 @@ class RightToLeft(ConfiguredStep):
         return masked & (rank <= counts[:, None])
 
     def draw(self, rows, h, tokens, masked, chosen, counts):
-        return predetermined_step(rows.model, h, tokens, masked, chosen, rows.temperature, rows.streams)
+        drawn = [predetermined_step(rows.model, h, tokens, masked, chosen, rows.temperature, rows.streams)
+                 for _ in range(self.settings.rtl_draws)]
+        DRAWS.append(len(drawn))
+        return drawn[0]
 
 
 def _even_length(text):
@@ -106,6 +126,24 @@ def _toy_model(tok):
     torch.manual_seed(0)
     base = JointModel(ModelConfig(DiTConfig.for_tokenizer(tok, hidden_dim=32, cond_dim=16, n_blocks=1, n_heads=2)))
     return JointModel.from_base(base, "ucp", 3, "1layer", noise=0.5, generator=torch.Generator().manual_seed(1))
+
+
+def test_a_toy_samplers_setting_is_checked_read_by_its_step_priced_and_leaves_with_it(registered):
+    """The toy sampler's one setting, declared in its file alone: checked by its declared bounds, read by its
+    step, priced by the cost it declares, and gone once the sampler is unregistered."""
+    model = _toy_model(SmilesDataset.from_file(SAMPLE).tokenizer).eval()
+    config = SamplerConfig(sampler="right_to_left", rtl_draws=3)
+    assert config.step.settings.rtl_draws == 3 and work_of(model.cfg, config, 6) == Work("predetermined_step", 3.0)
+    assert work_of(model.cfg, SamplerConfig(sampler="right_to_left"), 6).scale == 1.0
+    with pytest.raises(InvalidSampler, match=r"rtl_draws must lie in \[1, 4\], got 5"):
+        SamplerConfig(sampler="right_to_left", rtl_draws=5)
+    DRAWS.clear()
+    list(generate(model, 2, 3, seed=0, sampler="right_to_left", rtl_draws=2))
+    assert DRAWS == [2, 2, 2]
+    unregister_step("right_to_left")
+    with pytest.raises(TypeError, match="no step class declares: rtl_draws"):
+        SamplerConfig(rtl_draws=2)
+    register_step("right_to_left", RightToLeft)  # as the fixture left it
 
 
 @pytest.mark.slow  # a real uvicorn server
@@ -174,6 +212,13 @@ def test_a_toy_format_and_sampler_defined_here_train_generate_and_serve(register
         assert len(events) == 5 and len(events[-1]["samples"]) == 2  # 4 steps, then the answer
         first = events[0]["committed"][0]  # the first step's positions are the rightmost of the sequence
         assert sorted(first) == list(range(tok.length - len(first), tok.length))
+        props = httpx.get(url + "/openapi.json").json()["components"]["schemas"]["GenerateRequest"]["properties"]
+        assert props["rtl_draws"]["maximum"] == 4 and "candidates drawn" in props["rtl_draws"]["description"]
+        DRAWS.clear()
+        r = httpx.post(url + "/generate", json=dict(body, stream=False, rtl_draws=2), timeout=60)
+        assert r.status_code == 200 and DRAWS == [2] * 4, (r.text, DRAWS)  # the request's setting reached the step
+        r = httpx.post(url + "/generate", json=dict(body, stream=False, rtl_draws=5), timeout=60)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "rtl_draws"], r.text
         v1 = httpx.post(url + "/v1/completions", json={"model": "qm9_sample-ucp-r3", "prompt": "C", "n": 2, "steps": 3,
                                                         "sampler": "right_to_left"}, timeout=60)
         assert v1.status_code == 200 and len(v1.json()["choices"]) == 2

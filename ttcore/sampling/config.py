@@ -3,7 +3,7 @@
 class that draws each denoising step, and whether that step is adaptive or sums a format's full head
 outputs), so no caller decides by the ordering's or the sampler's name."""
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 
 from ttcore.decompositions import CONTRACTIONS
 from ttcore.errors import InvalidSampler
@@ -11,56 +11,53 @@ from ttcore.errors import InvalidSampler
 from .eb import EB_PROXIES
 from .orderings import ADAPTIVE, PREDETERMINED
 from .schedules import SCHEDULES
-from .steps import SAMPLERS, STEP_CLASSES, Step, WorkKind
+from .steps import SAMPLERS, STEP_CLASSES, Step, WorkKind, step_settings
+from .steps.settings import check_bounds
 
-MAX_DCD_CHUNK = 1024  # DCD's chunk of adjacent positions (a chunk past the length is the whole sequence)
-MAX_EDLM_CANDIDATES = 16  # EDLM's k: each candidate is one more AR forward of the sequence a step
 ADAPTIVE_PATHS = ("fast", "exact")  # the first is the default everywhere (library, API, playground)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class SamplerConfig:
-    """``ordering``: predetermined (random, left_to_right, halton) or adaptive (top_prob, margin, entropy);
-    ``schedule``: tokens per step; ``eb_gamma``: EB-Sampler's bound (None: a fixed number of tokens per
-    step); ``eb_proxy``: EB's error proxy; ``temperature``; ``contraction`` (TT: how positions outside a
-    step's set are summed out); ``joint``: False draws each position from its exact marginal (the rank-1
-    view); ``bernoulli``: per-position unmasking coins instead of exact counts; ``sampler``: a step class
-    registered by name (``steps.register_step``), None: the built-in one the settings select;
-    ``adaptive_path``: adaptive orderings and EB by the exact chain rule (``exact``, the reference) or with
-    one marginal inference per step and a joint draw of the chosen set (``fast``, ``steps.fast_adaptive``);
-    ``chooser_outputs``: the head outputs per masked position the fast path's choice evaluates (c; None: the
-    default of ``steps.fast_adaptive.chooser_outputs``, about the cost of a random-order step; up to every
-    output, which makes the choice's marginals those of the head's mixture: ``benchmarks/chooser_distance.py``);
-    ``edlm_candidates`` (k) and ``edlm_window`` (w): ``sampler: edlm``'s proposals a step and the times it
-    weighs them at (``steps.edlm``; the paper's k = 2 and the TT paper's w = 1); ``dcd_chunk``: ``sampler: dcd``
-    with the random ordering unmasks chunks of that many adjacent positions (``steps.dcd``; 1, the TT paper's)."""
-    ordering: str = "random"
-    schedule: str = "loglinear"
-    eb_gamma: float | None = None
-    eb_proxy: str = "entropy"
+    """What every sampler shares, and each step class's own settings (``options``).
+
+    Built from flat settings, ``SamplerConfig(ordering="top_prob", chooser_outputs=8)``: a name that is not a
+    field here must be a setting some step class declares (``Step.Settings``: EDLM's ``edlm_candidates`` and
+    ``edlm_window``, DCD's ``dcd_chunk``, the fast adaptive step's ``chooser_outputs``); each is checked against
+    its declared bounds, and the step that draws reads its own (``Step.settings``)."""
+    ordering: str = "random"  # predetermined (random, left_to_right, halton) or adaptive (top_prob, margin, entropy)
+    schedule: str = "loglinear"  # tokens per step
+    eb_gamma: float | None = None  # EB-Sampler's bound; None: a fixed number of tokens per step
+    eb_proxy: str = "entropy"  # EB's error proxy
     temperature: float = 1.0
-    contraction: str = "head"
-    joint: bool = True
-    bernoulli: bool = False
-    sampler: str | None = None
-    adaptive_path: str = ADAPTIVE_PATHS[0]
-    chooser_outputs: int | None = None
-    edlm_candidates: int = 2
-    edlm_window: float = 1.0
-    dcd_chunk: int = 1
+    contraction: str = "head"  # TT: how positions outside a step's set are summed out
+    joint: bool = True  # False: each position from its exact marginal (the rank-1 view)
+    bernoulli: bool = False  # per-position unmasking coins instead of exact counts
+    sampler: str | None = None  # a step class registered by name (steps.register_step); None: chosen by the settings
+    adaptive_path: str = ADAPTIVE_PATHS[0]  # adaptive orderings and EB: the exact chain rule, or fast (one
+    # marginal inference a step, then a joint draw of the chosen set: steps.fast_adaptive)
+    options: tuple = ()  # the step classes' own settings that differ from their defaults, (name, value) by name
+
+    def __init__(self, **settings):
+        declared = step_settings()
+        given = dict(settings.pop("options", ()))
+        for f in fields(self):
+            if f.name != "options":
+                object.__setattr__(self, f.name, settings.pop(f.name, f.default))
+        given.update(settings)
+        unknown = sorted(set(given) - set(declared))
+        if unknown:
+            shared = ", ".join(f.name for f in fields(self) if f.name != "options")
+            raise TypeError(f"SamplerConfig got settings no step class declares: {', '.join(unknown)} (shared: "
+                            f"{shared}; declared: {', '.join(declared)})")
+        for name, value in given.items():
+            check_bounds(declared[name][0], value)
+        options = tuple(sorted((k, v) for k, v in given.items() if v != declared[k][0].default))
+        object.__setattr__(self, "options", options)
+        object.__setattr__(self, "_options", dict(options))
+        self.__post_init__()
 
     def __post_init__(self):
-        if self.chooser_outputs is not None and self.chooser_outputs < 1:
-            raise InvalidSampler("chooser_outputs", f"chooser_outputs must be >= 1, got {self.chooser_outputs}")
-        if not 1 <= self.edlm_candidates <= MAX_EDLM_CANDIDATES:
-            raise InvalidSampler("edlm_candidates", f"edlm_candidates must lie in [1, {MAX_EDLM_CANDIDATES}], got "
-                                                    f"{self.edlm_candidates}")
-        if not 1 <= self.dcd_chunk <= MAX_DCD_CHUNK:
-            raise InvalidSampler("dcd_chunk", f"dcd_chunk must lie in [1, {MAX_DCD_CHUNK}], got {self.dcd_chunk}")
-        if self.dcd_chunk > 1 and (self.sampler != "dcd" or self.ordering != "random"):
-            raise InvalidSampler("dcd_chunk", "dcd_chunk > 1 applies to sampler dcd with the random ordering")
-        if not 0 < self.edlm_window <= 1:
-            raise InvalidSampler("edlm_window", f"edlm_window must lie in (0, 1], got {self.edlm_window}")
         if self.adaptive_path not in ADAPTIVE_PATHS:
             raise InvalidSampler("adaptive_path", f"adaptive_path must be one of {', '.join(ADAPTIVE_PATHS)}, got "
                                                   f"{self.adaptive_path!r}")
@@ -84,12 +81,21 @@ class SamplerConfig:
         if not self.joint and self.eb_gamma is not None:
             raise InvalidSampler("joint", "joint: false draws each position from its marginal with a fixed sampler, "
                                           "not eb")
+        for owner in {owner for name, (_, _, owner) in step_settings().items() if name in self._options}:
+            owner.of(self).check(self)  # rules across a step's settings and the shared ones
         # resolved once: the named step class, else the first of ``steps.STEP_CLASSES`` that accepts the settings
         cls = SAMPLERS[self.sampler] if self.sampler is not None else next(
             c for c in STEP_CLASSES if c.accepts(self))
         object.__setattr__(self, "_step", cls(self))
         key = tuple(getattr(self, f.name) for f in fields(self) if f.name != "temperature")
         object.__setattr__(self, "_batch_key", key + (self.temperature == 1.0,))
+
+    def option(self, name: str):
+        """A step setting's value in this config: the run's, else its declared default."""
+        declared = step_settings()
+        if name not in declared:
+            raise KeyError(f"no step class declares a setting {name!r} (declared: {', '.join(declared)})")
+        return self._options.get(name, declared[name][0].default)
 
     @property
     def step(self) -> Step:
@@ -117,4 +123,5 @@ class SamplerConfig:
         return self.step.work_kind(model_cfg.format)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The flat settings (shared ones and the step settings given) that rebuild this config."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "options"}, **self._options}

@@ -5,6 +5,7 @@ micro-batches requests by it. Calibrated against peak RSS on the bundled checkpo
 from dataclasses import fields
 
 from .config import SamplerConfig
+from .steps import step_settings
 
 CHAIN_RULE_COPIES = 4.5  # full factors / cores alive at once in a chain-rule step (measured 3.2-4.1 at text size)
 ROW_SLACK_BYTES = 2 << 20  # per sequence: features, marginals, scores (measured 1.2 MB at QM9 size)
@@ -91,7 +92,7 @@ def rows_per_pass(cfg, adaptive: bool, budget_bytes: int, exact: bool = False, c
 
 def sampler_config(**settings) -> SamplerConfig:
     """The SamplerConfig of flat settings (a run's own, such as the seed, ignored)."""
-    names = {f.name for f in fields(SamplerConfig)}
+    names = {f.name for f in fields(SamplerConfig)} | set(step_settings())
     return SamplerConfig(**{k: v for k, v in settings.items() if k in names})
 
 
@@ -106,4 +107,4 @@ def rows_for(cfg, budget_bytes: int, **settings) -> int:
     config = sampler_config(**settings)
     adaptive, exact = config.step_kind(cfg)
     return rows_per_pass(cfg, adaptive, budget_bytes, exact, config.step.chooses,
-                         config.chooser_outputs)
+                         config.option("chooser_outputs"))

@@ -2,7 +2,8 @@
 (``Step``). ``STEP_CLASSES`` is what ``SamplerConfig.step`` picks from by the settings (the first that
 accepts them); ``SAMPLERS`` names the step classes a request may ask for by name (``sampler``). A new
 sampler is a step class (``ConfiguredStep`` gives the schedule's counts and a predetermined ordering's choice)
-and one ``register_step`` call, from anywhere."""
+with its own settings (``Settings``, ``steps.settings``) and cost (``work_kind``, ``work_scale``), and one
+``register_step`` call, from anywhere."""
 
 from .base import ConfiguredStep, Step, WorkKind
 from .chain_rule import ChainRuleStep
@@ -12,6 +13,7 @@ from .edlm import EDLMStep
 from .fast_adaptive import FastAdaptiveStep
 from .marginal_view import MarginalViewStep
 from .predetermined import PredeterminedJointStep
+from .settings import StepSettings, declared, setting
 
 STEP_CLASSES: list[type[Step]] = [MarginalViewStep, FastAdaptiveStep, EBStep, ChainRuleStep, PredeterminedJointStep]
 SAMPLERS: dict[str, type[Step]] = {}  # named samplers beyond the settings-chosen ones (``SamplerConfig.sampler``)
@@ -22,8 +24,14 @@ def register_step(name: str, cls: type[Step]) -> type[Step]:
     """Make ``cls`` the sampler a request selects with ``sampler: name``."""
     if name in BUILT_IN:
         raise ValueError(f"sampler name {name!r} is taken by the built-in samplers")
+    declared([*STEP_CLASSES, *SAMPLERS.values(), cls])  # its settings do not clash with another's
     SAMPLERS[name] = cls
     return cls
+
+
+def step_settings() -> dict:
+    """Every setting the step classes declare (built-in and registered): name -> (field, type, owner)."""
+    return declared([*STEP_CLASSES, *SAMPLERS.values()])
 
 
 def unregister_step(name: str) -> None:
@@ -49,5 +57,5 @@ def named_sampler(name: str, eb_gamma: float | None) -> dict:
 
 
 __all__ = ["SAMPLERS", "STEP_CLASSES", "ChainRuleStep", "ConfiguredStep", "DCDStep", "EDLMStep", "EBStep",
-           "FastAdaptiveStep", "MarginalViewStep", "PredeterminedJointStep", "Step", "WorkKind", "named_sampler",
-           "register_step", "sampler_names", "unregister_step"]
+           "FastAdaptiveStep", "MarginalViewStep", "PredeterminedJointStep", "Step", "StepSettings", "WorkKind",
+           "named_sampler", "register_step", "sampler_names", "setting", "step_settings", "unregister_step"]

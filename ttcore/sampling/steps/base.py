@@ -12,6 +12,7 @@ from ttcore.distributions import Streams
 
 from ..orderings import PREDETERMINED, top_k_mask
 from ..schedules import SCHEDULES, active_steps, unmask_counts
+from .settings import StepSettings
 
 
 class WorkKind(StrEnum):
@@ -73,12 +74,15 @@ class Step(Protocol):
     position's full head outputs per sequence: admission's memory and compute rule); ``chooses``: it chooses
     its set from a cheap marginal pass over every masked position, then draws like a predetermined step.
     ``constrains``: it draws constrained rows (``Rows.automaton``) from the joint restricted to the language.
-    ``ar_cache``: its draw holds the paired autoregressive model's key-value cache of its rows (DCD)."""
+    ``ar_cache``: its draw holds the paired autoregressive model's key-value cache of its rows (DCD).
+    ``Settings``: its own settings' class (``steps.settings``); ``settings``: their values for this run."""
 
     adaptive: bool
     chooses: bool
     constrains: bool
     ar_cache: bool
+    Settings: type[StepSettings]
+    settings: StepSettings
 
     def __init__(self, config) -> None: ...
 
@@ -116,15 +120,22 @@ class Step(Protocol):
         """What a step with these settings costs on a model of format ``fmt``."""
         ...
 
+    def work_scale(self, model_cfg) -> float:
+        """This step's per-sequence cost over its work kind's timed step (admission multiplies the timing by
+        it; 1: as timed). An upper bound where the settings' cost is not exactly proportional."""
+        ...
+
 
 class ConfiguredStep:
     """What every step class starts from: the run's ``SamplerConfig``, the schedule's counts, a predetermined
     ordering's priorities when the configured ordering is one, and the work kind by the class's flags."""
 
     adaptive = chooses = constrains = ar_cache = False
+    Settings = StepSettings
 
     def __init__(self, config):
         self.config = config
+        self.settings = self.Settings.of(config)
 
     def sums_outputs(self, fmt, temperature) -> bool:
         return False
@@ -162,6 +173,9 @@ class ConfiguredStep:
         if fmt.sums_exactly(c.contraction, c.temperature, c.joint, False):
             return WorkKind.exact_step
         return WorkKind.chooser_step if self.chooses else WorkKind.predetermined_step
+
+    def work_scale(self, model_cfg) -> float:
+        return 1.0
 
 
 def eb_counts(rows: Rows, n_current: torch.Tensor) -> torch.Tensor:

@@ -22,9 +22,12 @@ token up to the last position of T, and the AR pass: one AR forward of the seque
 from its key-value cache up to the last position of T (``ttcore.models.kv_cache``; the released code keeps GPT-2's
 ``past_key_values`` likewise). The paper's sampling-time table puts DCD at 550 s a sequence against MDLM's 2.4."""
 
+from dataclasses import dataclass
+
 import torch
 
 from ttcore.distributions import Site, sample_categorical, uniforms
+from ttcore.errors import InvalidSampler
 from ttcore.kinds import companion
 from ttcore.kinds.autoregressive import next_token_log_probs
 from ttcore.models.kv_cache import decode, prefill
@@ -32,6 +35,7 @@ from ttcore.models.kv_cache import decode, prefill
 from ..orderings import chunked_priority
 from .base import ConfiguredStep, WorkKind
 from .edlm import check_paired
+from .settings import StepSettings, setting
 
 FLOOR = 1e-16  # the released code clips both marginals here before the log ratio
 
@@ -101,11 +105,28 @@ def dcd_step(model, ar, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, 
     return values
 
 
+MAX_DCD_CHUNK = 1024  # DCD's chunk of adjacent positions (a chunk past the length is the whole sequence)
+
+
+@dataclass(frozen=True)
+class DCDSettings(StepSettings):
+    """DCD's own setting: its chunk of adjacent positions."""
+    dcd_chunk: int = setting(1, "`sampler: dcd` with `ordering: random`: unmask chunks of this many adjacent "
+                                "positions, the chunks in a random order (DCD's chunked unmasking); 1 (the "
+                                "default, as the TT paper ran DCD): each position on its own.",
+                             ge=1, le=MAX_DCD_CHUNK)
+
+    def check(self, config) -> None:
+        if self.dcd_chunk > 1 and (config.sampler != "dcd" or config.ordering != "random"):
+            raise InvalidSampler("dcd_chunk", "dcd_chunk > 1 applies to sampler dcd with the random ordering")
+
+
 class DCDStep(ConfiguredStep):
     """DCD by name (``sampler: dcd``) over a diffusion model paired with an autoregressive one; the run's ordering
     must be predetermined."""
 
     ar_cache = True
+    Settings = DCDSettings
 
     @classmethod
     def accepts(cls, config) -> bool:
@@ -113,8 +134,8 @@ class DCDStep(ConfiguredStep):
 
     def plan(self, run):
         check_paired(run, "dcd")
-        if self.config.dcd_chunk > 1:  # DCD's chunked unmasking: a random order of chunks (the random ordering)
-            return chunked_priority(*run.tokens.shape, run.device, run.streams, self.config.dcd_chunk)
+        if self.settings.dcd_chunk > 1:  # DCD's chunked unmasking: a random order of chunks (the random ordering)
+            return chunked_priority(*run.tokens.shape, run.device, run.streams, self.settings.dcd_chunk)
         return super().plan(run)
 
     def draw(self, rows, h, tokens, masked, chosen, counts):
@@ -124,3 +145,8 @@ class DCDStep(ConfiguredStep):
 
     def work_kind(self, fmt) -> WorkKind:
         return WorkKind.dcd_step
+
+    def work_scale(self, model_cfg) -> float:
+        """Timed from the fully masked state, which needs no left-context forwards: at most one diffusion row
+        per AR row, so at most twice the timed step (an upper bound)."""
+        return 2.0

@@ -20,6 +20,8 @@ the plain diffusion step. Defaults: k = 2, w = 1 (every step), the settings the 
 Cost per step: the diffusion model's forward (the batch's), then one AR forward over k candidates a sequence (and for
 a joint head, k joint draws and every masked position's full head outputs for the candidates' likelihoods)."""
 
+from dataclasses import dataclass
+
 import torch
 
 from ttcore.distributions import Site, is_one, sample_categorical, uniforms
@@ -28,6 +30,7 @@ from ttcore.kinds import companion
 from ttcore.kinds.autoregressive import ar_log_prob
 
 from .base import ConfiguredStep, WorkKind
+from .settings import StepSettings, setting
 
 
 def edlm_log_weights(ar_log_p: torch.Tensor, proposal_log_q: torch.Tensor) -> torch.Tensor:
@@ -120,9 +123,26 @@ def edlm_step(model, ar, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor,
     return values
 
 
+MAX_EDLM_CANDIDATES = 16  # EDLM's k: each candidate is one more AR forward of the sequence a step
+
+
+@dataclass(frozen=True)
+class EDLMSettings(StepSettings):
+    """EDLM's own settings: its candidates a step and the times it weighs them at."""
+    edlm_candidates: int = setting(2, "`sampler: edlm`: candidates k a step, each scored by the paired "
+                                      "autoregressive checkpoint (one AR pass a candidate). EDLM's default 2.",
+                                   ge=1, le=MAX_EDLM_CANDIDATES)
+    edlm_window: float = setting(1.0, "`sampler: edlm`: the steps whose time t (the share still masked) has "
+                                      "|t - 1/2| <= w / 2 pick by EDLM's weights; the others take the plain "
+                                      "diffusion draw. 1 (the default, as the TT paper ran it): every step.",
+                                 gt=0, le=1)
+
+
 class EDLMStep(ConfiguredStep):
     """EDLM by name (``sampler: edlm``) over a diffusion model paired with an autoregressive one; the run's ordering
     must be predetermined (its set T fixed before the step draws)."""
+
+    Settings = EDLMSettings
 
     @classmethod
     def accepts(cls, config) -> bool:
@@ -140,8 +160,9 @@ class EDLMStep(ConfiguredStep):
     def draw(self, rows, h, tokens, masked, chosen, counts):
         c = self.config
         t = 1.0 - rows.step.double() / rows.steps.double()
-        return edlm_step(rows.model, companion(rows.model), h, tokens, masked, chosen, t, c.edlm_candidates,
-                         c.edlm_window, rows.temperature, rows.streams, c.contraction, c.joint)
+        return edlm_step(rows.model, companion(rows.model), h, tokens, masked, chosen, t,
+                         self.settings.edlm_candidates, self.settings.edlm_window, rows.temperature, rows.streams,
+                         c.contraction, c.joint)
 
     def sums_outputs(self, fmt, temperature) -> bool:
         """Over a joint head at temperature 1 (``joint`` on) the candidates' likelihoods take every masked
@@ -150,6 +171,10 @@ class EDLMStep(ConfiguredStep):
 
     def work_kind(self, fmt) -> WorkKind:
         return WorkKind.edlm_step
+
+    def work_scale(self, model_cfg) -> float:
+        """Timed at k = 2 (an AR pass a candidate): k / 2 beyond it."""
+        return max(1.0, self.settings.edlm_candidates / 2)
 
 
 def check_paired(run, name: str) -> None:

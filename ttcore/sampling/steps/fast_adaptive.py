@@ -14,7 +14,7 @@ The chooser of a masked position i: each format writes p(x^i | x_t) as a mixture
 w_{(j,k)} = pi_{i,j} Gbar_{i,jk} (Eqs. 16-17) with pi and Gbar from the contracted-core head at every
 masked position (position i included: its row j split over k by the head's Gbar_i, not by the sums of its
 own cores) and the outputs at temperature T (the weights at temperature 1). The step evaluates the c
-heaviest outputs (c = ``SamplerConfig.chooser_outputs``, default CHOOSER_OUTPUTS // V, in [1, E]) and
+heaviest outputs (c = ``ChooserSettings.chooser_outputs``, default CHOOSER_OUTPUTS // V, in [1, E]) and
 renormalizes their mixture, so its distance to the full mixture is at most the dropped weight (total
 variation <= 1 - the c weights' sum). Its distance to the exact marginal adds the head's error: for CP and
 rank 1 the full mixture is exact; for TT it is the marginal of the train whose masked positions are all the
@@ -40,6 +40,8 @@ marginal, the exact entropies of a chosen set can exceed gamma (the fourth revie
 by up to 1.67 at gamma 0.5). A joint draw does not make the error the rule bounds in any case.
 """
 
+from dataclasses import dataclass
+
 import torch
 
 from ttcore.distributions import entry_rows, tempered
@@ -48,7 +50,8 @@ from ..constrained import constrained_joint, constrained_step
 from ..eb import eb_accepts, eb_score
 from ..joint_step import predetermined_step
 from ..orderings import ADAPTIVE, entropy
-from .base import ConfiguredStep, eb_counts
+from .base import ConfiguredStep, WorkKind, eb_counts
+from .settings import StepSettings, setting
 
 CHOOSER_OUTPUTS = 2048  # values per masked position the choice may compute (c = this // V outputs): at a
 # small backbone (QM9's) the float32 softmax and mixture over c * V values per position is what a step costs
@@ -58,6 +61,20 @@ def chooser_outputs(e: int, vocab: int, asked: int | None = None) -> int:
     """c, the head outputs per masked position the fast step evaluates: ``asked`` (a request's), else
     CHOOSER_OUTPUTS // V; in [1, E]."""
     return max(1, min(e, CHOOSER_OUTPUTS // vocab if asked is None else asked))
+
+
+MAX_CHOOSER_OUTPUTS = 4096  # the most c a run may ask: V x r x r outputs of the text TT at r = 16 are 256 a position
+
+
+@dataclass(frozen=True)
+class ChooserSettings(StepSettings):
+    """The fast step's own setting: its choice's head outputs per position."""
+    chooser_outputs: int | None = setting(
+        None, "`adaptive_path: fast`: the head outputs per masked position its choice evaluates (c). Default: "
+              f"{CHOOSER_OUTPUTS} // V (every output at QM9's vocabulary, one at text's: about the cost of a "
+              "random-order step). Larger c brings the choice's distributions to the head's full mixture (their "
+              "distance to it is at most the dropped weight) at c times the cost; Benchmarks has the distance by c "
+              "for each bundled checkpoint.", ge=1, le=MAX_CHOOSER_OUTPUTS)
 
 
 def chooser_marginals(model, h: torch.Tensor, masked: torch.Tensor, temperature: float,
@@ -94,6 +111,17 @@ class FastAdaptiveStep(ConfiguredStep):
 
     chooses = True  # holds c outputs per position, not the full joint
     constrains = True  # constrained rows: chosen by the constrained joint's exact marginals, drawn from it
+    Settings = ChooserSettings
+
+    def work_scale(self, model_cfg) -> float:
+        """More chooser outputs than the default scale a chooser step's per-sequence cost by c over the
+        default's: an upper bound (the backbone's share of a step does not grow with c)."""
+        asked = self.settings.chooser_outputs
+        if asked is None or self.work_kind(model_cfg.format) not in (WorkKind.chooser_step,
+                                                                     WorkKind.tempered_chooser_step):
+            return 1.0
+        e, v = model_cfg.format.outputs_per_position(model_cfg.rank), model_cfg.dit.out_vocab
+        return max(1.0, chooser_outputs(e, v, asked) / chooser_outputs(e, v))
 
     @classmethod
     def accepts(cls, config) -> bool:
@@ -126,7 +154,8 @@ class FastAdaptiveStep(ConfiguredStep):
             marg = constrained_joint(rows.model, h, tokens, masked, rows.temperature, rows.automaton
                                      ).marginals(x_cond)[masked].float()
         else:
-            marg = chooser_marginals(rows.model, h, masked, rows.temperature, c.chooser_outputs, c.contraction)
+            marg = chooser_marginals(rows.model, h, masked, rows.temperature, self.settings.chooser_outputs,
+                                     c.contraction)
         score_fn = ADAPTIVE[c.ordering] if c.eb_gamma is None else eb_score(c.eb_proxy)
         score = torch.full((b, l), -float("inf"), dtype=torch.float64, device=tokens.device)
         score[masked] = score_fn(marg).double()
