@@ -20,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from ttcore.distributions.streams import warm_streams
-from ttcore.kinds import companion
+from ttcore.errors import InvalidSampler
 from ttcore.sampling import GenerationRun, SamplerConfig
 from ttcore.sampling.steps import WorkKind
 
@@ -240,33 +240,46 @@ def _affine(model, repeats: int, **settings) -> tuple[float, float, int]:
     return max(one - per_row, 0.0), per_row, rows
 
 
+FAST = dict(ordering="top_prob", adaptive_path="fast")
+TIMED_WITH = {  # each kind of step work -> the settings its timing runs and its repeats (the tempered at T = 0.5)
+    WorkKind.predetermined_step: ({}, CALIBRATION_REPEATS),
+    WorkKind.exact_step: ({"contraction": "exact"}, 2),
+    WorkKind.chooser_step: (FAST, CALIBRATION_REPEATS),
+    WorkKind.tempered_step: ({"temperature": 0.5}, 2),
+    WorkKind.tempered_chooser_step: ({"temperature": 0.5, **FAST}, 2),
+    WorkKind.constrained_step: ({}, 2),  # with ``reference_automaton``
+    WorkKind.edlm_step: ({"sampler": "edlm"}, 2),
+    WorkKind.dcd_step: ({"sampler": "dcd"}, 2),
+}
+
+
+def _timing(model, kind: WorkKind, out: dict) -> tuple[float, float, int]:
+    """One kind's timing (``TIMED_WITH``). A kind this model cannot run (EDLM and DCD without an AR pair: their
+    requests are refused) or that runs as the plain step here (``exact`` on a format without that contraction)
+    takes the predetermined step's timing."""
+    settings, repeats = TIMED_WITH[kind]
+    plain = kind == WorkKind.exact_step and "exact" not in model.format.contractions
+    if not plain:
+        try:
+            constraint = reference_automaton(model.cfg.dit.out_vocab) if kind == WorkKind.constrained_step else None
+            return _affine(model, repeats, constraint=constraint, **settings)
+        except InvalidSampler:
+            if kind == WorkKind.predetermined_step:  # every model runs the plain step
+                raise
+    if WorkKind.predetermined_step not in out:
+        out[WorkKind.predetermined_step] = _timing(model, WorkKind.predetermined_step, out)
+    return out[WorkKind.predetermined_step]
+
+
 def calibrate_kinds(model, kinds) -> dict[WorkKind, tuple[float, float, float]]:
     """(overhead, per row, rows timed) of each kind in ``kinds`` (chain_rule: (0, its per-sequence picks, inf)),
-    timed after a
-    warm-up step; a chain-rule estimate needs the predetermined step's timing and takes it too. The tempered
-    steps are timed at temperature 0.5."""
+    timed after a warm-up step; a chain-rule estimate needs the predetermined step's timing and takes it too."""
     warm_streams(next(model.parameters()).device)  # compiled streams (on CUDA) compile here, not in a timing
     _best(model, 1, CALIBRATION_STEPS, 1)  # warm-up: allocator, kernels
-    fast = dict(ordering="top_prob", adaptive_path="fast")
     out = {}
-    if WorkKind.predetermined_step in kinds or WorkKind.chain_rule in kinds:
-        out[WorkKind.predetermined_step] = _affine(model, CALIBRATION_REPEATS)
-    if WorkKind.exact_step in kinds:
-        has_exact = "exact" in model.format.contractions
-        out[WorkKind.exact_step] = _affine(model, 2, contraction="exact") if has_exact else \
-            out.get(WorkKind.predetermined_step) or _affine(model, CALIBRATION_REPEATS)
-    if WorkKind.chooser_step in kinds:
-        out[WorkKind.chooser_step] = _affine(model, CALIBRATION_REPEATS, **fast)
-    if WorkKind.tempered_step in kinds:
-        out[WorkKind.tempered_step] = _affine(model, 2, temperature=0.5)
-    if WorkKind.tempered_chooser_step in kinds:
-        out[WorkKind.tempered_chooser_step] = _affine(model, 2, temperature=0.5, **fast)
-    if WorkKind.constrained_step in kinds:
-        out[WorkKind.constrained_step] = _affine(model, 2, constraint=reference_automaton(model.cfg.dit.out_vocab))
-    for kind, sampler in ((WorkKind.edlm_step, "edlm"), (WorkKind.dcd_step, "dcd")):  # every position: the dearest
-        if kind in kinds:  # without an AR pair such requests are refused: the plain step's timing stands in
-            out[kind] = _affine(model, 2, sampler=sampler) if companion(model) is not None else \
-                out.get(WorkKind.predetermined_step) or _affine(model, CALIBRATION_REPEATS)
+    wanted = set(kinds) | ({WorkKind.predetermined_step} if WorkKind.chain_rule in kinds else set())
+    for kind in sorted(wanted - {WorkKind.chain_rule}, key=lambda k: (k != WorkKind.predetermined_step, k)):
+        out[kind] = out.get(kind) or _timing(model, kind, out)
     if WorkKind.chain_rule in kinds:
         l = model.cfg.dit.length
         step = _best(model, 1, l, CALIBRATION_REPEATS)  # a predetermined step of an l-step run: one position

@@ -62,8 +62,8 @@ class SamplerConfig:
             raise InvalidSampler("adaptive_path", f"adaptive_path must be one of {', '.join(ADAPTIVE_PATHS)}, got "
                                                   f"{self.adaptive_path!r}")
         if self.sampler is not None and self.sampler not in SAMPLERS:
-            raise InvalidSampler("sampler",
-                                 f"sampler must be one of {sorted(SAMPLERS)} (or none), got {self.sampler!r}")
+            raise InvalidSampler("sampler", f"sampler must be one of {', '.join(SAMPLERS)} (or none), got "
+                                            f"{self.sampler!r}")
         if self.ordering not in PREDETERMINED and self.ordering not in ADAPTIVE:
             raise InvalidSampler("ordering", f"ordering must be one of {sorted(PREDETERMINED) + sorted(ADAPTIVE)}, got "
                              f"{self.ordering!r}")

@@ -5,6 +5,8 @@ sampler is a step class (``ConfiguredStep`` gives the schedule's counts and a pr
 with its own settings (``Settings``, ``steps.settings``) and cost (``work_kind``, ``work_scale``), and one
 ``register_step`` call, from anywhere."""
 
+from ttcore.registry import Registry
+
 from .base import ConfiguredStep, Step, WorkKind
 from .chain_rule import ChainRuleStep
 from .dcd import DCDStep
@@ -16,27 +18,27 @@ from .predetermined import PredeterminedJointStep
 from .settings import StepSettings, declared, setting
 
 STEP_CLASSES: list[type[Step]] = [MarginalViewStep, FastAdaptiveStep, EBStep, ChainRuleStep, PredeterminedJointStep]
-SAMPLERS: dict[str, type[Step]] = {}  # named samplers beyond the settings-chosen ones (``SamplerConfig.sampler``)
+SAMPLERS = Registry("sampler")  # named samplers beyond the settings-chosen ones (``SamplerConfig.sampler``)
 BUILT_IN = {"fixed": False, "eb": True}  # the API's built-in sampler names -> whether the request's eb_gamma applies
 
 
 def register_step(name: str, cls: type[Step]) -> type[Step]:
-    """Make ``cls`` the sampler a request selects with ``sampler: name``."""
+    """Make ``cls`` the sampler a request selects with ``sampler: name`` (``ValueError`` if the name is taken,
+    or its settings clash with another step's)."""
     if name in BUILT_IN:
         raise ValueError(f"sampler name {name!r} is taken by the built-in samplers")
     declared([*STEP_CLASSES, *SAMPLERS.values(), cls])  # its settings do not clash with another's
-    SAMPLERS[name] = cls
-    return cls
+    return SAMPLERS.register(cls, name)
+
+
+def unregister_step(name: str) -> None:
+    """Forget a registered sampler and its settings (built-in names stay)."""
+    SAMPLERS.unregister(name)
 
 
 def step_settings() -> dict:
     """Every setting the step classes declare (built-in and registered): name -> (field, type, owner)."""
     return declared([*STEP_CLASSES, *SAMPLERS.values()])
-
-
-def unregister_step(name: str) -> None:
-    """Forget a registered sampler (built-in names stay)."""
-    SAMPLERS.pop(name, None)
 
 
 register_step("edlm", EDLMStep)  # EDLM (Xu et al. 2025) with an AR energy: over a diffusion model paired with an AR one
