@@ -24,7 +24,7 @@ log = logging.getLogger("ttcore.registry")
 @dataclass(frozen=True)
 class ModelFacts:
     """What the service tells of a loaded checkpoint (``GET /models`` adds this machine's estimates and sends it
-    as the wire type ``schema.ModelInfo``, whose fields document each)."""
+    as the wire type ``models_schema.ModelInfo``, whose fields document each)."""
     model: str  # the family's name
     checkpoint: str
     domain: str

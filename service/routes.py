@@ -17,9 +17,11 @@ from ttcore.sampling.steps import WorkKind
 from . import error_docs, scores
 from .admission import StreamBudget
 from .error_docs import StatusAnswer
+from .models_schema import ModelInfo, ModelList
 from .refusals import failure_status
 from .registry import LoadedModel
-from .schema import GenerateRequest, GenerateResponse, ModelInfo, ModelList, ScoreRequest, ScoreResponse, StepEvent
+from .schema import GenerateRequest, GenerateResponse, StepEvent
+from .score_schema import ScoreRequest, ScoreResponse
 from .serving import Failure, Serving
 from .serving import depict as depict_smiles
 from .speed import Speed

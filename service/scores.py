@@ -14,7 +14,7 @@ from ttcore.sampling.steps import WorkKind
 from . import admission
 from .engine import DRAIN_RETRY_AFTER_S, SHUTDOWN_MESSAGE
 from .refusals import Overloaded, ScoreCancelled, ScoreInputError, ScoreTimeout, TooLarge
-from .schema import Score, ScoreRequest, ScoreResponse
+from .score_schema import Score, ScoreRequest, ScoreResponse
 from .serving import Serving
 
 

@@ -394,7 +394,7 @@ def test_score_requests_hold_an_engine_slot_under_the_request_limit(checkpoints)
     from service import scores
     from service.config import ServiceArgs
     from service.refusals import Overloaded, ScoreCancelled
-    from service.schema import ScoreRequest
+    from service.score_schema import ScoreRequest
 
     serving = Serving(ModelRegistry(checkpoints, "cpu", "fp32"), Engine(ServiceArgs(max_requests=1)),
                       ServiceArgs(max_requests=1))
