@@ -13,10 +13,26 @@ A head reads the base W (the model's ``output_layer.linear``, which the checkpoi
 owning it: ``base`` is a reference, not a submodule, so the state dict keeps one copy of W.
 """
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
-HEAD_KINDS = ("1layer", "2layer")
+from ttcore.registry import Registry
+
+
+@dataclass(frozen=True)
+class HeadKind:
+    """How a joint head makes its E outputs (Sec. 4.5). ``keeps_base``: its first matmul (W~, H x (E*H)) feeds
+    the frozen base W on each output; otherwise the matmul W' (H x (E*V)) replaces W."""
+    name: str
+    keeps_base: bool
+    description: str
+
+
+HEAD_KINDS = Registry("head")
+HEAD_KINDS.register(HeadKind("1layer", False, "W' in H x (E*V) replaces the base W, initialized as E copies of it"))
+HEAD_KINDS.register(HeadKind("2layer", True, "W~ in H x (E*H) before the frozen W, initialized as E identities"))
 GATHER_MAX_OUTPUTS = 8192  # select_logits: all E outputs then gather, up to this many outputs per row
 
 
@@ -76,28 +92,27 @@ class ComponentHead(OutputHead):
     def __init__(self, e: int, rank: int, kind: str, hidden_dim: int, out_vocab: int, base: nn.Linear | None):
         if kind not in HEAD_KINDS:
             raise ValueError(f"head must be one of {', '.join(HEAD_KINDS)}, got {kind!r}")
-        if kind == "2layer" and base is None:
-            raise ValueError("a 2-layer head applies the base head W to each output: it needs W")
-        super().__init__(rank, base if kind == "2layer" else None)
+        self.keeps_base = HEAD_KINDS[kind].keeps_base
+        if self.keeps_base and base is None:
+            raise ValueError(f"a {kind} head applies the base head W to each output: it needs W")
+        super().__init__(rank, base if self.keeps_base else None)
         self.e, self.kind = e, kind
         self.gather_max_outputs = GATHER_MAX_OUTPUTS
-        if kind == "1layer":
-            self.proj = nn.Linear(hidden_dim, e * out_vocab)  # W'
-        else:
+        if self.keeps_base:
             self.mix = nn.Linear(hidden_dim, e * hidden_dim, bias=False)  # W~
+        else:
+            self.proj = nn.Linear(hidden_dim, e * out_vocab)  # W'
 
     @torch.no_grad()
     def init_from_base(self, base: nn.Linear, noise: float, generator: torch.Generator | None = None) -> None:
         """Preserve the base marginals: E copies of W (1-layer) or E stacked identities (2-layer)."""
-        if self.kind == "1layer":
-            self.proj.weight.copy_(base.weight.repeat(self.e, 1))  # [(e, v), d]
-            self.proj.bias.copy_(base.bias.repeat(self.e))
-            w = self.proj.weight
-        else:
+        if self.keeps_base:
             d = self.mix.in_features
             self.mix.weight.copy_(torch.eye(d).repeat(self.e, 1))  # [(e, d), d]
-            w = self.mix.weight
-        _add_noise(w, noise, generator)
+        else:
+            self.proj.weight.copy_(base.weight.repeat(self.e, 1))  # [(e, v), d]
+            self.proj.bias.copy_(base.bias.repeat(self.e))
+        _add_noise(self._main().weight, noise, generator)
 
     def grown_sources(self, rank: int) -> torch.Tensor:
         """For each of this head's E outputs, the output of a head of rank ``rank`` (a divisor) it copies when
@@ -127,7 +142,12 @@ class ComponentHead(OutputHead):
         _add_noise(self._main().weight, noise, generator)
 
     def _main(self) -> nn.Linear:
-        return self.proj if self.kind == "1layer" else self.mix
+        """The first matmul: W~ (its outputs then go through W) or W' (the outputs themselves)."""
+        return self.mix if self.keeps_base else self.proj
+
+    def _finish(self, z: torch.Tensor) -> torch.Tensor:
+        """The first matmul's outputs [..., width] as logits [..., v]: through the frozen W, or as they are."""
+        return self.base(z) if self.keeps_base else z
 
     def select_logits(self, h, start, count):
         """Sampling needs one CP component (count 1) or one TT core row j (e = j*r .. j*r + r - 1) per
@@ -150,27 +170,22 @@ class ComponentHead(OutputHead):
 
     def component_logits(self, h):
         m = h.shape[0]  # may be 0: explicit widths, not -1
-        if self.kind == "1layer":
-            return self.proj(h).view(m, self.e, self.proj.out_features // self.e)
-        return self.base(self.mix(h).view(m, self.e, self.mix.in_features))  # the frozen W on each output
+        return self._finish(self._main()(h).view(m, self.e, self._width(h)))
 
     def _width(self, h: torch.Tensor) -> int:
         """Columns of the first matmul per output: v (W') or d (W~)."""
-        return h.shape[1] if self.kind == "2layer" else self.proj.out_features // self.e
+        return self._main().out_features // self.e
 
     def _all_then_gather(self, h: torch.Tensor, outputs: torch.Tensor) -> torch.Tensor:
         """The first matmul over all E outputs, then each row's ``outputs`` [n, c] gathered -> [n, c, v]."""
         n, width = h.shape[0], self._width(h)
         rows = torch.arange(n, device=h.device)[:, None]
-        if self.kind == "2layer":
-            return self.base(self.mix(h).view(n, self.e, width)[rows, outputs])
-        return self.proj(h).view(n, self.e, width)[rows, outputs]
+        return self._finish(self._main()(h).view(n, self.e, width)[rows, outputs])
 
     def _slices(self, h: torch.Tensor, start: torch.Tensor, count: int) -> torch.Tensor:
         """Outputs [start, start + count) of each row, one matmul per distinct start -> [n, count, v]."""
-        if self.kind == "2layer":
-            return self.base(self._grouped(h, start, count, self.mix.weight, None, self._width(h)))
-        return self._grouped(h, start, count, self.proj.weight, self.proj.bias, self._width(h))
+        main = self._main()
+        return self._finish(self._grouped(h, start, count, main.weight, main.bias, self._width(h)))
 
     @staticmethod
     def _grouped(h, start, count, weight, bias, width) -> torch.Tensor:

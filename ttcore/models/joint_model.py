@@ -71,7 +71,8 @@ class JointModel(nn.Module):
         d = cfg.dit
         self.format = fmt = cfg.format
         joint = fmt.joint_head
-        with_linear = not (joint and cfg.head == "1layer")
+        keeps_base = HEAD_KINDS[cfg.head].keeps_base
+        with_linear = not joint or keeps_base  # a head that replaces W leaves the output layer without it
         if cfg.backbone is None:
             self.backbone = DiT(d)
             self.output_layer = FinalLayer(d.hidden_dim, d.cond_dim, d.out_vocab, with_linear=with_linear)
@@ -81,7 +82,7 @@ class JointModel(nn.Module):
             self.backbone = HFBackbone(cfg.backbone)
             self.output_layer = MLMOutput(d.hidden_dim, d.out_vocab, with_linear=with_linear)
         self.head = fmt.build_head(cfg.rank, cfg.head, d.hidden_dim, d.out_vocab, self.output_layer.linear)
-        if joint and cfg.head == "2layer":
+        if joint and keeps_base:
             self.output_layer.linear.requires_grad_(False)  # W stays frozen (Sec. 4.5)
         # VADD (Sec. 4.4): r_phi(z | x_0, x_t), used in training only; sampling draws z from the prior
         self.recognition = (RecognitionNetwork(d.vocab_size, d.length, d.latent_dim)
