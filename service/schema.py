@@ -35,6 +35,7 @@ def registered(names, what: str):
 # the API's choices are the library's registries: a new ordering, schedule, format or sampler appears here
 Decomposition = registered(lambda: list(DECOMPOSITIONS), "decomposition")
 Sampler = registered(sampler_names, "sampler")
+Grammar = registered(lambda: list(GRAMMARS), "grammar")
 Ordering = Literal[tuple(PREDETERMINED) + tuple(ADAPTIVE)]
 Schedule = Literal[tuple(SCHEDULES)]
 EBProxy = Literal[tuple(EB_PROXIES)]
@@ -184,7 +185,7 @@ class ConstraintFields(BaseModel):
                     "expression accepts (exact, the other masked positions summed out), so every sample matches. "
                     f"At most {MAX_PATTERN} characters and {MAX_STATES} automaton states over the model's tokens.",
         examples=["[0-9]{4}-[0-9]{2}-[0-9]{2}"])
-    grammar: Literal[tuple(GRAMMARS)] | None = Field(
+    grammar: Grammar | None = Field(
         None, description="A grammar the sequence must be in (`GET /models` lists each checkpoint's): `smiles`, "
                           "for molecule families: balanced, non-empty branches, paired ring closures, bonds "
                           "followed by atoms (what a regular language can check of SMILES: valences and "

@@ -187,6 +187,9 @@ class Serving:
         if not lm.kind.constrains:
             raise Unsupported(field, f"{field} is served by the masked diffusion checkpoints ({lm.kind.description} "
                                      "draws no joint of the masked positions to restrict)")
+        if not lm.model.format.chains:  # the format says whether its joint is a chain an automaton can restrict
+            raise Unsupported(field, f"{field}: the {lm.model.format.name} format's joint is not a chain (its "
+                                     "joint has no chain(), what a constrained draw multiplies with the automaton)")
         if not config.joint:
             raise Unsupported("joint", f"{field} needs the joint draw: joint false draws each position alone")
         if config.step.adaptive:

@@ -18,6 +18,7 @@ from _loop import fit
 from servers import SAMPLE, free_port
 
 from service.speed import Work, work_of
+from ttcore.constraints import Grammar, TokenDFA, register_grammar, unregister_grammar
 from ttcore.data import DataSection, SmilesDataset
 from ttcore.decompositions import (
     ComponentHead,
@@ -38,8 +39,10 @@ from ttcore.sampling.steps import ConfiguredStep, StepSettings, WorkKind, regist
 
 
 class UniformCP(SumsNothing):
-    """CP with uniform weights: r factors per masked position, w_a = 1 / r; its head is r outputs, no weight head."""
-    name, joint_head, joint_dtype = "ucp", True, torch.float32
+    """CP with uniform weights: r factors per masked position, w_a = 1 / r; its head is r outputs, no weight head.
+    It does not offer its joint as a chain (``chains``), so a constrained request must be refused by asking the
+    format (its joint object has ``chain()``: code that sniffed it would accept)."""
+    name, joint_head, joint_dtype, chains = "ucp", True, torch.float32, False
 
     def outputs_per_position(self, rank):
         return rank
@@ -111,21 +114,31 @@ EVEN = MetricsKind("even", "a sample is valid when its length is even", tokenize
                    check=lambda: _even_length)
 
 
+def carbons_dfa(pieces, pad_id):
+    """The toy grammar: one or more carbon atoms (the piece ``C``), then the model's padding."""
+    delta = torch.full((2, len(pieces)), -1, dtype=torch.long)
+    delta[:, pieces.index("C")] = 1
+    return TokenDFA.of_tokens(delta, torch.tensor([False, True])).finish(pad_id)
+
+
 @pytest.fixture
 def registered():
     register_decomposition(UniformCP())
     register_step("right_to_left", RightToLeft)
     register_metrics_kind(EVEN)
+    register_grammar("carbons", Grammar(carbons_dfa, ("smiles",)))
     yield
     unregister_decomposition("ucp")
     unregister_step("right_to_left")
     unregister_metrics_kind("even")
+    unregister_grammar("carbons")
 
 
-def _toy_model(tok):
+def _toy_model(tok, decomposition="ucp"):
     torch.manual_seed(0)
     base = JointModel(ModelConfig(DiTConfig.for_tokenizer(tok, hidden_dim=32, cond_dim=16, n_blocks=1, n_heads=2)))
-    return JointModel.from_base(base, "ucp", 3, "1layer", noise=0.5, generator=torch.Generator().manual_seed(1))
+    return JointModel.from_base(base, decomposition, 3, "1layer", noise=0.5,
+                                generator=torch.Generator().manual_seed(1))
 
 
 def test_a_toy_samplers_setting_is_checked_read_by_its_step_priced_and_leaves_with_it(registered):
@@ -177,6 +190,12 @@ def test_a_toy_format_and_sampler_defined_here_train_generate_and_serve(register
                tmp_path / "toy" / "qm9-ucp-r3", max_steps=2, quiet=True)
     assert meta["step"] == 2 and math.isfinite(meta["val"]["nll"])
     assert "decomposition: ucp, rank 3" in (tmp_path / "toy" / "qm9-ucp-r3" / "model_card.md").read_text()
+    cp = _toy_model(tok, "cp")  # a CP beside it: a chain joint, which the toy grammar restricts
+    cp.cfg.extra.update(section.model_extra())
+    fit(cp, tok, torch.from_numpy(ds.train_tokens), torch.from_numpy(ds.val_tokens), cfg,
+        tmp_path / "toy" / "qm9-cp-r3", max_steps=1, quiet=True)
+    runs = list(generate(cp.eval(), 4, 4, seed=0, constraint=carbons_dfa(tok.pieces(range(tok.vocab_size)), tok.pad_id)))
+    assert all(set(tok.decode(row)) == {"C"} for row in runs[-1].tokens.tolist())  # the library draws within it
     from service.app import create_app
     from service.config import ServiceArgs
     from service.serving import build_serving
@@ -193,11 +212,19 @@ def test_a_toy_format_and_sampler_defined_here_train_generate_and_serve(register
             if server.started:
                 break
             time.sleep(0.05)
-        models = httpx.get(url + "/models").json()["models"]
-        assert [(m["decomposition"], m["rank"]) for m in models] == [("ucp", 3)]
-        assert (models[0]["metrics"], models[0]["validates"], models[0]["depicts"]) == ("even", True, False)
-        valid = httpx.post(url + "/generate", json={"model": "qm9_sample", "num_samples": 3, "steps": 4, "seed": 1,
-                                                    "valid_only": True}, timeout=60)
+        models = {m["decomposition"]: m for m in httpx.get(url + "/models").json()["models"]}
+        assert sorted((m["decomposition"], m["rank"]) for m in models.values()) == [("cp", 3), ("ucp", 3)]
+        assert (models["ucp"]["metrics"], models["ucp"]["validates"], models["ucp"]["depicts"]) == ("even", True,
+                                                                                                   False)
+        assert "carbons" in models["cp"]["grammars"]  # the toy grammar, offered for the tokenizer's kind
+        carbons = dict(model="qm9_sample", num_samples=3, steps=4, seed=0, grammar="carbons")
+        r = httpx.post(url + "/generate", json=dict(carbons, decomposition="cp"), timeout=60)
+        assert r.status_code == 200 and all(set(x["text"]) == {"C"} for x in r.json()["samples"]), r.text
+        r = httpx.post(url + "/generate", json=dict(carbons, decomposition="ucp"), timeout=60)  # the format says no
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "grammar"], r.text
+        assert "not a chain" in r.json()["detail"][0]["msg"]
+        valid = httpx.post(url + "/generate", json={"model": "qm9_sample", "decomposition": "ucp", "num_samples": 3,
+                                                    "steps": 4, "seed": 1, "valid_only": True}, timeout=60)
         assert valid.status_code == 200, valid.text
         samples = valid.json()["samples"]  # drawn in further rounds until three pass the kind's check
         assert len(samples) == 3 and all(s["valid"] and len(s["text"]) % 2 == 0 for s in samples)

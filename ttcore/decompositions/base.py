@@ -46,6 +46,7 @@ class Decomposition(Protocol):
     joint_head: bool  # False for rank 1: the base head W, no joint head (the model's head is "base")
     contractions: tuple[str, ...]  # how masked positions outside a step's set may be summed out (TT: 2)
     joint_dtype: torch.dtype  # what a whole-sequence joint (``HeadOutputs.joint``) holds per head-output value
+    chains: bool  # its joint answers ``chain()`` (``JointDistribution.chain``): what a constrained step draws from
 
     def outputs_per_position(self, rank: int) -> int:
         """E, the head outputs per masked position (each a distribution over v)."""

@@ -111,6 +111,7 @@ class CPHead(ComponentHead):
 
 class CPDecomposition(SumsNothing):
     name, joint_head, joint_dtype = "cp", True, torch.float32
+    chains = True
 
     def outputs_per_position(self, rank: int) -> int:
         return rank

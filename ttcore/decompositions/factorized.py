@@ -54,6 +54,7 @@ class Rank1(SumsNothing):
     """The MDM's own head: one output per position, independent draws (Eq. 2)."""
 
     name, joint_head, joint_dtype = "none", False, torch.float64
+    chains = True  # a chain of its cores (Factorized: diagonal)
 
     def outputs_per_position(self, rank: int) -> int:
         return 1

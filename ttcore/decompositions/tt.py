@@ -247,6 +247,7 @@ class TTHead(ComponentHead):
 
 class TTDecomposition:
     name, joint_head, joint_dtype = "tt", True, torch.float32
+    chains = True
     contractions = CONTRACTIONS
 
     def sums_exactly(self, contraction: str, temperature: float, joint: bool, adaptive: bool) -> bool:

@@ -19,14 +19,17 @@ from .joint_step import joint_distribution
 
 
 def check_constraint(constraint, sampler, model, tokens: torch.Tensor, mask_id: int) -> None:
-    """Raise ``ConstraintError`` unless the run's step class draws constrained rows, the automaton reads the
-    model's tokens, and some accepted sequence agrees with every row of ``tokens`` (its prompt)."""
+    """Raise ``ConstraintError`` unless the run's step class draws constrained rows, the model's format has a
+    chain joint (``Decomposition.chains``), the automaton reads the model's tokens, and some accepted sequence
+    agrees with every row of ``tokens`` (its prompt)."""
     vocab = model.cfg.dit.out_vocab
     if constraint.vocab_size != vocab:
         raise ConstraintError(f"the automaton reads {constraint.vocab_size} tokens, the model has {vocab}")
-    if not getattr(sampler, "constrains", False):
+    if not sampler.constrains:
         raise ConstraintError(f"the {type(sampler).__name__} sampler does not draw constrained steps (joint: false "
                               "draws each position alone, which no automaton can steer)")
+    if not model.format.chains:
+        raise ConstraintError(f"the {model.format.name} format's joint is not a chain: no automaton can restrict it")
     template = torch.where(tokens == mask_id, torch.full_like(tokens, -1), tokens).cpu()
     if not all(constraint.admits(row) for row in template.unique(dim=0)):  # kept with the automaton
         raise ConstraintError("no sequence of the model's length that agrees with the prompt is in the language")
