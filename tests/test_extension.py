@@ -194,7 +194,8 @@ def test_a_toy_format_and_sampler_defined_here_train_generate_and_serve(register
     cp.cfg.extra.update(section.model_extra())
     fit(cp, tok, torch.from_numpy(ds.train_tokens), torch.from_numpy(ds.val_tokens), cfg,
         tmp_path / "toy" / "qm9-cp-r3", max_steps=1, quiet=True)
-    runs = list(generate(cp.eval(), 4, 4, seed=0, constraint=carbons_dfa(tok.pieces(range(tok.vocab_size)), tok.pad_id)))
+    language = carbons_dfa(tok.pieces(range(tok.vocab_size)), tok.pad_id)
+    runs = list(generate(cp.eval(), 4, 4, seed=0, constraint=language))
     assert all(set(tok.decode(row)) == {"C"} for row in runs[-1].tokens.tolist())  # the library draws within it
     from service.app import create_app
     from service.config import ServiceArgs

@@ -5,11 +5,14 @@ model's flags. A new kind is a ``ModelKind`` subclass (anywhere) and one ``regis
 
 from .autoregressive import AUTOREGRESSIVE, Autoregressive
 from .base import MODEL_KINDS, ModelKind, get_kind, kind_of, register_kind, unregister_kind
+from .block_diffusion import BLOCK_DIFFUSION, BlockDiffusion
 from .diffusion import DIFFUSION, Diffusion
 from .pairing import companion, pair, unpair
 
-for _kind in (DIFFUSION, AUTOREGRESSIVE):  # diffusion first: it matches every model no later kind claims
+for _kind in (DIFFUSION, AUTOREGRESSIVE, BLOCK_DIFFUSION):  # diffusion first: it matches every model no later
+    # kind claims
     register_kind(_kind)
 
-__all__ = ["AUTOREGRESSIVE", "Autoregressive", "DIFFUSION", "Diffusion", "MODEL_KINDS", "ModelKind", "get_kind",
-           "companion", "kind_of", "pair", "register_kind", "unpair", "unregister_kind"]
+__all__ = ["AUTOREGRESSIVE", "Autoregressive", "BLOCK_DIFFUSION", "BlockDiffusion", "DIFFUSION", "Diffusion",
+           "MODEL_KINDS", "ModelKind", "companion", "get_kind", "kind_of", "pair", "register_kind", "unpair",
+           "unregister_kind"]

@@ -33,8 +33,14 @@ class DiTConfig:
     rotary_values: bool = True
     latent_dim: int = 0  # > 0: a VADD latent z (Sec. 4.4) enters the conditioning (adaLN) of every block
     causal: bool = False  # autoregressive (``ttcore.kinds.autoregressive``): causal attention, inputs shifted right
+    block_size: int = 0  # > 0: block diffusion (``ttcore.kinds.block_diffusion``): blocks of this many tokens
 
     def __post_init__(self):
+        if self.block_size < 0 or (self.block_size and self.length % self.block_size):
+            raise ValueError(f"block_size must be 0 (full-sequence) or divide the length {self.length}, got "
+                             f"{self.block_size}")
+        if self.block_size and self.causal:
+            raise ValueError("a block diffusion model is not also a causal one: block_size > 0 takes causal false")
         if self.time_conditioning:  # training, scoring and sampling would each feed the network another time
             raise ValueError("time_conditioning=True is not supported: ttcore's samplers and scores feed the "
                              "network no time (sigma = 0), as mdlm-owt's checkpoints expect; a checkpoint trained "
@@ -148,14 +154,16 @@ class DDiTBlock(nn.Module):
         h = modulate(self.norm2(x), mods[3], mods[4])
         return x + mods[5] * F.dropout(self.mlp(h), self.dropout, self.training)
 
-    def forward(self, x, rotary, c, kv: list | None = None):
+    def forward(self, x, rotary, c, kv: list | None = None, attn_mask: torch.Tensor | None = None):
         """x [b, l, d] -> [b, l, d]. ``kv`` (a causal block): a list that receives this block's keys and values
-        [b, h, l, hd] (``ttcore.models.kv_cache``)."""
+        [b, h, l, hd] (``ttcore.models.kv_cache``). ``attn_mask`` [l, l] bool: which keys each query reads (a
+        block diffusion model's, ``ttcore.models.block_attention``); None: all, or the earlier ones when causal."""
         mods = self.modulations(c)
         q, k, v = self._qkv(x, rotary, mods)
         if kv is not None:
             kv.append((k.contiguous(), v.contiguous()))
-        att = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, is_causal=self.causal)
+        att = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=0.0,
+                                             is_causal=self.causal and attn_mask is None)
         return self._residuals(x, att, mods)
 
     def modulations(self, c) -> tuple:
@@ -213,21 +221,30 @@ class DiT(nn.Module):
         return F.silu(c)
 
     def forward(self, x_t: torch.Tensor, sigma: torch.Tensor | None = None,
-                z: torch.Tensor | None = None, kv: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (features [b, l, d], conditioning c [b, cond_dim]). ``z`` [b, latent_dim]: the VADD latent
-        (required when ``latent_dim`` > 0, refused otherwise). ``kv`` (a causal model): a list that receives
-        every block's keys and values (``ttcore.models.kv_cache``)."""
-        b, l = x_t.shape
+                z: torch.Tensor | None = None, kv: list | None = None, attn_mask: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (features [b, n, d], conditioning c [b, cond_dim]) of x_t [b, n]. ``z`` [b, latent_dim]: the VADD
+        latent (required when ``latent_dim`` > 0, refused otherwise). ``kv`` (a causal model): a list that
+        receives every block's keys and values (``ttcore.models.kv_cache``). ``attn_mask`` [n, n] bool and
+        ``positions`` [n] (each token's position, for the rotary tables): a block diffusion model's training
+        pass over [x_t, x_0] (``ttcore.models.block_attention``); by default positions 0..n-1 and, for a block diffusion
+        model, its block-causal attention."""
+        b, n = x_t.shape
         c = self.conditioning(b, sigma, z, x_t.device)
         if self.cfg.causal:  # position i reads x^{i-1}; position 0 the start token
             x_t = torch.cat([torch.full_like(x_t[:, :1], self.cfg.mask_id), x_t[:, :-1]], 1)
-        x = self.vocab_embed(x_t)  # [b, l, d]
-        rotary = (self.rotary_cos[:l], self.rotary_sin[:l])
+        if attn_mask is None and self.cfg.block_size:
+            from .block_attention import block_causal_mask
+
+            attn_mask = block_causal_mask(n, self.cfg.block_size, x_t.device)
+        x = self.vocab_embed(x_t)  # [b, n, d]
+        rotary = (self.rotary_cos[:n], self.rotary_sin[:n]) if positions is None else \
+            (self.rotary_cos[positions], self.rotary_sin[positions])
         for block in self.blocks:
             if self.checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpoint(block, x, rotary, c, use_reentrant=False)
+                x = checkpoint(block, x, rotary, c, None, attn_mask, use_reentrant=False)
             else:
-                x = block(x, rotary, c, kv)
+                x = block(x, rotary, c, kv, attn_mask)
         return x, c
 
     def decode(self, inputs: torch.Tensor, pos: torch.Tensor, kv: list, mods: list) -> torch.Tensor:

@@ -1,0 +1,132 @@
+"""Block diffusion (``ttcore.kinds.block_diffusion``): the block-causal attention and BD3-LM's vectorized
+training pass checked against their definitions, the per-block joint's exact likelihood against enumeration,
+and the sampler's law at one step per block against that likelihood by a chi-square test."""
+
+import itertools
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from ttcore.errors import InvalidSampler
+from ttcore.kinds import BLOCK_DIFFUSION
+from ttcore.losses import block_diffusion_loss, mdlm_loss
+from ttcore.models import DiTConfig, JointModel, ModelConfig
+from ttcore.models.block_attention import block_causal_mask, training_features, training_mask
+from ttcore.sampling import generate
+from ttcore.sampling.blocks import block_counts, block_log_prob, generate_blocks
+
+
+def _model(decomposition="tt", rank=2, v=3, length=4, block=2, seed=0) -> JointModel:
+    torch.manual_seed(seed)
+    dit = DiTConfig(vocab_size=v + 1, out_vocab=v, length=length, hidden_dim=32, cond_dim=16, n_blocks=2, n_heads=2,
+                    block_size=block)
+    model = JointModel(ModelConfig(dit, decomposition, rank, "1layer"))
+    with torch.no_grad():  # away from the initialization's symmetric joint
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return model.eval()
+
+
+def test_the_masks_are_their_definitions():
+    l, b = 6, 2
+    blk = [i // b for i in range(l)]
+    causal = block_causal_mask(l, b)
+    assert all(bool(causal[i, j]) == (blk[j] <= blk[i]) for i in range(l) for j in range(l))
+    m = training_mask(l, b)
+    for i, j in itertools.product(range(2 * l), repeat=2):
+        qi, kj = blk[i % l], blk[j % l]
+        want = (qi == kj if j < l else kj < qi) if i < l else (j >= l and kj <= qi)
+        assert bool(m[i, j]) == want, (i, j)
+
+
+def test_a_block_reads_only_the_blocks_up_to_it():
+    model = _model(length=6)
+    x = torch.randint(0, 3, (4, 6))
+    h = model.features(x)
+    y = x.clone()
+    y[:, 4:] = torch.randint(0, 4, (4, 2))  # the last block changed, [MASK] included
+    assert torch.allclose(model.features(y)[:, :4], h[:, :4], atol=1e-5)
+    y[:, 1] = (x[:, 1] + 1) % 3  # the first block changed: every block after it reads it
+    assert not torch.allclose(model.features(y)[:, 2:4], h[:, 2:4], atol=1e-5)
+
+
+def test_the_training_pass_gives_each_block_what_generation_computes_for_it():
+    """BD3-LM's one pass over [x_t, x_0] against generation's view, block by block: the committed clean blocks
+    before B, then B noised as x_t (what comes after is irrelevant to B)."""
+    model = _model(length=6)
+    x0 = torch.randint(0, 3, (3, 6))
+    x_t = torch.where(torch.rand(3, 6) < 0.5, torch.full_like(x0, 3), x0)
+    h = training_features(model, x_t, x0)
+    for block in range(3):
+        at = slice(2 * block, 2 * block + 2)
+        view = torch.cat([x0[:, :2 * block], x_t[:, at], torch.full_like(x0[:, 2 * block + 2:], 3)], 1)
+        assert torch.allclose(h[:, at], model.features(view)[:, at], atol=1e-5), block
+
+
+def test_with_one_block_the_loss_is_mdlms_joint_nll():
+    """block_size = l: one block, no clean context, so the objective is MDLM's on the same masks."""
+    model = _model(length=4, block=4)
+    x0 = torch.randint(0, 3, (5, 4))
+    t = torch.rand(5, 1) * 0.9 + 0.1
+    mask = torch.rand(5, 4) < t
+    ours = block_diffusion_loss(model, x0, 3, t=t, mask=mask)
+    full = JointModel(ModelConfig(DiTConfig(**{**model.cfg.dit.__dict__, "block_size": 0}), "tt", 2, "1layer"))
+    full.load_state_dict(model.state_dict())
+    theirs = mdlm_loss(full.eval(), x0, 3, t=t[:, 0], mask=mask)
+    assert torch.allclose(ours["nll"], theirs["nll"], atol=1e-5)
+    assert torch.allclose(ours["nelbo"], theirs["nelbo"], atol=1e-5)
+
+
+@pytest.mark.parametrize("decomposition,rank", [("none", 1), ("cp", 3), ("tt", 2)])
+def test_the_exact_likelihood_sums_to_one_over_every_sequence(decomposition, rank):
+    model = _model(decomposition, rank)
+    every = torch.tensor(list(itertools.product(range(3), repeat=4)))  # 81 sequences
+    assert abs(block_log_prob(model, every).exp().sum().item() - 1) < 1e-5
+    assert BLOCK_DIFFUSION.exact_nll(model, every[:7]).item() == pytest.approx(
+        -block_log_prob(model, every[:7]).mean().item() / 4)
+
+
+def test_one_step_per_block_draws_the_exact_likelihoods_law():
+    """Chi-square of 6,000 sequences drawn at k = 1 against exp(block_log_prob) over all 81."""
+    model = _model("tt", 2)
+    every = torch.tensor(list(itertools.product(range(3), repeat=4)))
+    p = block_log_prob(model, every).exp().detach()
+    drawn = generate_blocks(model, 6000, steps_per_block=1, seed=1)
+    index = (drawn * torch.tensor([27, 9, 3, 1])).sum(1)
+    counts = torch.bincount(index, minlength=81).double()
+    expected = p / p.sum() * 6000
+    big = expected >= 5  # cells expected fewer than 5 times are pooled into one
+    assert big.sum() >= 20, big.sum()  # a spread law: the test has power
+    pooled = [counts[~big].sum()[None], expected[~big].sum()[None]] if (~big).any() else [counts[:0], counts[:0]]
+    obs, exp = torch.cat([counts[big], pooled[0]]), torch.cat([expected[big], pooled[1]])
+    assert chisquare(obs.numpy(), exp.numpy()).pvalue > 1e-3
+    # the test's power: two steps a block (one token each, the second given the first through the network, not
+    # the joint's own conditional) draw another law, and the same test rejects it
+    two = generate_blocks(model, 6000, steps_per_block=2, seed=1)
+    counts2 = torch.bincount((two * torch.tensor([27, 9, 3, 1])).sum(1), minlength=81).double()
+    obs2 = torch.cat([counts2[big], counts2[~big].sum()[None]]) if (~big).any() else counts2[big]
+    assert chisquare(obs2.numpy(), exp.numpy()).pvalue < 1e-6
+    again = generate_blocks(model, 6000, steps_per_block=1, seed=1)
+    assert torch.equal(again, drawn)  # counter-based: the same seed, the same sequences
+    assert torch.equal(generate_blocks(model, 10, steps_per_block=1, seed=1), drawn[:10])  # whatever the batch
+
+
+def test_several_steps_per_block_unmask_the_even_split_and_finish():
+    assert block_counts(4, 3) == [2, 1, 1] and block_counts(2, 5) == [1, 1]
+    model = _model(length=8, block=4)
+    out = generate_blocks(model, 16, steps_per_block=3, seed=0)
+    assert out.shape == (16, 8) and (out < 3).all() and (out >= 0).all()
+
+
+def test_the_kind_claims_block_models_and_refuses_the_full_sequence_loop():
+    model = _model()
+    assert model.cfg.kind is BLOCK_DIFFUSION and model.cfg.kind.base(model.cfg) == "bd3lm"
+    with pytest.raises(InvalidSampler, match="block by block"):
+        list(generate(model, 2, 2, seed=0))
+    with pytest.raises(ValueError, match="divide the length"):
+        DiTConfig(vocab_size=4, out_vocab=3, length=6, block_size=4)
+    loss = block_diffusion_loss(model.train(), torch.randint(0, 3, (4, 4)), 3,
+                                generator=torch.Generator().manual_seed(0))
+    loss["loss"].backward()
+    assert torch.isfinite(loss["loss"]) and model.head.proj.weight.grad.abs().sum() > 0

@@ -1,0 +1,48 @@
+"""Block diffusion (BD3-LM: Arriola et al., ICLR 2025): the DiT with block-causal attention
+(``DiTConfig.block_size``, ``ttcore.models.block_attention``), autoregressive over blocks and a masked diffusion
+model inside each, with the format's joint over a block's masked positions (rank 1, CP or TT: a block is a joint
+over b positions). It generates block by block (``ttcore.sampling.blocks``) and its likelihood at one step per
+block is exact, log p(x) = sum_B log p(x_B | x_{<B}) (``exact_nll``); training is
+``ttcore.losses.block_diffusion_loss``. Not yet served: the denoising loop the service batches
+(``GenerationRun``) and /score refuse it with the reason."""
+
+import torch
+
+from ttcore.errors import InvalidSampler
+
+from .base import ModelKind
+
+
+class BlockDiffusion(ModelKind):
+    name = "block_diffusion"
+    description = "a block diffusion model"
+    constrains = False  # not yet: the automaton's state at a block's start is known, the step is still to build
+    elbo = False
+    exact_likelihood = True
+    by_default = False  # answers only requests that name its checkpoint
+
+    def matches(self, cfg) -> bool:
+        return cfg.dit.block_size > 0
+
+    def check_config(self, cfg) -> None:
+        if cfg.backbone is not None or cfg.dit.latent_dim:
+            raise ValueError("a block diffusion model is the DiT without a latent (no pretrained backbone, no VADD)")
+
+    def base(self, cfg) -> str:
+        return "bd3lm"
+
+    def check_run(self, config, steps: int, tokens: torch.Tensor, mask_id: int, constrained: bool) -> None:
+        raise InvalidSampler("checkpoint", "a block diffusion model generates block by block "
+                                           "(ttcore.sampling.blocks.generate_blocks), not by the full-sequence loop")
+
+    def score_refusal(self, mask: torch.Tensor) -> str | None:
+        return "a block diffusion model is scored by its exact likelihood (ttcore.sampling.blocks.block_log_prob)"
+
+    def exact_nll(self, model, x0: torch.Tensor) -> torch.Tensor:
+        """-log p(x0) per position, the mean over the batch (``block_log_prob``), as the AR kind's."""
+        from ttcore.sampling.blocks import block_log_prob
+
+        return -block_log_prob(model, x0).mean() / x0.shape[1]
+
+
+BLOCK_DIFFUSION = BlockDiffusion()

@@ -1,0 +1,67 @@
+"""Generation and exact likelihood of a block diffusion model (``ttcore.kinds.block_diffusion``): autoregressive
+over blocks of b tokens, masked diffusion inside each, the format's joint over a block's masked positions.
+
+``generate_blocks`` denoises block B in k steps (``steps_per_block``) given the committed blocks before it: each
+step draws the next positions of a random order of the block (drawn once per block from the sequence's
+streams), jointly from the format's p(x_T | x_t^B, x_{<B}) with the rest of the block summed out, the counts
+an even split of b over the k steps. At k = 1 a block is one exact joint draw of all b positions, so the law the
+sampler draws from is the model's own block chain, whose likelihood ``block_log_prob`` computes exactly:
+log p(x) = sum_B log p(x_B | x_{<B}), every block's joint given the clean blocks before it, in one forward pass
+(``block_attention.training_features`` with every x_t token masked).
+
+The uniforms are counter-based (``Streams``: a sequence's tokens depend on its seed and row, not on its batch);
+the step counter of block B's j-th step is B k + j. This first sampler recomputes the committed blocks' features
+at every step (one forward of the sequence); a key-value cache over committed blocks is the next change."""
+
+import torch
+
+from ttcore.distributions import Site, Streams
+from ttcore.models.block_attention import split_blocks, training_features
+
+
+def block_counts(size: int, steps: int) -> list[int]:
+    """Tokens each of ``steps`` steps unmasks in a block of ``size`` positions: an even split (the first
+    ``size % steps`` steps one more), every position by the last step."""
+    steps = min(steps, size)
+    return [size // steps + (j < size % steps) for j in range(steps)]
+
+
+@torch.no_grad()
+def generate_blocks(model, num_samples: int, steps_per_block: int = 1, seed: int = 0, temperature: float = 1.0,
+                    contraction: str = "head", device=None) -> torch.Tensor:
+    """``num_samples`` sequences [n, l] from a block diffusion ``model``, block by block (module docstring)."""
+    cfg = model.cfg.dit
+    size, l, mask_id = cfg.block_size, cfg.length, cfg.mask_id
+    if not size:
+        raise ValueError("generate_blocks takes a block diffusion model (dit.block_size > 0)")
+    device = device or next(model.parameters()).device
+    tokens = torch.full((num_samples, l), mask_id, dtype=torch.long, device=device)
+    counts = block_counts(size, steps_per_block)
+    for block in range(l // size):
+        at = slice(block * size, (block + 1) * size)
+        order = Streams.of_request(seed, num_samples, block, device).uniform(Site.plan, size)  # [n, b] priorities
+        rank = order.argsort(1).argsort(1)  # each position's place in the block's random order
+        done = 0
+        for j, count in enumerate(counts):
+            chosen = (rank >= done) & (rank < done + count)
+            done += count
+            x = tokens[:, at]
+            masked = x == mask_id
+            h = model.features(tokens)[:, at]  # block-causal: a function of the blocks up to this one
+            streams = Streams.of_request(seed, num_samples, block * len(counts) + j, device)
+            values = model.format.draw(model.head, h, x, masked, chosen, temperature, streams, contraction)
+            tokens[:, at] = torch.where(chosen, values, x)
+    return tokens
+
+
+def block_log_prob(model, x0: torch.Tensor) -> torch.Tensor:
+    """log p(x0) [b] (float64) under a block diffusion model: sum over blocks of the joint head's exact
+    log p(x0_B | x0_{<B}) (every position of the block masked), all blocks in one pass. Exact with respect to
+    the model's per-block joints, so it is the likelihood of ``generate_blocks`` at one step per block and
+    temperature 1 (and, for TT, ``contraction`` irrelevant: every position of the block is drawn)."""
+    size = model.cfg.dit.block_size
+    x_t = torch.full_like(x0, model.cfg.dit.mask_id)
+    h = training_features(model, x_t, x0)
+    everything = torch.ones_like(x0, dtype=torch.bool)
+    out = model.head_outputs(split_blocks(h, size), split_blocks(everything, size))
+    return out.log_prob(split_blocks(x0, size)).double().view(x0.shape[0], -1).sum(1)
