@@ -71,6 +71,27 @@ def test_flops_per_token_equals_a_measured_training_step(size, fmt, rank, head):
     assert train_flops_per_token(model) / measured == pytest.approx(1.0, abs=0.002)
 
 
+@pytest.mark.parametrize("fmt,rank", [("none", 1), ("tt", 3)])
+def test_flops_per_token_of_a_block_diffusion_model_equal_its_measured_training_step(fmt, rank):
+    """BD3-LM's pass over [x_t, x_0]: the backbone on 2l positions, attention over 2l keys, the head on x_t's
+    masked half, against FlopCounterMode on a real step of ``block_diffusion_loss``."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from ttcore.losses import block_diffusion_loss
+
+    torch.manual_seed(0)
+    length, vocab = 16, 24
+    dit = DiTConfig(vocab_size=vocab + 1, out_vocab=vocab, length=length, block_size=4, **MODEL_SIZES["s"])
+    model = JointModel(ModelConfig(dit, fmt, rank, "1layer"))
+    x0 = torch.randint(0, vocab, (2, length))
+    mask = (torch.arange(length) % 2 == 0).expand(2, length)
+    with FlopCounterMode(display=False) as counter, sdpa_kernel(SDPBackend.MATH):
+        block_diffusion_loss(model, x0, vocab, t=torch.full((2, 4), 0.5), mask=mask)["loss"].backward()
+    measured = counter.get_total_flops() / x0.numel()
+    assert train_flops_per_token(model) / measured == pytest.approx(1.0, abs=0.002)
+
+
 def test_flops_per_token_of_a_text_size_rank_1_model():
     """GPT-2's vocabulary: the base head W (768 x 50,257) is most of a small model's weights and runs on the
     masked positions only; counting it on every position overcounted such a model 1.17x."""

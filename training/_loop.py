@@ -80,14 +80,15 @@ def fit(model: JointModel, tokenizer, train_tokens: torch.Tensor, val_tokens: to
     before the run goes on; they become ``max_steps`` and the cosine schedule's length, and the run is then
     budgeted by those steps.
     Under torchrun, data-parallel across the processes (``ttcore.parallel``): the same global batches, process 0
-    writes. ``objective``: replaces MDLM's loss (``distill.py``): ``objective(model, x0, generator, step)`` ->
+    writes. ``objective``: replaces MDLM's loss (``distill.py``; by default the model kind's when it has one,
+    ``ModelKind.objective``): ``objective(model, x0, generator, step)`` ->
     a dict with ``loss`` (differentiated), ``nll`` and ``lc`` (logged), drawing its randomness from
     ``generator`` (the run's mask stream: a resumed run continues it) and ``step``."""
     if getattr(model, "latent_dim", 0) and cfg.marginal_weight:
         raise ValueError("marginal_weight is not applied to VADD models (Eq. 21 has no marginal-consistency "
                          "term here): leave it at 0 for a model with a latent")
     run = _Run(model, tokenizer, train_tokens, val_tokens, cfg, Path(out), title)
-    run.objective = objective
+    run.objective = objective or model.cfg.kind.objective(model.cfg, tokenizer.mask_id, cfg.eps)  # None: MDLM's
     if resume and Path(out).exists():
         run.resume()
     run.meta["commands"] = run.meta["commands"] + [public_command([Path(sys.executable).name] + sys.argv)]

@@ -11,6 +11,9 @@ d. Two stages differ in how often they run:
   W' (a 1-layer joint head), W~ then the frozen W on each of its E outputs (a 2-layer head), and the TT's
   contracted-core head. Only masked positions reach the head (``JointModel.head_outputs``), so this stage
   is weighed by the masked fraction, 1/2 in expectation under the log-linear schedule (t ~ U[0, 1]).
+A block diffusion model (``DiTConfig.block_size``) trains on [x_t, x_0] (``ttcore.models.block_attention``):
+its backbone stage runs on 2l positions per l data tokens, each attending over 2l keys (the block mask leaves
+SDPA's dense work as it is), so that stage counts twice its matmuls and four times its attention per token.
 The per-sequence modules (adaLN, the time and latent embedders, CP's mixture weights) run once a sequence:
 their FLOPs count 1/l per position. The embedding (a lookup) and the losses' elementwise work are left out.
 Model FLOPs, not hardware FLOPs: recomputation (activation checkpointing) is not counted.
@@ -55,9 +58,15 @@ def backbone_flops_per_token(model) -> float:
     head_stage = {id(m) for m in _head_matmuls(model)} | {id(model.output_layer.linear)}
     once = {id(m) for name in model.head.per_sequence for m in getattr(model.head, name).modules()}
     d = model.cfg.dit
-    matmuls = sum(_matmul_flops(m) / (d.length if id(m) in once or any(p in name for p in PER_SEQUENCE) else 1)
-                  for name, m in model.named_modules() if isinstance(m, nn.Linear) and id(m) not in head_stage)
-    return matmuls + 12 * d.n_blocks * d.length * d.hidden_dim
+    positions = 2 if d.block_size else 1  # block diffusion trains on [x_t, x_0]: 2l positions per l tokens
+    per_position = per_sequence = 0.0
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Linear) and id(m) not in head_stage:
+            if id(m) in once or any(p in name for p in PER_SEQUENCE):
+                per_sequence += _matmul_flops(m) / d.length
+            else:
+                per_position += _matmul_flops(m)
+    return positions * per_position + per_sequence + positions * 12 * d.n_blocks * (positions * d.length) * d.hidden_dim
 
 
 def head_flops_per_masked_token(model) -> float:

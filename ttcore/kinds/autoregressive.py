@@ -134,6 +134,9 @@ class Autoregressive(ModelKind):
     def exact_nll(self, model, x0: torch.Tensor) -> torch.Tensor:
         return ar_loss(model, x0)["nll"]
 
+    def objective(self, cfg, mask_id: int, eps: float):
+        return ar_loss
+
     def cache_row_bytes(self, cfg, copies: int = 2) -> int:
         """Every block's keys and values at every position, float32 (an upper bound under bf16), ``copies`` times
         (a generation's cache is held between steps and copied once more when runs step together)."""

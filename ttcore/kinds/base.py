@@ -69,6 +69,12 @@ class ModelKind:
         """-log p(x0) per position (padding included), for a kind with ``exact_likelihood``."""
         raise NotImplementedError
 
+    def objective(self, cfg, mask_id: int, eps: float):
+        """The training loss of this kind's models, ``objective(model, x0, generator, step)`` -> a dict with
+        ``loss``, ``nll`` and ``lc`` (the recipes' loop contract), or None: MDLM's (``ttcore.losses.mdlm_loss``,
+        VADD's ``vadd_loss`` with a latent), which the loop runs itself (in micro-batches, data-parallel shares)."""
+        return None
+
     def cache_row_bytes(self, cfg, copies: int = 2) -> int:
         """The key-value cache of one sequence a generation holds (``copies`` of it), bytes; 0 without one."""
         return 0

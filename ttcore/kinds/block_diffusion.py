@@ -38,6 +38,14 @@ class BlockDiffusion(ModelKind):
     def score_refusal(self, mask: torch.Tensor) -> str | None:
         return "a block diffusion model is scored by its exact likelihood (ttcore.sampling.blocks.block_log_prob)"
 
+    def objective(self, cfg, mask_id: int, eps: float):
+        """BD3-LM's, each block at its own time (``ttcore.losses.block_diffusion_loss``)."""
+        from ttcore.losses import block_diffusion_loss
+
+        def loss(model, x0, generator=None, step: int = 0) -> dict:
+            return block_diffusion_loss(model, x0, mask_id, eps, generator=generator)
+        return loss
+
     def exact_nll(self, model, x0: torch.Tensor) -> torch.Tensor:
         """-log p(x0) per position, the mean over the batch (``block_log_prob``), as the AR kind's."""
         from ttcore.sampling.blocks import block_log_prob

@@ -28,8 +28,8 @@ def public_command(argv: list[str]) -> str:
 def validation_summary(val: dict) -> str:
     """One line for model cards and logs; the names are those of ``evaluate_loss``."""
     nan = float("nan")
-    if set(val) == {"nll"}:  # an autoregressive model (``evaluate_loss``)
-        return (f"-log p(x) {val['nll']:.4f} nats per position (exact, padding included; the training objective; "
+    if set(val) == {"nll"}:  # a kind with an exact likelihood: autoregressive, block diffusion (``evaluate_loss``)
+        return (f"-log p(x) {val['nll']:.4f} nats per position (exact, padding included; "
                 f"comparable with a diffusion model's NELBO)")
     if "kl" in val:
         return (f"joint NLL given z ~ r_phi {val['nll']:.4f} nats per masked token, KL(r_phi || p(z)) "
