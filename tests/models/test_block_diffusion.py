@@ -130,3 +130,20 @@ def test_the_kind_claims_block_models_and_refuses_the_full_sequence_loop():
                                 generator=torch.Generator().manual_seed(0))
     loss["loss"].backward()
     assert torch.isfinite(loss["loss"]) and model.head.proj.weight.grad.abs().sum() > 0
+
+
+def test_the_cache_gives_each_block_the_full_forwards_features():
+    """In float64, block by block: the block's features from the committed blocks' cache equal the full forward's
+    (the block noised, the later ones anything)."""
+    from ttcore.models.block_cache import BlockCache, block_features, commit
+
+    model = _model(length=6).double()
+    x0 = torch.randint(0, 3, (3, 6))
+    x_t = torch.where(torch.rand(3, 6) < 0.5, torch.full_like(x0, 3), x0)
+    cache = BlockCache.empty(model, 3, "cpu")
+    for block in range(3):
+        at = slice(2 * block, 2 * block + 2)
+        view = torch.cat([x0[:, :2 * block], x_t[:, at], torch.randint(0, 4, (3, 4 - 2 * block))], 1)
+        assert torch.allclose(block_features(model, cache, x_t[:, at]), model.features(view)[:, at], atol=1e-10)
+        cache = commit(model, cache, x0[:, at])
+    assert cache.length == 6

@@ -183,6 +183,17 @@ class DDiTBlock(nn.Module):
         return self._residuals(x, att, mods)
 
 
+    def extend(self, x, rotary, mods, past: tuple[torch.Tensor, torch.Tensor]):
+        """A run of new positions x [b, n, d] (``rotary`` their rows, [n, hd]) that attends to every key of
+        ``past`` (keys, values [b, h, m, hd]: earlier positions) and to each other: what a block diffusion
+        model's block-causal attention does for one block after the blocks before it
+        (``ttcore.models.block_cache``). -> ([b, n, d], this run's (keys, values) [b, h, n, hd])."""
+        q, k, v = self._qkv(x, rotary, mods)
+        keys, values = torch.cat([past[0].to(k.dtype), k], 2), torch.cat([past[1].to(v.dtype), v], 2)
+        att = F.scaled_dot_product_attention(q, keys, values)
+        return self._residuals(x, att, mods), (k, v)
+
+
 class DiT(nn.Module):
     """x_t [b, l] -> final features [b, l, d] (``features``); the output layer lives in the heads.
 
@@ -258,6 +269,20 @@ class DiT(nn.Module):
         for block, (keys, values), m in zip(self.blocks, kv, mods):
             x = block.decode(x, rotary, m, keys, values, pos)
         return x
+
+    def extend(self, tokens: torch.Tensor, start: int, past: list, mods: list) -> tuple[torch.Tensor, list]:
+        """A block diffusion model's features of one block, tokens [b, n] at positions start..start+n-1, given
+        every layer's keys and values of the blocks before it (``past``: [(keys, values)] [b, h, start, hd]) and
+        every layer's ``modulations`` of the model's conditioning (no time, no latent: the same for every
+        sequence). -> ([b, n, d] before the output layer, every layer's (keys, values) of this block)."""
+        x = self.vocab_embed(tokens)
+        at = slice(start, start + tokens.shape[1])
+        rotary = (self.rotary_cos[at], self.rotary_sin[at])
+        kv = []
+        for block, layer_past, m in zip(self.blocks, past, mods):
+            x, new = block.extend(x, rotary, m, layer_past)
+            kv.append(new)
+        return x, kv
 
     def checkpointing_(self, on: bool = True) -> "DiT":
         """Activation checkpointing: in training, each block keeps only its input and recomputes the rest in

@@ -10,13 +10,14 @@ log p(x) = sum_B log p(x_B | x_{<B}), every block's joint given the clean blocks
 (``block_attention.training_features`` with every x_t token masked).
 
 The uniforms are counter-based (``Streams``: a sequence's tokens depend on its seed and row, not on its batch);
-the step counter of block B's j-th step is B k + j. This first sampler recomputes the committed blocks' features
-at every step (one forward of the sequence); a key-value cache over committed blocks is the next change."""
+the step counter of block B's j-th step is B k + j. A step runs the block's b positions alone, over the key-value
+cache of the committed blocks (``ttcore.models.block_cache``), and a committed block runs once more to join it."""
 
 import torch
 
 from ttcore.distributions import Site, Streams
 from ttcore.models.block_attention import split_blocks, training_features
+from ttcore.models.block_cache import BlockCache, block_features, commit
 
 
 def block_counts(size: int, steps: int) -> list[int]:
@@ -37,6 +38,7 @@ def generate_blocks(model, num_samples: int, steps_per_block: int = 1, seed: int
     device = device or next(model.parameters()).device
     tokens = torch.full((num_samples, l), mask_id, dtype=torch.long, device=device)
     counts = block_counts(size, steps_per_block)
+    cache = BlockCache.empty(model, num_samples, device)
     for block in range(l // size):
         at = slice(block * size, (block + 1) * size)
         order = Streams.of_request(seed, num_samples, block, device).uniform(Site.plan, size)  # [n, b] priorities
@@ -47,10 +49,11 @@ def generate_blocks(model, num_samples: int, steps_per_block: int = 1, seed: int
             done += count
             x = tokens[:, at]
             masked = x == mask_id
-            h = model.features(tokens)[:, at]  # block-causal: a function of the blocks up to this one
+            h = block_features(model, cache, x)  # this block given the committed ones (the cache)
             streams = Streams.of_request(seed, num_samples, block * len(counts) + j, device)
             values = model.format.draw(model.head, h, x, masked, chosen, temperature, streams, contraction)
             tokens[:, at] = torch.where(chosen, values, x)
+        cache = commit(model, cache, tokens[:, at])
     return tokens
 
 
