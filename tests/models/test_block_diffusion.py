@@ -119,11 +119,40 @@ def test_several_steps_per_block_unmask_the_even_split_and_finish():
     assert out.shape == (16, 8) and (out < 3).all() and (out >= 0).all()
 
 
+def test_the_batched_loops_block_step_draws_the_same_law_and_is_batch_invariant():
+    """``sampler: blocks`` in GenerationRun / batch_step (what the service runs): at k = 1 the chi-square against
+    the exact likelihood holds; several runs stepped together get their own tokens; k = 2 finishes."""
+    from ttcore.sampling import GenerationRun, SamplerConfig, batch_step
+
+    model = _model("tt", 2)
+    every = torch.tensor(list(itertools.product(range(3), repeat=4)))
+    p = block_log_prob(model, every).exp().detach()
+    drawn = list(generate(model, 6000, 2, seed=3, sampler="blocks"))[-1].tokens
+    counts = torch.bincount((drawn * torch.tensor([27, 9, 3, 1])).sum(1), minlength=81).double()
+    assert chisquare(counts.numpy(), (p / p.sum() * 6000).numpy()).pvalue > 1e-3
+    runs = [GenerationRun(model, 3, steps, SamplerConfig(sampler="blocks", ordering=o), seed=s)
+            for steps, o, s in ((2, "random", 0), (4, "left_to_right", 1), (4, "random", 2))]
+    alone = [list(generate(model, 3, steps, seed=s, sampler="blocks", ordering=o))[-1].tokens
+             for steps, o, s in ((2, "random", 0), (4, "left_to_right", 1), (4, "random", 2))]
+    while not all(r.done for r in runs):
+        batch_step(model, [r for r in runs if not r.done])
+    assert all(torch.equal(r.tokens, a) for r, a in zip(runs, alone))
+    two = list(generate(model, 4, 4, seed=0, sampler="blocks", ordering="left_to_right"))
+    assert [int(s.committed.sum()) for s in two] == [4, 4, 4, 4]  # one token a row a step, block by block
+    assert bool(two[0].committed[:, 0].all()) and bool(two[2].committed[:, 2].all())
+
+
 def test_the_kind_claims_block_models_and_refuses_the_full_sequence_loop():
     model = _model()
     assert model.cfg.kind is BLOCK_DIFFUSION and model.cfg.kind.base(model.cfg) == "bd3lm"
-    with pytest.raises(InvalidSampler, match="block by block"):
+    with pytest.raises(InvalidSampler, match="sampler blocks"):
         list(generate(model, 2, 2, seed=0))
+    for settings, field in (({"steps": 3}, "steps"), ({"steps": 6}, "steps"), ({"ordering": "top_prob"}, "ordering"),
+                            ({"prompt": torch.tensor([0, 3, 3, 3])}, "prompt")):
+        steps = settings.pop("steps", 2)
+        with pytest.raises(InvalidSampler) as e:
+            list(generate(model, 2, steps, seed=0, sampler="blocks", **settings))
+        assert e.value.field == field, e.value
     with pytest.raises(ValueError, match="divide the length"):
         DiTConfig(vocab_size=4, out_vocab=3, length=6, block_size=4)
     loss = block_diffusion_loss(model.train(), torch.randint(0, 3, (4, 4)), 3,

@@ -3,8 +3,8 @@
 model inside each, with the format's joint over a block's masked positions (rank 1, CP or TT: a block is a joint
 over b positions). It generates block by block (``ttcore.sampling.blocks``) and its likelihood at one step per
 block is exact, log p(x) = sum_B log p(x_B | x_{<B}) (``exact_nll``); training is
-``ttcore.losses.block_diffusion_loss``. Not yet served: the denoising loop the service batches
-(``GenerationRun``) and /score refuse it with the reason."""
+``ttcore.losses.block_diffusion_loss``. In the batched loop (``GenerationRun``, the service) its runs take
+``sampler: blocks`` (``ttcore.sampling.steps.block``); /score refuses it with the reason."""
 
 import torch
 
@@ -31,9 +31,26 @@ class BlockDiffusion(ModelKind):
     def base(self, cfg) -> str:
         return "bd3lm"
 
+    def model_id(self, family: str, cfg) -> str:
+        return f"{family}-blocks{cfg.dit.block_size}-{cfg.decomposition}-r{cfg.rank}"
+
+    def default_steps(self, cfg) -> int:
+        return cfg.dit.length // cfg.dit.block_size  # one step a block: each block one exact joint draw
+
+    def request_defaults(self) -> dict:
+        return {"sampler": "blocks"}
+
+    def calibration(self, settings: dict, steps: int, cfg) -> tuple[dict, int, bool]:
+        """A step of a one-step-a-block run (its first block: the dearest per token of the run's steps is any
+        block's, each a full forward and one block's joint draw)."""
+        return dict(settings, sampler="blocks"), self.default_steps(cfg), False
+
     def check_run(self, config, steps: int, tokens: torch.Tensor, mask_id: int, constrained: bool) -> None:
-        raise InvalidSampler("checkpoint", "a block diffusion model generates block by block "
-                                           "(ttcore.sampling.blocks.generate_blocks), not by the full-sequence loop")
+        """Its runs take ``sampler: blocks`` (``ttcore.sampling.steps.block``, whose plan checks the steps, the
+        ordering and the prompt against the model's blocks)."""
+        super().check_run(config, steps, tokens, mask_id, constrained)
+        if config.sampler != "blocks":
+            raise InvalidSampler("sampler", "a block diffusion model generates with sampler blocks (block by block)")
 
     def score_refusal(self, mask: torch.Tensor) -> str | None:
         return "a block diffusion model is scored by its exact likelihood (ttcore.sampling.blocks.block_log_prob)"

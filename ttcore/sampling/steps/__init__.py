@@ -8,6 +8,7 @@ with its own settings (``Settings``, ``steps.settings``) and cost (``work_kind``
 from ttcore.registry import Registry
 
 from .base import ConfiguredStep, Step, WorkKind
+from .block import BlockStep
 from .chain_rule import ChainRuleStep
 from .dcd import DCDStep
 from .eb import EBStep
@@ -43,6 +44,7 @@ def step_settings() -> dict:
 
 register_step("edlm", EDLMStep)  # EDLM (Xu et al. 2025) with an AR energy: over a diffusion model paired with an AR one
 register_step("dcd", DCDStep)  # DCD (Liu et al. 2025) with an AR copula: likewise
+register_step("blocks", BlockStep)  # block diffusion (BD3-LM): a block diffusion model's runs
 
 
 def sampler_names() -> list[str]:
@@ -58,6 +60,6 @@ def named_sampler(name: str, eb_gamma: float | None) -> dict:
     return {"sampler": name, "eb_gamma": None}
 
 
-__all__ = ["SAMPLERS", "STEP_CLASSES", "ChainRuleStep", "ConfiguredStep", "DCDStep", "EDLMStep", "EBStep",
+__all__ = ["SAMPLERS", "STEP_CLASSES", "BlockStep", "ChainRuleStep", "ConfiguredStep", "DCDStep", "EDLMStep", "EBStep",
            "FastAdaptiveStep", "MarginalViewStep", "PredeterminedJointStep", "Step", "StepSettings", "WorkKind",
            "named_sampler", "register_step", "sampler_names", "setting", "step_settings", "unregister_step"]

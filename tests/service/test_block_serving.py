@@ -1,0 +1,84 @@
+"""Block diffusion through a real server: a block checkpoint with a TT head over each block (named by
+``checkpoint``; ``sampler: blocks`` and one step a block by default: each block one exact joint draw), streamed and
+batched like any other; what it cannot run is refused with a 422 naming the field."""
+
+import json
+
+import httpx
+import pytest
+import torch
+from servers import SAMPLE, TINY, uvicorn_server
+
+pytestmark = pytest.mark.slow  # a real server
+
+
+@pytest.fixture(scope="module")
+def block_server(tmp_path_factory):
+    from _loop import fit
+
+    from ttcore.data import SmilesDataset
+    from ttcore.models import JointModel, ModelConfig
+    from ttcore.recipes import load_config
+
+    root = tmp_path_factory.mktemp("block-checkpoints")
+    cfg = load_config(TINY, ["threads=1", "val_batches=1", "model.block_size=2"])
+    ds = SmilesDataset.from_file(SAMPLE)
+    tok = ds.tokenizer
+    torch.manual_seed(0)
+    base = JointModel(ModelConfig(cfg.model.dit_config(tok), extra={"family": "qm9"}))
+    data = torch.from_numpy(ds.train_tokens), torch.from_numpy(ds.val_tokens)
+    fit(base, tok, *data, cfg, root / "qm9-b2-base", max_steps=20, quiet=True)
+    tt = JointModel.from_base(base, "tt", 2, "1layer", 0.05, torch.Generator().manual_seed(0))
+    fit(tt, tok, *data, cfg, root / "qm9-b2-tt", max_steps=10, quiet=True)
+    with uvicorn_server(root) as url:
+        yield url, tok
+
+
+def test_a_block_checkpoint_is_served_block_by_block(block_server):
+    url, tok = block_server
+    infos = {m["checkpoint"]: m for m in httpx.get(url + "/models").json()["models"]}
+    assert infos["qm9-b2-tt"]["kind"] == "block_diffusion" and infos["qm9-b2-tt"]["base"] == "bd3lm"
+    blocks = tok.length // 2
+    r = httpx.post(url + "/generate", json={"checkpoint": "qm9-b2-tt", "num_samples": 3, "seed": 0}, timeout=60)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert answer["steps"] == blocks and answer["tokens_per_step"] == [6] * blocks  # 3 sequences x 2 a step
+    two = httpx.post(url + "/generate", json={"checkpoint": "qm9-b2-tt", "num_samples": 3, "seed": 0,
+                                             "steps": 2 * blocks, "ordering": "left_to_right"}, timeout=60)
+    assert two.status_code == 200 and two.json()["tokens_per_step"] == [3] * (2 * blocks), two.text
+    events = []
+    body = {"checkpoint": "qm9-b2-tt", "num_samples": 2, "seed": 1, "stream": True}
+    with httpx.stream("POST", url + "/generate", json=body, timeout=60) as s:
+        assert s.status_code == 200
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
+    assert len(events) == blocks + 1  # a step event a block, then the answer
+    first = events[0]["committed"][0]  # the first step commits the first block
+    assert sorted(first) == [0, 1]
+
+
+def test_a_block_request_gets_its_own_tokens_beside_others(block_server):
+    """Batch invariance: the same seeded request alone and while others (at another k) run gives the same
+    samples."""
+    import concurrent.futures
+
+    url, tok = block_server
+    body = {"checkpoint": "qm9-b2-tt", "num_samples": 4, "seed": 7}
+    alone = httpx.post(url + "/generate", json=body, timeout=60).json()["samples"]
+    other = {"checkpoint": "qm9-b2-tt", "num_samples": 3, "steps": tok.length}  # two steps a block
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(httpx.post, url + "/generate", json=b, timeout=60)
+                   for b in [dict(other, seed=1), body, dict(other, seed=2), dict(other, seed=3)]]
+        answers = [f.result() for f in futures]
+    assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
+    assert [s["text"] for s in answers[1].json()["samples"]] == [s["text"] for s in alone]
+
+
+@pytest.mark.parametrize("extra,field", [({"steps": 7}, "steps"), ({"ordering": "top_prob"}, "ordering"),
+                                         ({"prompt": "C[MASK]"}, "prompt"), ({"grammar": "smiles"}, "grammar"),
+                                         ({"sampler": "fixed"}, "sampler")])
+def test_what_a_block_model_cannot_run_is_a_422_naming_the_field(block_server, extra, field):
+    url, _ = block_server
+    r = httpx.post(url + "/generate", json={"checkpoint": "qm9-b2-tt", "num_samples": 2, **extra}, timeout=60)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"][-1] == field, r.text
+    score = httpx.post(url + "/score", json={"checkpoint": "qm9-b2-tt", "sequences": ["CCO"]}, timeout=60)
+    assert score.status_code == 422 and "exact likelihood" in score.text, score.text
