@@ -66,7 +66,7 @@ def test_a_registered_kind_claims_its_models_and_its_rules_refuse_a_run():
             register_kind(OneStep())
     finally:
         unregister_kind("one-step")
-    assert model.cfg.kind is DIFFUSION and list(MODEL_KINDS) == ["diffusion", "autoregressive"]
+    assert model.cfg.kind is DIFFUSION and list(MODEL_KINDS) == ["diffusion", "autoregressive", "block_diffusion"]
 
 
 def test_the_autoregressive_kind_refuses_what_it_cannot_generate_or_score_exactly():
