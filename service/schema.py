@@ -51,6 +51,16 @@ MAX_VALID_ROUNDS = 4  # valid_only: rounds of num_samples draws at most (a bound
 ROUND_SEED_STRIDE = 1_000_003  # valid_only with a seed: round k draws with seed + k * stride
 
 
+def unicode_text(text: str, what: str) -> str:
+    """``text`` if it encodes as UTF-8 (JSON's escapes can carry a lone surrogate, which no tokenizer reads);
+    ValueError naming ``what`` otherwise."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{what} must be valid Unicode text (it holds a lone surrogate)") from None
+    return text
+
+
 _SETTINGS_MODEL: dict = {}  # the declared settings' key -> their model (one entry: the registry as last read)
 
 
@@ -250,12 +260,7 @@ class GenerateRequest(SamplerFields, ConstraintFields):
     @field_validator("prompt")
     @classmethod
     def _prompt_is_unicode(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                raise ValueError("prompt must be valid Unicode text (it holds a lone surrogate)") from None
-        return value
+        return value if value is None else unicode_text(value, "prompt")
 
 
 class Sample(BaseModel):

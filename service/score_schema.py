@@ -5,7 +5,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .schema import MAX_PROMPT_CHARS, MAX_SEED, MAX_TIMEOUT_S, Decomposition
+from .schema import MAX_PROMPT_CHARS, MAX_SEED, MAX_TIMEOUT_S, Decomposition, unicode_text
 
 MAX_SCORE_SEQUENCES = 64
 MAX_MC = 64
@@ -49,10 +49,7 @@ class ScoreRequest(BaseModel):
         for text in value if isinstance(value, list) else [value] if value is not None else []:
             if len(text) > MAX_PROMPT_CHARS:
                 raise ValueError(f"each sequence must have at most {MAX_PROMPT_CHARS} characters")
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError:
-                raise ValueError("must be valid Unicode text (it holds a lone surrogate)") from None
+            unicode_text(text, "each sequence")
         return value
 
 

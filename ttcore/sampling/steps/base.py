@@ -10,6 +10,8 @@ import torch
 
 from ttcore.distributions import Streams
 
+from ..constrained import constrained_step
+from ..joint_step import predetermined_step
 from ..orderings import PREDETERMINED, top_k_mask
 from ..schedules import SCHEDULES, active_steps, unmask_counts
 from .settings import StepSettings
@@ -128,7 +130,8 @@ class Step(Protocol):
 
 class ConfiguredStep:
     """What every step class starts from: the run's ``SamplerConfig``, the schedule's counts, a predetermined
-    ordering's priorities when the configured ordering is one, and the work kind by the class's flags."""
+    ordering's priorities when the configured ordering is one, the joint draw of the chosen set, and the work
+    kind by the class's flags."""
 
     adaptive = chooses = constrains = ar_cache = False
     Settings = StepSettings
@@ -152,6 +155,15 @@ class ConfiguredStep:
 
     def choose(self, rows, h, tokens, masked, counts):
         return None if rows.plan is None else top_k_mask(rows.plan, masked, counts)
+
+    def draw(self, rows, h, tokens, masked, chosen, counts):
+        """The chosen set drawn jointly by the model's format (``joint_step.predetermined_step``), or for
+        constrained rows from the joint restricted to their language (``constrained.constrained_step``)."""
+        if rows.automaton is not None:
+            return constrained_step(rows.model, h, tokens, masked, chosen, rows.temperature, rows.streams,
+                                    rows.automaton)
+        return predetermined_step(rows.model, h, tokens, masked, chosen, rows.temperature, rows.streams,
+                                  self.config.contraction)
 
     def active_steps(self, n_initial: list[int], steps: int) -> list[int] | None:
         """The steps that unmask something, known before they run (``schedules.active_steps``); None where the

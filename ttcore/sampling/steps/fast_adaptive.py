@@ -46,9 +46,8 @@ import torch
 
 from ttcore.distributions import entry_rows, tempered
 
-from ..constrained import constrained_joint, constrained_step
+from ..constrained import constrained_joint
 from ..eb import eb_accepts, eb_score
-from ..joint_step import predetermined_step
 from ..orderings import ADAPTIVE, entropy
 from .base import ConfiguredStep, WorkKind, eb_counts
 from .settings import StepSettings, setting
@@ -137,12 +136,6 @@ class FastAdaptiveStep(ConfiguredStep):
     def schedule_counts(self) -> bool:
         return self.config.eb_gamma is None
 
-    def draw(self, rows, h, tokens, masked, chosen, counts):
-        c = self.config
-        if rows.automaton is not None:
-            return constrained_step(rows.model, h, tokens, masked, chosen, rows.temperature, rows.streams,
-                                    rows.automaton)
-        return predetermined_step(rows.model, h, tokens, masked, chosen, rows.temperature, rows.streams, c.contraction)
 
     def choose(self, rows, h, tokens, masked, counts) -> torch.Tensor:
         """This step's set T [b, l] bool: the best-scored masked positions by the chooser's marginals (the

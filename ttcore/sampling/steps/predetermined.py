@@ -3,8 +3,6 @@
 the head runs, and x_T is drawn jointly and exactly by the model's format (Sec. 4.3,
 ``joint_step.predetermined_step``)."""
 
-from ..constrained import constrained_step
-from ..joint_step import predetermined_step
 from ..orderings import PREDETERMINED
 from .base import ConfiguredStep
 
@@ -16,9 +14,3 @@ class PredeterminedJointStep(ConfiguredStep):
     def accepts(cls, config) -> bool:
         return config.joint and config.eb_gamma is None and config.ordering in PREDETERMINED
 
-    def draw(self, rows, h, tokens, masked, chosen, counts):
-        c = self.config
-        if rows.automaton is not None:
-            return constrained_step(rows.model, h, tokens, masked, chosen, rows.temperature, rows.streams,
-                                    rows.automaton)
-        return predetermined_step(rows.model, h, tokens, masked, chosen, rows.temperature, rows.streams, c.contraction)
