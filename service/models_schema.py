@@ -8,13 +8,15 @@ class ModelInfo(BaseModel):
     model: str
     checkpoint: str
     kind: str = Field("diffusion", description="The model kind (`ttcore.kinds`): `diffusion` (full-sequence masked "
-                      "diffusion) or `autoregressive`; a kind decides the orderings, prompts and scores it serves.")
+                      "diffusion), `autoregressive` or `block_diffusion` (autoregressive over blocks, diffusion "
+                      "inside each); a kind decides the orderings, prompts and scores it serves.")
     base: str = Field(
         "mdlm", description="The base model: `mdlm` (masked diffusion), `vadd` (a latent z ~ N(0, I) per sequence, "
         "fixed through the steps; paper Sec. 4.4), `di4c` (a distilled mixture: z ~ N(0, I) drawn again at every "
         "step, so each step draws from E_z prod_i p(x^i | x_t, z); Hayakawa et al. 2025) or `ar` (the family's "
         "autoregressive model: one token a step, left to right; `steps` defaults to its length; asked for by "
-        "`checkpoint` only).")
+        "`checkpoint` only) or `bd3lm` (block diffusion: `sampler: blocks`, `steps` k times its blocks, one step a "
+        "block by default; asked for by `checkpoint` only).")
     ar_pair: str | None = Field(None, description="The autoregressive checkpoint that `sampler: edlm` and `dcd` "
                                                   "consult for this one (its family's, same tokenizer); null: "
                                                   "those samplers are refused here.")
