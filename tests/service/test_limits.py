@@ -310,7 +310,10 @@ def test_a_server_started_on_a_busy_machine_times_its_work_when_requests_need_it
         body = dict(model="qm9", decomposition="tt", num_samples=8, steps=8)
         n, k = 64, 16
         quiet_s = k * quiet.step_seconds("predetermined_step", n)
-        r = httpx.post(url + "/generate", json=dict(body, num_samples=n, steps=k, timeout_s=max(6 * quiet_s, 1.0)),
+        # the server times the kind at this request, in its own process: a timing the suite's other work slows
+        # for a moment measured 5.5x this process's a moment before, so the deadline leaves 12x (a start-up
+        # timing beside the burners is what the first assert above rules out)
+        r = httpx.post(url + "/generate", json=dict(body, num_samples=n, steps=k, timeout_s=max(12 * quiet_s, 1.0)),
                        timeout=60)
         assert r.status_code == 200, (r.text, quiet_s)
         measured = []
