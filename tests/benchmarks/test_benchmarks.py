@@ -31,6 +31,12 @@ def test_joint_sampling_smoke():
     assert all(re.search(r"\|\s+[\d.]+\s+[\d.]+\s*$", r) for r in rows if r.split()[3] == "tt"), out  # head path
 
 
+def test_block_sampling_smoke():
+    out = _bench(ROOT / "benchmarks" / "block_sampling.py", "--smoke", "--reps", "1")
+    rows = [line for line in out.splitlines() if re.match(r"\s+4\s+[12]\s+\d+ \|", line)]
+    assert len(rows) == 2 and all(len(re.findall(r"\d+\.\d+", r)) == 5 for r in rows), out
+
+
 def test_sampling_overhead_smoke():
     out = _bench(ROOT / "benchmarks" / "sampling_overhead.py", "--size", "smoke", "--reps", "1")
     rows = [line for line in out.splitlines() if re.match(r"\s*(random|top_prob|eb g=0.5)\s+\d+ \|", line)]
