@@ -37,9 +37,17 @@ def unregister_step(name: str) -> None:
     SAMPLERS.unregister(name)
 
 
+_DECLARED: dict = {}  # the step classes -> their settings (one entry: the registry as last read)
+
+
 def step_settings() -> dict:
-    """Every setting the step classes declare (built-in and registered): name -> (field, type, owner)."""
-    return declared([*STEP_CLASSES, *SAMPLERS.values()])
+    """Every setting the step classes declare (built-in and registered): name -> (field, type, owner); read
+    again only when the classes change (every SamplerConfig and request asks)."""
+    classes = (*STEP_CLASSES, *SAMPLERS.values())
+    if classes not in _DECLARED:
+        _DECLARED.clear()
+        _DECLARED[classes] = declared(classes)
+    return _DECLARED[classes]
 
 
 register_step("edlm", EDLMStep)  # EDLM (Xu et al. 2025) with an AR energy: over a diffusion model paired with an AR one

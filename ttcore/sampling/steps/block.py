@@ -16,11 +16,10 @@ from .base import ConfiguredStep
 
 
 def check_block_run(config, steps: int, tokens: torch.Tensor, mask_id: int, size: int) -> None:
-    """Refuse (``InvalidSampler`` naming the field) what a block diffusion run cannot be: another sampler, an
-    adaptive ordering, a step count that is not k steps for each block (1 <= k <= b), a prompt."""
+    """Refuse (``InvalidSampler`` naming the field) what a block diffusion run of ``sampler: blocks`` cannot be
+    (another sampler is the kind's refusal, ``BlockDiffusion.check_run``): an adaptive ordering, a step count
+    that is not k steps for each block (1 <= k <= b), a prompt."""
     blocks = tokens.shape[1] // size
-    if config.sampler != "blocks":
-        raise InvalidSampler("sampler", "a block diffusion model generates with sampler blocks")
     if config.ordering not in PREDETERMINED:
         raise InvalidSampler("ordering", f"sampler blocks takes a predetermined ordering ({', '.join(PREDETERMINED)})"
                                          f", got {config.ordering!r}")
