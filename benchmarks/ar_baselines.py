@@ -11,6 +11,8 @@ over the rank-1 diffusion checkpoint paired with it.
         --steps 2 4 8 --dcd-chunks 2 4 --fcd
     python benchmarks/ar_baselines.py quality --diffusion checkpoints/qm9-tt-r16 --ar runs/qm9-ar --samples 1024 \
         --steps 2 4 8 22 --joint-edlm [--edlm-candidates 2 4] --fcd
+    python benchmarks/ar_baselines.py quality --diffusion runs/qm9-b4-r1 runs/qm9-b4-tt-r8 --ar runs/qm9-ar24 \
+        --samples 1024 --block-steps 1 2 4 --nll --fcd
     python benchmarks/ar_baselines.py quality --diffusion DIR/qm9-base DIR/qm9-tt-r2 --ar DIR/qm9-ar --samples 8 \
         --steps 2 [--dcd-chunks 1 2] [--joint-edlm --edlm-candidates 2 3]                              # smoke
     python benchmarks/ar_baselines.py speed --diffusion DIR/text-base --steps 4 --samples 2 --batch 2  # smoke
@@ -20,6 +22,9 @@ for each rank-1 diffusion checkpoint MDLM's own step, EDLM (k = 2, w = 1) and DC
 paired to it; for each joint checkpoint (CP, TT) its joint step; and the AR checkpoint at one token a step (K = its
 length). Validity (one molecule), uniqueness, novelty and, with ``--fcd``, FCD to the family's held-out split.
 ``--dcd-chunks 1 2 4`` adds DCD's rows at those chunk sizes (chunks of adjacent positions in random order);
+A block diffusion checkpoint (``training/train_blocks.py``) has a row per k in ``--block-steps`` (k steps a block,
+``sampler: blocks``; K = k x its blocks). ``--nll`` adds each exact likelihood (the AR model's, a block model's at
+one step a block: ``ModelKind.exact_nll``) on the whole held-out split, nats per position.
 ``--joint-edlm`` EDLM's rows over each CP / TT checkpoint, whose joint is then EDLM's proposal (``--edlm-candidates
 2 4``: a row per k).
 ``--http`` asks an embedded server (links to the checkpoints in a temporary folder; the service pairs the AR
@@ -47,13 +52,20 @@ sys.path.insert(0, str(ROOT / "training"))
 
 
 def _rows(diffusion, ar, ar_name: str, steps: list[int], dcd_chunks: list[int] = (1,),
-          joint_edlm: bool = False, edlm_candidates: list[int] = (2,)) -> list[tuple]:
+          joint_edlm: bool = False, edlm_candidates: list[int] = (2,), block_steps: list[int] = (1,)) -> list[tuple]:
     """(label, checkpoint name, model, K, settings) of every cell; DCD once per chunk size (``dcd_chunk``);
     ``joint_edlm``: EDLM over each joint checkpoint too (its joint as the proposal), once per candidate count
-    in ``edlm_candidates``."""
+    in ``edlm_candidates``; a block diffusion checkpoint at k steps a block for each k in ``block_steps`` (K = k
+    times its blocks, ``sampler: blocks``) instead of ``steps``."""
     cells = []
     for name, model in diffusion:
-        if model.format.joint_head:
+        size = model.cfg.dit.block_size
+        if size:
+            head = f"{model.cfg.decomposition.upper()} r={model.cfg.rank}" if model.format.joint_head else "rank 1"
+            blocks = model.cfg.dit.length // size
+            cells += [(f"block b={size} k={k} {head} ({name})", name, model, k * blocks, {"sampler": "blocks"})
+                      for k in block_steps if k <= size]
+        elif model.format.joint_head:
             head = f"{model.cfg.decomposition.upper()} r={model.cfg.rank}"
             cells += [(f"{head} ({name})", name, model, k, {}) for k in steps]
             if ar is not None and joint_edlm:
@@ -100,7 +112,7 @@ def quality(args) -> None:
     from _common import dataset
     from _report import data_section
 
-    from ttcore.kinds import pair
+    from ttcore.kinds import kind_of, pair
     from ttcore.models import load_for_inference
     from ttcore.recipes import TrainConfig
 
@@ -108,7 +120,7 @@ def quality(args) -> None:
     ar, tok, _ = load_for_inference(args.ar, "cpu", args.precision) if args.ar else (None, None, None)
     tok = tok or load_for_inference(args.diffusion[0], "cpu", args.precision)[1]
     for _, model in diffusion:
-        if ar is not None and (args.joint_edlm or not model.format.joint_head):
+        if ar is not None and kind_of(model.cfg).takes_companion and (args.joint_edlm or not model.format.joint_head):
             pair(model, ar)
     ds = dataset(TrainConfig(data=data_section(None, Path(args.diffusion[0]))))
     training = set(ds.train)
@@ -123,8 +135,10 @@ def quality(args) -> None:
     try:
         for label, name, model, k, settings in _rows(diffusion, ar, Path(args.ar).name if args.ar else "",
                                                      args.steps, args.dcd_chunks, args.joint_edlm,
-                                                     args.edlm_candidates):
+                                                     args.edlm_candidates, args.block_steps):
             _cell(args, label, name, model, k, settings, tok, url, training, reference)
+        if args.nll:
+            _nll_rows(args, diffusion, ar, ds)
     finally:
         if proc is not None:
             proc.terminate()
@@ -148,6 +162,29 @@ def _cell(args, label, name, model, k, settings, tok, url, training, reference) 
     pct = lambda x: f"{100 * x:.1f}" if x is not None else "-"  # noqa: E731 (none valid: no uniqueness)
     print(f"{label:>44} | {k:>3} | {pct(m['validity']):>7} | {pct(m['uniqueness']):>8} | "
           f"{pct(m['novelty']):>7} | {fcd:>6.3f} | {seconds:>6.0f}", flush=True)
+
+
+@torch.no_grad()
+def _nll_rows(args, diffusion, ar, ds) -> None:
+    """Each checkpoint with an exact likelihood (the AR model, block diffusion: ``ModelKind.exact_nll``), its
+    -log p(x) on the whole held-out split, nats per position (padding included: the same positions for every
+    checkpoint of one length)."""
+    from ttcore.kinds import kind_of
+
+    val = torch.from_numpy(ds.val_tokens)
+    models = [*diffusion, *([(Path(args.ar).name, ar)] if ar is not None else [])]
+    print(f"exact -log p(x) on the held-out split ({len(val)} sequences), nats per position:")
+    for name, model in models:
+        kind = kind_of(model.cfg)
+        if not kind.exact_likelihood:
+            continue
+        if model.cfg.dit.length != val.shape[1]:
+            print(f"{name:>44} | - (its length {model.cfg.dit.length}, the split's {val.shape[1]})")
+            continue
+        with model.compute_context():
+            total = sum(float(kind.exact_nll(model, val[s:s + 256])) * len(val[s:s + 256])
+                        for s in range(0, len(val), 256))
+        print(f"{name:>44} | {total / len(val):.4f} (length {model.cfg.dit.length})", flush=True)
 
 
 def speed(args) -> None:
@@ -219,6 +256,10 @@ def main():
                     help="quality: EDLM over each CP / TT checkpoint too, its joint as the proposal")
     ap.add_argument("--edlm-candidates", type=int, nargs="+", default=[2],
                     help="quality, with --joint-edlm: EDLM's k over the joint checkpoints (one row each)")
+    ap.add_argument("--block-steps", type=int, nargs="+", default=[1],
+                    help="quality: a block diffusion checkpoint's k steps a block (a row each; k <= its block size)")
+    ap.add_argument("--nll", action="store_true", help="quality: the exact -log p(x) per position on the held-out "
+                                                       "split of each checkpoint with one (AR, block diffusion)")
     ap.add_argument("--http", action="store_true", help="quality: through /generate of an embedded server (uvicorn, "
                                                         "one thread) instead of in process")
     args = ap.parse_args()

@@ -92,6 +92,26 @@ def make_ar_checkpoint(out: Path, base: Path) -> Path:
     return out
 
 
+def make_block_checkpoint(out: Path, base: Path, block_size: int = 2, decomposition: str = "tt", rank: int = 2) -> Path:
+    """A tiny block diffusion model (``training/train_blocks.py``'s objective, the kind's) with ``base``'s
+    tokenizer and family and a ``decomposition`` head of ``rank`` over each block, trained a few steps from scratch
+    on the committed QM9 sample."""
+    import json
+
+    from ttcore.data import load_dataset
+    from ttcore.tokenizers import load_tokenizer
+
+    cfg = load_config(TINY, ["threads=1", "val_batches=1", f"model.block_size={block_size}", f"data.source={SAMPLE}"])
+    tok = load_tokenizer(base)
+    ds = load_dataset(cfg.data, tok)
+    extra = json.loads((base / "config.json").read_text())["model"]["extra"]
+    torch.manual_seed(0)
+    model = JointModel(ModelConfig(cfg.model.dit_config(tok), decomposition, rank, extra=dict(extra)))
+    fit(model, tok, torch.from_numpy(ds.train_tokens), torch.from_numpy(ds.val_tokens), cfg, out, max_steps=20,
+        quiet=True)
+    return out
+
+
 def tiny_text_model(out: Path, length: int = 32) -> None:
     """A tiny text MDM (family text, BPE 512, l = ``length``) trained a few steps on the public-domain corpus."""
     from ttcore.data import load_text, training_texts

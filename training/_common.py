@@ -70,8 +70,8 @@ def tensors(ds) -> tuple[torch.Tensor, torch.Tensor]:
 
 def new_or_resumed(args, cfg):
     """A from-scratch recipe's model: the checkpoint at ``--out`` when ``--resume`` finds a train state there, else a
-    fresh one of ``cfg.model`` (seeded) with the data's tokenizer or ``--tokenizer``'s. -> (model, tokenizer, train
-    tokens, validation tokens, resuming)."""
+    fresh one of ``cfg.model`` (seeded; its ``decomposition``, ``rank`` and ``head`` included) with the data's
+    tokenizer or ``--tokenizer``'s. -> (model, tokenizer, train tokens, validation tokens, resuming)."""
     from ttcore.models import JointModel, ModelConfig, load_checkpoint, load_train_state
     from ttcore.tokenizers import load_tokenizer
 
@@ -83,7 +83,9 @@ def new_or_resumed(args, cfg):
         ds = dataset(cfg, load_tokenizer(args.tokenizer) if args.tokenizer else None)
         tokenizer = ds.tokenizer
         torch.manual_seed(cfg.seed)  # the initialization is part of the run's seed
-        model = JointModel(ModelConfig(cfg.model.dit_config(tokenizer), extra=cfg.data.model_extra()))
+        m = cfg.model  # a joint head from scratch where the config names one (the paper's way: finetune.py)
+        model = JointModel(ModelConfig(m.dit_config(tokenizer), m.decomposition, m.rank, m.head,
+                                       extra=cfg.data.model_extra()))
     return (model, tokenizer, *tensors(ds), resuming)
 
 

@@ -248,6 +248,22 @@ def test_ar_baselines_smoke(checkpoints, tmp_path):
     assert "KV cache)" in out and "no KV cache)" in out  # the AR model with its cache and without, side by side
 
 
+def test_ar_baselines_block_rows_smoke(checkpoints, tmp_path):
+    """A block diffusion checkpoint's rows (k steps a block, K = k x blocks) beside the AR model's, and the exact
+    -log p(x) on the held-out split of both (each a finite positive number of nats per position)."""
+    from servers import make_ar_checkpoint, make_block_checkpoint
+
+    ar = make_ar_checkpoint(tmp_path / "qm9-ar", checkpoints / "qm9-base")
+    block = make_block_checkpoint(tmp_path / "qm9-b2-tt", checkpoints / "qm9-base")
+    out = _bench(ROOT / "benchmarks" / "ar_baselines.py", "quality", "--diffusion", block, "--ar", ar, "--samples", 8,
+                 "--block-steps", 1, 2, 3, "--nll", "--precision", "fp32", timeout=900)
+    rows = re.findall(r"^\s*(block b=2 k=\d) TT r=2 \(qm9-b2-tt\) \|\s+(\d+) \|", out, re.M)
+    length = json.loads((block / "config.json").read_text())["model"]["dit"]["length"]
+    assert rows == [("block b=2 k=1", str(length // 2)), ("block b=2 k=2", str(length))], out  # k = 3 > b: no row
+    nll = dict(re.findall(r"^\s*(qm9-b2-tt|qm9-ar) \| ([\d.]+) \(length", out, re.M))
+    assert set(nll) == {"qm9-b2-tt", "qm9-ar"} and all(0 < float(v) < 5 for v in nll.values()), out
+
+
 def test_rank_ceiling_smoke():
     """Two ranks fitted for a few steps on the QM9 sample: a row each, with a finite held-out -log p(x)."""
     out = _bench(ROOT / "benchmarks" / "rank_ceiling.py", "--checkpoint", ROOT / "checkpoints" / "qm9-tt-r16",

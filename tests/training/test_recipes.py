@@ -467,7 +467,8 @@ def test_ar_recipe_trains_resumes_exactly_and_exports(tmp_path):
 def test_block_recipe_trains_a_block_model_that_finetunes_to_tt_and_generates(tmp_path):
     """training/train_blocks.py at its smallest (its docstring's second command): a block-causal checkpoint whose
     validation line is its exact likelihood; finetune.py puts a TT head on each block (the kind's objective
-    stays); the result generates block by block and its exact likelihood is finite."""
+    stays); the result generates block by block and its exact likelihood is finite; a joint head named in the
+    config trains from scratch."""
     from ttcore.sampling.blocks import block_log_prob, generate_blocks
 
     common = ["--config", "tiny", "--data", SAMPLE, "--quiet", "--max-steps", 4]
@@ -486,5 +487,10 @@ def test_block_recipe_trains_a_block_model_that_finetunes_to_tt_and_generates(tm
     assert out.shape == (4, tok.length) and (out != tok.mask_id).all()
     with torch.no_grad():
         assert torch.isfinite(block_log_prob(tt, out)).all()
+    scratch = _run(ROOT / "training" / "train_blocks.py", "--block-size", 2, "--out", tmp_path / "b2-cp", *common,
+                   "--set", "model.decomposition=cp", "model.rank=3")  # a joint head from scratch, as configured
+    assert scratch.wait(timeout=300) == 0, scratch.stderr.read().decode()
+    cp, _, _ = load_checkpoint(tmp_path / "b2-cp")
+    assert (cp.cfg.decomposition, cp.cfg.rank, cp.cfg.dit.block_size) == ("cp", 3, 2)
     wrong = _run(ROOT / "training" / "train_blocks.py", "--block-size", 3, "--out", tmp_path / "b3", *common)
     assert wrong.wait(timeout=300) != 0 and b"block_size must be 0 (full-sequence) or divide" in wrong.stderr.read()
