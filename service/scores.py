@@ -36,12 +36,12 @@ async def score(serving: Serving, request: ScoreRequest, gone=None) -> ScoreResp
     if request.mode == "elbo" and request.template is not None:
         raise ScoreInputError(["template"], "template applies to joint mode only: elbo draws its own masks")
     x0, mask, lengths = _encode_for_scoring(tok, request)
-    why = lm.kind.score_refusal(mask)
+    why = lm.kind.score_refusal(model.cfg, mask)
     if why is not None:
-        raise ScoreInputError(["template"], f"{lm.name}: {why} (the template's [MASK]s must run from the first to "
-                                            f"the model's length, {tok.length} tokens; the positions after a "
+        raise ScoreInputError(["template"], f"{lm.name}: {why} (the positions after a "
                                             "template are known)")
-    rows = cost.rows_per_pass(model.cfg, True, serving.memory_budget)
+    width = lm.kind.score_width  # a pass over score_width x the length a sequence: counted as that many rows
+    rows = cost.rows_per_pass(model.cfg, True, serving.memory_budget) // width
     if rows == 0:
         raise ScoreInputError(["model"], "one sequence of this model does not fit the server's memory budget")
     timeout = min(request.timeout_s or serving.max_timeout_s, serving.max_timeout_s)
@@ -50,7 +50,7 @@ async def score(serving: Serving, request: ScoreRequest, gone=None) -> ScoreResp
     kind = WorkKind.exact_step if "exact" in model.cfg.format.contractions else WorkKind.predetermined_step
 
     def check() -> float:
-        return admission.check_passes(len(x0), draws, rows, lambda n: lm.speed.step_seconds(kind, n), timeout,
+        return admission.check_passes(len(x0), draws, rows, lambda n: lm.speed.step_seconds(kind, width * n), timeout,
                                       serving.max_step_s, request.mode)
     if lm.speed.needs(kind):
         await serving.engine.run_on_worker(lm, lambda: lm.speed.ensure(model, kind), calibration=True)

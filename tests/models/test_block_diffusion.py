@@ -14,7 +14,7 @@ from ttcore.losses import block_diffusion_loss, mdlm_loss
 from ttcore.models import DiTConfig, JointModel, ModelConfig
 from ttcore.models.block_attention import block_causal_mask, training_features, training_mask
 from ttcore.sampling import generate
-from ttcore.sampling.blocks import block_counts, block_log_prob, generate_blocks
+from ttcore.sampling.blocks import block_counts, block_log_prob, block_score, generate_blocks, scorable
 
 
 def _model(decomposition="tt", rank=2, v=3, length=4, block=2, seed=0) -> JointModel:
@@ -85,6 +85,41 @@ def test_the_exact_likelihood_sums_to_one_over_every_sequence(decomposition, ran
     assert abs(block_log_prob(model, every).exp().sum().item() - 1) < 1e-5
     assert BLOCK_DIFFUSION.exact_nll(model, every[:7]).item() == pytest.approx(
         -block_log_prob(model, every[:7]).mean().item() / 4)
+
+
+@pytest.mark.parametrize("decomposition,rank", [("none", 1), ("cp", 3), ("tt", 2)])
+def test_a_scored_suffix_of_blocks_given_known_positions_sums_to_one(decomposition, rank):
+    """``block_score`` of the positions after a known one (blocks of 2: position 0 known, 1-3 scored) over every
+    completion sums to 1; scoring everything is ``block_log_prob``; the per-position terms are each block's exact
+    marginals (a fully scored block's first position: summed over the rest of the block by enumeration)."""
+    model = _model(decomposition, rank)
+    every = torch.tensor(list(itertools.product(range(3), repeat=4)))
+    for known in range(3):
+        rows = every[every[:, 0] == known]  # the 27 completions of x0 = known
+        mask = torch.tensor([[False, True, True, True]]).expand(len(rows), -1)
+        log_p, token = block_score(model, rows, mask)
+        assert abs(log_p.exp().sum().item() - 1) < 1e-5 and token[:, 0].isnan().all()
+    full = torch.ones_like(every, dtype=torch.bool)
+    log_p, token = block_score(model, every, full)
+    assert torch.allclose(log_p, block_log_prob(model, every))
+    joint = log_p.exp().view(3, 3, 3, 3)  # p(x0, x1, x2, x3) = p(x0, x1) p(x2, x3 | x0, x1)
+    first = joint.sum((1, 2, 3))  # p(x0): block 0's marginal
+    assert torch.allclose(token[:, 0].exp(), first[every[:, 0]], atol=1e-6)
+
+
+def test_what_a_block_model_scores_exactly_is_a_suffix_of_whole_blocks():
+    mask = torch.tensor([[False, True, True, True],    # known inside the first scored block: fine
+                         [True, False, True, True],    # the same
+                         [False, False, True, False],  # inside the first scored block (block 1): fine
+                         [False, True, False, False],  # a known token after the first scored block: refused
+                         [True, True, False, True],    # the same
+                         [False, False, False, False]])  # nothing scored: nothing to refuse
+    assert scorable(mask, 2).tolist() == [True, True, True, False, False, True]
+    model = _model()
+    assert BLOCK_DIFFUSION.score_refusal(model.cfg, mask[:3]) is None
+    assert "no known token may follow the block" in BLOCK_DIFFUSION.score_refusal(model.cfg, mask)
+    with pytest.raises(ValueError):
+        block_score(model, torch.zeros(6, 4, dtype=torch.long), mask)
 
 
 def test_one_step_per_block_draws_the_exact_likelihoods_law():

@@ -79,9 +79,9 @@ def test_the_autoregressive_kind_refuses_what_it_cannot_generate_or_score_exactl
     assert refused.value.field == "steps"
     x = torch.zeros(1, L, dtype=torch.long)
     gap = torch.tensor([[False, True, False, True]])
-    assert AUTOREGRESSIVE.score_refusal(gap) is not None and DIFFUSION.score_refusal(gap) is None
+    assert AUTOREGRESSIVE.score_refusal(ar.cfg, gap) is not None and DIFFUSION.score_refusal(ar.cfg, gap) is None
     suffix = torch.tensor([[False, False, True, True]])
-    assert AUTOREGRESSIVE.score_refusal(suffix) is None
+    assert AUTOREGRESSIVE.score_refusal(ar.cfg, suffix) is None
     log_p, token = score(ar, x, suffix)  # the kind's exact score: the sum of the scored conditionals
     assert torch.allclose(log_p, token.nan_to_num(0.0).sum(1)) and token[0, :2].isnan().all()
 

@@ -31,11 +31,11 @@ def block_server(tmp_path_factory):
     tt = JointModel.from_base(base, "tt", 2, "1layer", 0.05, torch.Generator().manual_seed(0))
     fit(tt, tok, *data, cfg, root / "qm9-b2-tt", max_steps=10, quiet=True)
     with uvicorn_server(root) as url:
-        yield url, tok
+        yield url, tok, root
 
 
 def test_a_block_checkpoint_is_served_block_by_block(block_server):
-    url, tok = block_server
+    url, tok, _ = block_server
     infos = {m["checkpoint"]: m for m in httpx.get(url + "/models").json()["models"]}
     assert infos["qm9-b2-tt"]["kind"] == "block_diffusion" and infos["qm9-b2-tt"]["base"] == "bd3lm"
     blocks = tok.length // 2
@@ -61,7 +61,7 @@ def test_a_block_request_gets_its_own_tokens_beside_others(block_server):
     samples."""
     import concurrent.futures
 
-    url, tok = block_server
+    url, tok, _ = block_server
     body = {"checkpoint": "qm9-b2-tt", "num_samples": 4, "seed": 7}
     alone = httpx.post(url + "/generate", json=body, timeout=60).json()["samples"]
     other = {"checkpoint": "qm9-b2-tt", "num_samples": 3, "steps": tok.length}  # two steps a block
@@ -77,8 +77,39 @@ def test_a_block_request_gets_its_own_tokens_beside_others(block_server):
                                          ({"prompt": "C[MASK]"}, "prompt"), ({"grammar": "smiles"}, "grammar"),
                                          ({"sampler": "fixed"}, "sampler")])
 def test_what_a_block_model_cannot_run_is_a_422_naming_the_field(block_server, extra, field):
-    url, _ = block_server
+    url, _, _ = block_server
     r = httpx.post(url + "/generate", json={"checkpoint": "qm9-b2-tt", "num_samples": 2, **extra}, timeout=60)
     assert r.status_code == 422 and r.json()["detail"][0]["loc"][-1] == field, r.text
-    score = httpx.post(url + "/score", json={"checkpoint": "qm9-b2-tt", "sequences": ["CCO"]}, timeout=60)
-    assert score.status_code == 422 and "exact likelihood" in score.text, score.text
+
+
+def test_score_gives_a_block_models_exact_likelihood(block_server):
+    """/score on a block checkpoint: the exact log p(x) of the k = 1 sampler's law (the library's
+    ``block_score`` of the same tokens), a template's [MASK]s scored given its known positions when every block
+    after the first scored one is scored whole; otherwise, and for the ELBO, a 422 naming the field."""
+    from ttcore.models import load_checkpoint
+    from ttcore.sampling.blocks import block_score
+
+    url, tok, root = block_server
+    model, _, _ = load_checkpoint(root / "qm9-b2-tt")
+    seqs = ["CCO", "C1CC1"]
+    r = httpx.post(url + "/score", json={"checkpoint": "qm9-b2-tt", "sequences": seqs}, timeout=60)
+    assert r.status_code == 200, r.text
+    x0 = torch.tensor([tok.tokenize(q) + [tok.pad_id] * (tok.length - len(tok.tokenize(q))) for q in seqs])
+    with torch.no_grad():
+        want, _ = block_score(model.eval(), x0, torch.ones_like(x0, dtype=torch.bool))
+    got = [s["log_prob"] for s in r.json()["scores"]]
+    assert got == pytest.approx(want.tolist(), abs=1e-4)
+    rest = "[MASK]" * (tok.length - 2)  # a template's positions after its end are known: it runs to the length
+    inside = httpx.post(url + "/score", json={"checkpoint": "qm9-b2-tt", "sequences": ["CCO"],
+                                              "template": "[MASK]C" + rest}, timeout=60)  # known inside block 0
+    assert inside.status_code == 200, inside.text
+    terms = inside.json()["scores"][0]["token_log_probs"]
+    assert terms[1] is None and all(v is not None for v in terms[:1] + terms[2:])
+    after = httpx.post(url + "/score", json={"checkpoint": "qm9-b2-tt", "sequences": ["CCO"],
+                                             "template": "[MASK][MASK]O" + rest[6:]}, timeout=60)  # O known after
+    # the first scored block
+    assert after.status_code == 422 and after.json()["detail"][0]["loc"][-1] == "template", after.text
+    assert "whole blocks after the first scored one" in after.text
+    elbo = httpx.post(url + "/score", json={"checkpoint": "qm9-b2-tt", "sequences": ["CCO"], "mode": "elbo"},
+                      timeout=60)
+    assert elbo.status_code == 422 and elbo.json()["detail"][0]["loc"][-1] == "mode", elbo.text

@@ -123,10 +123,11 @@ class Autoregressive(ModelKind):
             raise InvalidSampler("prompt", "an autoregressive model conditions on a prefix only: no known token may "
                                            "follow a masked one")
 
-    def score_refusal(self, mask: torch.Tensor) -> str | None:
+    def score_refusal(self, cfg, mask: torch.Tensor) -> str | None:
         if is_suffix(mask):
             return None
-        return "an autoregressive model scores a suffix given a prefix: no known token may follow a scored one"
+        return ("an autoregressive model scores a suffix given a prefix: no known token may follow a scored one "
+                f"(the template's [MASK]s must run from the first to the model's length, {cfg.dit.length} tokens)")
 
     def score(self, model, x0: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return ar_score(model, x0, mask)

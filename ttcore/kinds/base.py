@@ -21,6 +21,8 @@ class ModelKind:
     joint_heads = True  # a CP or TT head may sit on it (``JointModel.from_base`` fine-tunes one on its rank 1)
     takes_companion = False  # it can be paired with such a companion (``ttcore.kinds.autoregressive.pair``)
     by_default = True  # it answers a request that names no checkpoint
+    score_width = 1  # a /score pass runs this many times the length a sequence (admission counts it as that many
+    # rows: an approximation, attention's share grows with the square)
 
     def matches(self, cfg) -> bool:
         """Whether a model of ``cfg`` (a ``ModelConfig``) is of this kind."""
@@ -56,8 +58,8 @@ class ModelKind:
             raise InvalidSampler("regex", f"{self.description} takes no constraint: its steps draw no joint of the "
                                           "masked positions to restrict")
 
-    def score_refusal(self, mask: torch.Tensor) -> str | None:
-        """Why positions ``mask`` [b, l] (bool) cannot be scored exactly, or None."""
+    def score_refusal(self, cfg, mask: torch.Tensor) -> str | None:
+        """Why positions ``mask`` [b, l] (bool) of a model of config ``cfg`` cannot be scored exactly, or None."""
         return None
 
     def score(self, model, x0: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -4,7 +4,8 @@ model inside each, with the format's joint over a block's masked positions (rank
 over b positions). It generates block by block (``ttcore.sampling.blocks``) and its likelihood at one step per
 block is exact, log p(x) = sum_B log p(x_B | x_{<B}) (``exact_nll``); training is
 ``ttcore.losses.block_diffusion_loss``. In the batched loop (``GenerationRun``, the service) its runs take
-``sampler: blocks`` (``ttcore.sampling.steps.block``); /score refuses it with the reason."""
+``sampler: blocks`` (``ttcore.sampling.steps.block``); /score gives its exact log-likelihood
+(``ttcore.sampling.blocks.block_score``)."""
 
 import torch
 
@@ -20,6 +21,7 @@ class BlockDiffusion(ModelKind):
     elbo = False
     exact_likelihood = True
     by_default = False  # answers only requests that name its checkpoint
+    score_width = 2  # its exact score is one pass over [x_t, x_0] (``block_score``)
 
     def matches(self, cfg) -> bool:
         return cfg.dit.block_size > 0
@@ -52,8 +54,19 @@ class BlockDiffusion(ModelKind):
         if config.sampler != "blocks":
             raise InvalidSampler("sampler", "a block diffusion model generates with sampler blocks (block by block)")
 
-    def score_refusal(self, mask: torch.Tensor) -> str | None:
-        return "a block diffusion model is scored by its exact likelihood (ttcore.sampling.blocks.block_log_prob)"
+    def score_refusal(self, cfg, mask: torch.Tensor) -> str | None:
+        from ttcore.sampling.blocks import scorable
+
+        if bool(scorable(mask, cfg.dit.block_size).all()):
+            return None
+        return (f"a block diffusion model scores whole blocks after the first scored one: no known token may follow "
+                f"the block of {cfg.dit.block_size} tokens holding the first [MASK]")
+
+    def score(self, model, x0: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Exact: ``ttcore.sampling.blocks.block_score`` (the k = 1 sampler's law given the known positions)."""
+        from ttcore.sampling.blocks import block_score
+
+        return block_score(model, x0, mask)
 
     def objective(self, cfg, mask_id: int, eps: float):
         """BD3-LM's, each block at its own time (``ttcore.losses.block_diffusion_loss``)."""

@@ -57,14 +57,39 @@ def generate_blocks(model, num_samples: int, steps_per_block: int = 1, seed: int
     return tokens
 
 
+def scorable(mask: torch.Tensor, size: int) -> torch.Tensor:
+    """[b] bool: whether positions ``mask`` [b, l] can be scored exactly given the rest (``block_score``): every
+    block after the first one holding a scored position is scored whole (no known token after that block).
+    Inside the first scored block any positions may be known."""
+    blocks = mask.view(mask.shape[0], -1, size)
+    started = blocks.any(2).long().cummax(1).values.bool()  # [b, n]: at or after the first scored block
+    later = torch.cat([torch.zeros_like(started[:, :1]), started[:, :-1]], 1)  # after it
+    return ~(later & ~blocks.all(2)).any(1)
+
+
+def block_score(model, x0: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p(x0_M | the rest) [b] (float64) and each scored position's log p(x^i | its block's known positions,
+    the blocks before) [b, l] (NaN where not scored), for ``mask`` [b, l] that ``scorable`` accepts: the first
+    scored block B's joint p(x_B^M | x_B^known, x_{<B}) times p(x_C | x_{<C}) of every block C after it, all
+    blocks in one pass (every block's x_t is x0 with its scored positions masked, given the clean blocks of x0
+    before it). Exact with respect to the model's per-block joints, so it is the log-likelihood of
+    ``generate_blocks``'s law at one step a block and temperature 1 given the known positions as a prompt."""
+    size = model.cfg.dit.block_size
+    if not bool(scorable(mask, size).all()):
+        raise ValueError("a block diffusion model scores whole blocks after the first scored one: no known token "
+                         "may follow the block of the first scored position")
+    x_t = torch.where(mask, torch.full_like(x0, model.cfg.dit.mask_id), x0)
+    h = training_features(model, x_t, x0)
+    out = model.head_outputs(split_blocks(h, size), split_blocks(mask, size))
+    token = torch.full(x0.shape, float("nan"), dtype=torch.float64, device=x0.device)
+    token[mask] = out.marginal_log_probs(split_blocks(x0, size)).double()
+    return out.log_prob(split_blocks(x0, size)).double().view(x0.shape[0], -1).sum(1), token
+
+
 def block_log_prob(model, x0: torch.Tensor) -> torch.Tensor:
     """log p(x0) [b] (float64) under a block diffusion model: sum over blocks of the joint head's exact
-    log p(x0_B | x0_{<B}) (every position of the block masked), all blocks in one pass. Exact with respect to
-    the model's per-block joints, so it is the likelihood of ``generate_blocks`` at one step per block and
-    temperature 1 (and, for TT, ``contraction`` irrelevant: every position of the block is drawn)."""
-    size = model.cfg.dit.block_size
-    x_t = torch.full_like(x0, model.cfg.dit.mask_id)
-    h = training_features(model, x_t, x0)
-    everything = torch.ones_like(x0, dtype=torch.bool)
-    out = model.head_outputs(split_blocks(h, size), split_blocks(everything, size))
-    return out.log_prob(split_blocks(x0, size)).double().view(x0.shape[0], -1).sum(1)
+    log p(x0_B | x0_{<B}) (every position of the block masked), all blocks in one pass (``block_score`` with every
+    position scored). Exact with respect to the model's per-block joints, so it is the likelihood of
+    ``generate_blocks`` at one step per block and temperature 1 (and, for TT, ``contraction`` irrelevant: every
+    position of the block is drawn)."""
+    return block_score(model, x0, torch.ones_like(x0, dtype=torch.bool))[0]
