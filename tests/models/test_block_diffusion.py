@@ -147,6 +147,41 @@ def test_one_step_per_block_draws_the_exact_likelihoods_law():
     assert torch.equal(generate_blocks(model, 10, steps_per_block=1, seed=1), drawn[:10])  # whatever the batch
 
 
+@pytest.mark.parametrize("loop", ["cached", "batched"])
+def test_a_prompt_conditions_the_draw_as_the_exact_score_says(loop):
+    """A prompt giving position 0 (blocks of 2): the k = 1 draws of positions 1-3, by the cached sampler
+    (``generate_blocks``) and by the batched loop (``sampler: blocks``), follow exp(block_score) of the scored
+    positions given position 0 (chi-square on 6,000 draws over the 27 completions); a prompt giving a whole
+    block prefills it (the first block's steps run nothing); a known token after the first masked block is
+    refused."""
+    from ttcore.sampling import GenerationRun, SamplerConfig
+
+    model = _model("tt", 2)
+    every = torch.tensor(list(itertools.product(range(3), repeat=3)))  # positions 1-3
+    rows = torch.cat([torch.full((27, 1), 2), every], 1)
+    mask = torch.tensor([[False, True, True, True]]).expand(27, -1)
+    p = block_score(model, rows, mask)[0].exp().detach()
+    prompt = torch.tensor([2, 3, 3, 3])  # 3: the mask id
+    if loop == "cached":
+        drawn = generate_blocks(model, 6000, steps_per_block=1, seed=5, prompt=prompt)
+    else:
+        drawn = list(generate(model, 6000, 2, seed=5, sampler="blocks", prompt=prompt))[-1].tokens
+    assert (drawn[:, 0] == 2).all()
+    counts = torch.bincount((drawn[:, 1:] * torch.tensor([9, 3, 1])).sum(1), minlength=27).double()
+    assert chisquare(counts.numpy(), (p / p.sum() * 6000).numpy()).pvalue > 1e-3
+    whole = torch.tensor([1, 0, 3, 3])
+    run = GenerationRun(model, 4, 2, SamplerConfig(sampler="blocks"), seed=0, prompt=whole)
+    assert run.sampler.active_steps(run) == [1]  # block 0 is given: only block 1's step runs
+    assert run.skip_idle_steps() == 1
+    cached = generate_blocks(model, 4, seed=0, prompt=whole)
+    assert (cached[:, :2] == whole[:2]).all() and (cached != 3).all()
+    with pytest.raises(InvalidSampler) as refused:
+        GenerationRun(model, 1, 2, SamplerConfig(sampler="blocks"), seed=0, prompt=torch.tensor([3, 3, 1, 3]))
+    assert refused.value.field == "prompt"
+    with pytest.raises(ValueError):
+        generate_blocks(model, 1, prompt=torch.tensor([3, 3, 1, 3]))
+
+
 def test_several_steps_per_block_unmask_the_even_split_and_finish():
     assert block_counts(4, 3) == [2, 1, 1] and block_counts(2, 5) == [1, 1]
     model = _model(length=8, block=4)
@@ -183,7 +218,7 @@ def test_the_kind_claims_block_models_and_refuses_the_full_sequence_loop():
     with pytest.raises(InvalidSampler, match="sampler blocks"):
         list(generate(model, 2, 2, seed=0))
     for settings, field in (({"steps": 3}, "steps"), ({"steps": 6}, "steps"), ({"ordering": "top_prob"}, "ordering"),
-                            ({"prompt": torch.tensor([0, 3, 3, 3])}, "prompt")):
+                            ({"prompt": torch.tensor([3, 3, 0, 3])}, "prompt")):
         steps = settings.pop("steps", 2)
         with pytest.raises(InvalidSampler) as e:
             list(generate(model, 2, steps, seed=0, sampler="blocks", **settings))

@@ -74,12 +74,26 @@ def test_a_block_request_gets_its_own_tokens_beside_others(block_server):
 
 
 @pytest.mark.parametrize("extra,field", [({"steps": 7}, "steps"), ({"ordering": "top_prob"}, "ordering"),
-                                         ({"prompt": "C[MASK]"}, "prompt"), ({"grammar": "smiles"}, "grammar"),
+                                         ({"prompt": "[MASK][MASK]C"}, "prompt"), ({"grammar": "smiles"}, "grammar"),
                                          ({"sampler": "fixed"}, "sampler")])
 def test_what_a_block_model_cannot_run_is_a_422_naming_the_field(block_server, extra, field):
     url, _, _ = block_server
     r = httpx.post(url + "/generate", json={"checkpoint": "qm9-b2-tt", "num_samples": 2, **extra}, timeout=60)
     assert r.status_code == 422 and r.json()["detail"][0]["loc"][-1] == field, r.text
+
+
+def test_a_prompt_is_prefilled_and_its_first_masked_block_drawn_given_it(block_server):
+    """A prompt of three tokens over blocks of 2: block 0 given (no step runs for it), block 1 drawn given its
+    known first token; every sample keeps the prompt."""
+    url, tok, _ = block_server
+    r = httpx.post(url + "/generate", json={"checkpoint": "qm9-b2-tt", "num_samples": 3, "seed": 0,
+                                            "prompt": "CCO"}, timeout=60)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert all(s["text"].startswith("CCO") for s in answer["samples"]), answer
+    blocks = tok.length // 2
+    per_step = answer["tokens_per_step"]  # the steps that ran: block 0's was skipped
+    assert len(per_step) == blocks - 1 and per_step[0] == 3 and sum(per_step) == 3 * (tok.length - 3), answer
 
 
 def test_score_gives_a_block_models_exact_likelihood(block_server):

@@ -29,20 +29,34 @@ def block_counts(size: int, steps: int) -> list[int]:
 
 @torch.no_grad()
 def generate_blocks(model, num_samples: int, steps_per_block: int = 1, seed: int = 0, temperature: float = 1.0,
-                    contraction: str = "head", device=None) -> torch.Tensor:
-    """``num_samples`` sequences [n, l] from a block diffusion ``model``, block by block (module docstring)."""
+                    contraction: str = "head", device=None, prompt: torch.Tensor | None = None) -> torch.Tensor:
+    """``num_samples`` sequences [n, l] from a block diffusion ``model``, block by block (module docstring).
+    ``prompt`` [l]: known tokens, the mask id elsewhere, none after the block of its first [MASK] (``scorable``):
+    the blocks it gives are prefilled into the cache in one pass, and the first block it leaves masked is drawn
+    given its known positions (its masked ones split over the k steps)."""
     cfg = model.cfg.dit
     size, l, mask_id = cfg.block_size, cfg.length, cfg.mask_id
     if not size:
         raise ValueError("generate_blocks takes a block diffusion model (dit.block_size > 0)")
     device = device or next(model.parameters()).device
     tokens = torch.full((num_samples, l), mask_id, dtype=torch.long, device=device)
-    counts = block_counts(size, steps_per_block)
+    if prompt is not None:
+        tokens[:] = prompt.to(device)
+        if not bool(scorable(tokens[:1] == mask_id, size).all()):
+            raise ValueError("a block diffusion model takes no known token after the block of the prompt's first "
+                             "[MASK]")
+    k = len(block_counts(size, steps_per_block))
+    masked = (tokens[0] == mask_id).view(-1, size).any(1)
+    first = int(masked.float().argmax()) if bool(masked.any()) else l // size  # the first block to draw
     cache = BlockCache.empty(model, num_samples, device)
-    for block in range(l // size):
+    if first:  # the prompt's whole blocks, prefilled in one pass
+        cache = commit(model, cache, tokens[:, :first * size])
+    for block in range(first, l // size):
         at = slice(block * size, (block + 1) * size)
         order = Streams.of_request(seed, num_samples, block, device).uniform(Site.plan, size)  # [n, b] priorities
-        rank = order.argsort(1).argsort(1)  # each position's place in the block's random order
+        order = order.masked_fill(tokens[:, at] != mask_id, float("inf"))  # known positions last: never chosen
+        rank = order.argsort(1).argsort(1)  # each masked position's place in the block's random order
+        counts = block_counts(int((tokens[0, at] == mask_id).sum()), k) if block == first else block_counts(size, k)
         done = 0
         for j, count in enumerate(counts):
             chosen = (rank >= done) & (rank < done + count)
@@ -50,7 +64,7 @@ def generate_blocks(model, num_samples: int, steps_per_block: int = 1, seed: int
             x = tokens[:, at]
             masked = x == mask_id
             h = block_features(model, cache, x)  # this block given the committed ones (the cache)
-            streams = Streams.of_request(seed, num_samples, block * len(counts) + j, device)
+            streams = Streams.of_request(seed, num_samples, block * k + j, device)
             values = model.format.draw(model.head, h, x, masked, chosen, temperature, streams, contraction)
             tokens[:, at] = torch.where(chosen, values, x)
         cache = commit(model, cache, tokens[:, at])

@@ -118,7 +118,7 @@ class GenerationRun:
         cost it an engine iteration: 0.7 ms each, 0.7 s for 1,024 steps of QM9's 22 positions)."""
         if self._active is None:
             schedule = getattr(self.sampler, "active_steps", None)
-            active = schedule(self.n_initial.tolist(), self.steps) if schedule is not None else None
+            active = schedule(self) if schedule is not None else None
             self._active = list(range(self.steps)) if active is None else active
         if self.done:
             return 0

@@ -165,12 +165,13 @@ class ConfiguredStep:
         return predetermined_step(rows.model, h, tokens, masked, chosen, rows.temperature, rows.streams,
                                   self.config.contraction)
 
-    def active_steps(self, n_initial: list[int], steps: int) -> list[int] | None:
-        """The steps that unmask something, known before they run (``schedules.active_steps``); None where the
-        counts come from draws (Bernoulli coins) or from the step itself (EB's bound)."""
+    def active_steps(self, run) -> list[int] | None:
+        """The steps of ``run`` (a ``GenerationRun``) that unmask something, known before they run
+        (``schedules.active_steps``); None where the counts come from draws (Bernoulli coins) or from the step
+        itself (EB's bound)."""
         if self.config.bernoulli or not self.schedule_counts():
             return None
-        return active_steps(n_initial, steps, SCHEDULES[self.config.schedule])
+        return active_steps(run.n_initial.tolist(), run.steps, SCHEDULES[self.config.schedule])
 
     def schedule_counts(self) -> bool:
         """Whether ``counts`` is the schedule's (a subclass that overrides ``counts`` says when it is)."""

@@ -11,6 +11,7 @@ import torch
 
 from ttcore.errors import InvalidSampler
 
+from ..blocks import scorable
 from ..orderings import PREDETERMINED, top_k_mask
 from .base import ConfiguredStep
 
@@ -18,7 +19,8 @@ from .base import ConfiguredStep
 def check_block_run(config, steps: int, tokens: torch.Tensor, mask_id: int, size: int) -> None:
     """Refuse (``InvalidSampler`` naming the field) what a block diffusion run of ``sampler: blocks`` cannot be
     (another sampler is the kind's refusal, ``BlockDiffusion.check_run``): an adaptive ordering, a step count
-    that is not k steps for each block (1 <= k <= b), a prompt."""
+    that is not k steps for each block (1 <= k <= b), a prompt with a known token after the block of its first
+    [MASK] (a block reads only the blocks before it: a later known token could not condition it)."""
     blocks = tokens.shape[1] // size
     if config.ordering not in PREDETERMINED:
         raise InvalidSampler("ordering", f"sampler blocks takes a predetermined ordering ({', '.join(PREDETERMINED)})"
@@ -26,8 +28,10 @@ def check_block_run(config, steps: int, tokens: torch.Tensor, mask_id: int, size
     if steps % blocks or not 1 <= steps // blocks <= size:
         raise InvalidSampler("steps", f"a block diffusion model of {blocks} blocks of {size} tokens takes k steps "
                                       f"a block: steps = {blocks} k with 1 <= k <= {size}, got {steps}")
-    if not bool((tokens == mask_id).all()):
-        raise InvalidSampler("prompt", "a block diffusion model takes no prompt yet (every position masked)")
+    if not bool(scorable(tokens == mask_id, size).all()):
+        raise InvalidSampler("prompt", f"a block diffusion model conditions on the blocks before the one it draws: "
+                                       f"no known token may follow the block of {size} tokens holding the first "
+                                       f"[MASK] (known tokens inside that block are fine)")
 
 
 class BlockStep(ConfiguredStep):
@@ -52,10 +56,27 @@ class BlockStep(ConfiguredStep):
         return at, rows.step % k, k
 
     def counts(self, rows, n_current):
-        """The even split of the block over its k steps (``ttcore.sampling.blocks.block_counts``)."""
-        _, j, k = self._where(rows)
-        size = rows.model.cfg.dit.block_size
-        return size // k + (j < size % k).long()
+        """The even split of the block's masked positions over its k steps, the first steps one more
+        (``ttcore.sampling.blocks.block_counts`` for a whole block): the masked left over the steps left, rounded
+        up. The blocks after the current one are wholly masked (``check_block_run``), so its masked positions are
+        the row's, less theirs."""
+        at, j, k = self._where(rows)
+        after = rows.length - (at[:, -1] + 1)  # positions after the current block, all masked
+        left = (n_current - after).clamp_min(0)
+        return -(-left // (k - j))  # ceil
+
+    def active_steps(self, run) -> list[int]:
+        """The steps of the blocks from the first holding a masked position on, less those of its steps that
+        unmask nothing (fewer masked positions than k): a block the prompt gives runs no step."""
+        size = run.model.cfg.dit.block_size
+        blocks = run.tokens.shape[1] // size
+        k, n = run.steps // blocks, int(run.n_initial.max())
+        if n == 0:
+            return []
+        todo = -(-n // size)  # blocks holding a masked position: the last ``todo``
+        first, partial = blocks - todo, n - size * (todo - 1)  # the first one's masked positions
+        return [(first * k) + j for j in range(k) if partial // k + (j < partial % k)] + \
+            list(range((first + 1) * k, run.steps))
 
     def choose(self, rows, h, tokens, masked, counts):
         at, _, _ = self._where(rows)
