@@ -3,13 +3,15 @@ run (untrained weights of one shape: the cost does not depend on them).
 
     python benchmarks/block_sampling.py            # l = 128, blocks of 4 and 16, TT r = 4, 64 sequences
     python benchmarks/block_sampling.py --smoke    # l = 16, blocks of 4, 4 sequences: seconds (the tests run it)
+    python benchmarks/block_sampling.py --shape qm9 --samples 1 64   # QM9's served shape: l = 24, b = 4, TT r = 8
 
 For each block size b and steps a block k it times one generation of n sequences, K = k l / b steps in all:
 - ``cached``: ``ttcore.sampling.blocks.generate_blocks`` (each step b positions over the committed blocks' keys
   and values);
 - ``loop``: the batched loop the service runs (``sampler: blocks``: each step a forward of the whole sequence);
-- ``mdlm``: a full-sequence TT model of the same shape, K steps of the predetermined random order.
-Ratios are to ``mdlm`` in the same run (below 1: cheaper)."""
+- ``mdlm``: a full-sequence TT model of the same shape, K steps of the predetermined random order;
+- ``ar``: an autoregressive model of the same width and depth, its l steps over its key-value cache.
+Ratios are to ``mdlm`` and to ``ar`` in the same run (below 1: cheaper)."""
 
 import argparse
 import statistics
@@ -21,12 +23,19 @@ from ttcore.models import DiTConfig, JointModel, ModelConfig
 from ttcore.sampling import generate
 from ttcore.sampling.blocks import generate_blocks
 
+SHAPES = {  # length, vocabulary, block sizes, TT rank, (width, layers, heads, conditioning), steps a block
+    "smoke": (16, 8, [4], 2, (32, 1, 4, 64), [1, 2]),
+    "default": (128, 64, [4, 16], 4, (256, 4, 4, 64), [1, 4]),
+    "qm9": (24, 31, [4], 8, (256, 6, 8, 128), [1, 2, 4]),  # the QM9 block checkpoints' (training/train_blocks.py)
+}
 
-def _model(length, vocab, block, rank, hidden, layers):
+
+def _model(length, vocab, block, rank, net, causal=False):
     torch.manual_seed(0)
-    dit = DiTConfig(vocab_size=vocab + 1, out_vocab=vocab, length=length, hidden_dim=hidden, cond_dim=64,
-                    n_blocks=layers, n_heads=4, block_size=block)
-    return JointModel(ModelConfig(dit, "tt", rank, "1layer")).eval()
+    hidden, layers, heads, cond = net
+    dit = DiTConfig(vocab_size=vocab + 1, out_vocab=vocab, length=length, hidden_dim=hidden, cond_dim=cond,
+                    n_blocks=layers, n_heads=heads, block_size=block, causal=causal)
+    return JointModel(ModelConfig(dit, "none" if causal else "tt", 1 if causal else rank, "1layer")).eval()
 
 
 def _seconds(fn, reps):
@@ -41,29 +50,33 @@ def _seconds(fn, reps):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="--shape smoke, 4 sequences")
+    ap.add_argument("--shape", choices=list(SHAPES), default="default")
+    ap.add_argument("--samples", type=int, nargs="+", help="sequences a generation, a table each (default 64)")
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
-    if args.smoke:
-        length, vocab, blocks, rank, hidden, layers, n, ks = 16, 8, [4], 2, 32, 1, 4, [1, 2]
-    else:
-        length, vocab, blocks, rank, hidden, layers, n, ks = 128, 64, [4, 16], 4, 256, 4, 64, [1, 4]
-    print(f"l = {length}, v = {vocab}, TT r = {rank}, d = {hidden}, {layers} layers, {n} sequences; seconds a "
-          f"generation (median of {args.reps}), ratio to mdlm at the same K")
-    print(f"{'b':>4} {'k':>3} {'K':>5} | {'cached':>8} {'loop':>8} {'mdlm':>8} | {'cached/mdlm':>11} {'loop/mdlm':>9}")
-    full = _model(length, vocab, 0, rank, hidden, layers)
-    with torch.inference_mode():
-        for b in blocks:
-            model = _model(length, vocab, b, rank, hidden, layers)
-            for k in ks:
-                if k > b:
-                    continue
-                steps = k * length // b
-                cached = _seconds(lambda: generate_blocks(model, n, steps_per_block=k, seed=0), args.reps)
-                loop = _seconds(lambda: list(generate(model, n, steps, seed=0, sampler="blocks")), args.reps)
-                mdlm = _seconds(lambda: list(generate(full, n, steps, seed=0)), args.reps)
-                print(f"{b:>4} {k:>3} {steps:>5} | {cached:8.3f} {loop:8.3f} {mdlm:8.3f} | {cached / mdlm:11.2f} "
-                      f"{loop / mdlm:9.2f}")
+    shape = "smoke" if args.smoke else args.shape
+    length, vocab, blocks, rank, net, ks = SHAPES[shape]
+    full = _model(length, vocab, 0, rank, net)
+    ar = _model(length, vocab, 0, rank, net, causal=True)
+    for n in args.samples or [4 if args.smoke else 64]:
+        print(f"l = {length}, v = {vocab}, TT r = {rank}, d = {net[0]}, {net[1]} layers, {n} sequences; seconds a "
+              f"generation (median of {args.reps}), ratios to mdlm at the same K and to ar (l steps, cached)")
+        print(f"{'b':>4} {'k':>3} {'K':>5} | {'cached':>8} {'loop':>8} {'mdlm':>8} {'ar':>8} | {'cached/mdlm':>11} "
+              f"{'loop/mdlm':>9} {'cached/ar':>9}")
+        with torch.inference_mode():
+            ar_s = _seconds(lambda: list(generate(ar, n, length, seed=0, ordering="left_to_right")), args.reps)
+            for b in blocks:
+                model = _model(length, vocab, b, rank, net)
+                for k in ks:
+                    if k > b:
+                        continue
+                    steps = k * length // b
+                    cached = _seconds(lambda: generate_blocks(model, n, steps_per_block=k, seed=0), args.reps)
+                    loop = _seconds(lambda: list(generate(model, n, steps, seed=0, sampler="blocks")), args.reps)
+                    mdlm = _seconds(lambda: list(generate(full, n, steps, seed=0)), args.reps)
+                    print(f"{b:>4} {k:>3} {steps:>5} | {cached:8.3f} {loop:8.3f} {mdlm:8.3f} {ar_s:8.3f} | "
+                          f"{cached / mdlm:11.2f} {loop / mdlm:9.2f} {cached / ar_s:9.2f}")
 
 
 if __name__ == "__main__":
