@@ -182,6 +182,34 @@ def test_a_prompt_conditions_the_draw_as_the_exact_score_says(loop):
         generate_blocks(model, 1, prompt=torch.tensor([3, 3, 1, 3]))
 
 
+@pytest.mark.parametrize("decomposition,rank", [("none", 1), ("tt", 2)])
+def test_a_constrained_block_step_draws_each_block_from_its_joint_restricted_to_what_can_still_be_accepted(
+        decomposition, rank):
+    """A language over 3 tokens (the first is not 0, the number of 2s is even): at k = 1 each block is drawn from
+    its joint restricted to the block completions some accepted sequence continues (block 0: x0 != 0; block 1:
+    the parity fixed), so the law is p(b0) f(b0) / sum f p  x  p(b1 | b0) 1_L / sum_L p(b1 | b0); chi-square of
+    6,000 draws of the batched loop against it, every draw accepted."""
+    from ttcore.constraints import TokenDFA
+
+    model = _model(decomposition, rank)
+    delta = torch.tensor([[-1, 1, 2], [1, 1, 2], [2, 2, 1]])
+    dfa = TokenDFA.of_tokens(delta, torch.tensor([False, True, False]))
+    every = torch.tensor(list(itertools.product(range(3), repeat=4)))
+    accepted = (every[:, 0] != 0) & ((every == 2).sum(1) % 2 == 0)
+    joint = block_log_prob(model, every).exp().detach().double().view(9, 9)  # [b0, b1]
+    ok = accepted.view(9, 9).double()
+    p_b0 = joint.sum(1) * (ok.sum(1) > 0)
+    law = (p_b0 / p_b0.sum())[:, None] * (joint * ok) / (joint * ok).sum(1, keepdim=True).clamp_min(1e-300)
+    drawn = list(generate(model, 6000, 2, seed=4, sampler="blocks", constraint=dfa))[-1].tokens
+    index = (drawn * torch.tensor([27, 9, 3, 1])).sum(1)
+    assert bool(accepted[index].all())
+    counts = torch.bincount(index, minlength=81).double()
+    expected = law.flatten() * 6000
+    keep = expected > 0
+    assert counts[~keep].sum() == 0 and keep.sum() >= 20
+    assert chisquare(counts[keep].numpy(), expected[keep].numpy()).pvalue > 1e-3
+
+
 def test_several_steps_per_block_unmask_the_even_split_and_finish():
     assert block_counts(4, 3) == [2, 1, 1] and block_counts(2, 5) == [1, 1]
     model = _model(length=8, block=4)

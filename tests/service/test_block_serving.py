@@ -74,7 +74,7 @@ def test_a_block_request_gets_its_own_tokens_beside_others(block_server):
 
 
 @pytest.mark.parametrize("extra,field", [({"steps": 7}, "steps"), ({"ordering": "top_prob"}, "ordering"),
-                                         ({"prompt": "[MASK][MASK]C"}, "prompt"), ({"grammar": "smiles"}, "grammar"),
+                                         ({"prompt": "[MASK][MASK]C"}, "prompt"),
                                          ({"sampler": "fixed"}, "sampler")])
 def test_what_a_block_model_cannot_run_is_a_422_naming_the_field(block_server, extra, field):
     url, _, _ = block_server
@@ -94,6 +94,26 @@ def test_a_prompt_is_prefilled_and_its_first_masked_block_drawn_given_it(block_s
     blocks = tok.length // 2
     per_step = answer["tokens_per_step"]  # the steps that ran: block 0's was skipped
     assert len(per_step) == blocks - 1 and per_step[0] == 3 and sum(per_step) == 3 * (tok.length - 3), answer
+
+
+def test_a_grammar_constrains_every_block(block_server):
+    """``grammar: smiles`` (and a regex) on a block checkpoint: each block drawn from its joint restricted to what
+    the language can still accept, so every sample is in it, at one and two steps a block."""
+    import re
+
+    from ttcore.constraints import smiles_dfa
+
+    url, tok, _ = block_server
+    grammar = smiles_dfa(tok.pieces(range(tok.vocab_size)), tok.pad_id)
+    for body in ({"grammar": "smiles"}, {"grammar": "smiles", "steps": tok.length}, {"regex": "C+(O|N)C*"}):
+        r = httpx.post(url + "/generate", json={"checkpoint": "qm9-b2-tt", "num_samples": 16, "seed": 0, **body},
+                       timeout=120)
+        assert r.status_code == 200, r.text
+        texts = [s["text"] for s in r.json()["samples"]]
+        if "grammar" in body:
+            assert all(grammar.accepts(tok.encode(t)) for t in texts), texts
+        else:
+            assert all(re.fullmatch(body["regex"], t) for t in texts), texts
 
 
 def test_score_gives_a_block_models_exact_likelihood(block_server):

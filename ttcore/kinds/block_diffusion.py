@@ -17,7 +17,7 @@ from .base import ModelKind
 class BlockDiffusion(ModelKind):
     name = "block_diffusion"
     description = "a block diffusion model"
-    constrains = False  # not yet: the automaton's state at a block's start is known, the step is still to build
+    constrains = True  # each block from its joint restricted by the automaton started where the blocks before left it
     elbo = False
     exact_likelihood = True
     by_default = False  # answers only requests that name its checkpoint

@@ -60,6 +60,34 @@ def constrained_joint(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Ten
     return Constrained(joint_distribution(model, h, x, masked, temperature), automaton, known)
 
 
+def block_automaton(automata: Automata, tokens: torch.Tensor, start: torch.Tensor, size: int) -> Automata:
+    """The automata of the block at positions start .. start + size - 1 of each row (``start`` [b]): started in
+    the state the row's tokens before the block lead to, and accepting in the states from which the whole
+    automaton can still accept in the positions after the block (every one masked: a block model's rows), so a
+    draw of the block from its joint restricted to this language is one that some accepted sequence continues
+    (``ttcore.sampling.steps.block``). The states are relabelled so that the start is state 0 (a swap per row)."""
+    delta, accepting, token_class = automata.delta, automata.accepting, automata.token_class
+    b, q_n, c_n = delta.shape
+    rows = torch.arange(b, device=delta.device)
+    q = torch.zeros(b, dtype=torch.long, device=delta.device)
+    for i in range(int(start.max())):  # the prefix's state (it is feasible: the run's draws kept it so)
+        on = i < start
+        nxt = delta[rows, q.clamp_min(0), token_class[rows, tokens[:, i].clamp_min(0)]]
+        q = torch.where(on, nxt, q)
+    left = tokens.shape[1] - start - size  # [b] positions after the block
+    to = torch.where(delta < 0, q_n, delta)  # [b, Q, C]
+    co, at_left = accepting.clone(), accepting.clone()
+    for j in range(1, int(left.max()) + 1):  # co_j: can accept in exactly j more tokens
+        padded = torch.cat([co, torch.zeros(b, 1, dtype=torch.bool, device=co.device)], 1)
+        co = padded.gather(1, to.view(b, -1)).view(b, q_n, c_n).any(2)
+        at_left = torch.where((left == j)[:, None], co, at_left)
+    swap = torch.arange(q_n, device=delta.device).expand(b, -1).clone()  # state 0 <-> the start state
+    swap[rows, 0], swap[rows, q] = q, 0
+    moved = delta.gather(1, swap[:, :, None].expand(-1, -1, c_n))  # rows of the relabelled states
+    relabelled = torch.where(moved < 0, moved, swap.gather(1, moved.clamp_min(0).view(b, -1)).view(b, q_n, c_n))
+    return Automata(relabelled, at_left.gather(1, swap), token_class)
+
+
 FLOOR = 1e-300  # the float64 weight a rescued row gives a value its joint rounded to 0 (``constrained_step``)
 
 

@@ -12,6 +12,7 @@ import torch
 from ttcore.errors import InvalidSampler
 
 from ..blocks import scorable
+from ..constrained import block_automaton, constrained_step
 from ..orderings import PREDETERMINED, top_k_mask
 from .base import ConfiguredStep
 
@@ -35,7 +36,11 @@ def check_block_run(config, steps: int, tokens: torch.Tensor, mask_id: int, size
 
 
 class BlockStep(ConfiguredStep):
-    """The current block's next positions by the run's order, drawn jointly over the block alone."""
+    """The current block's next positions by the run's order, drawn jointly over the block alone; for constrained
+    rows from the block's joint restricted to the block completions some accepted sequence continues
+    (``constrained.block_automaton``: the automaton started where the committed tokens left it)."""
+
+    constrains = True
 
     @classmethod
     def accepts(cls, config) -> bool:
@@ -88,6 +93,11 @@ class BlockStep(ConfiguredStep):
         hb = h.gather(1, at[..., None].expand(-1, -1, h.shape[-1]))
         xb, mb, cb = tokens.gather(1, at), masked.gather(1, at), chosen.gather(1, at)
         model = rows.model
-        vb = model.format.draw(model.head, hb, xb, mb, cb, rows.temperature, rows.streams, self.config.contraction)
+        if rows.automaton is not None:
+            automaton = block_automaton(rows.automaton, tokens, at[:, 0], at.shape[1])
+            vb = constrained_step(model, hb, xb, mb, cb, rows.temperature, rows.streams, automaton)
+        else:
+            vb = model.format.draw(model.head, hb, xb, mb, cb, rows.temperature, rows.streams,
+                                   self.config.contraction)
         values = torch.full_like(tokens, -1)
         return values.scatter_(1, at, torch.where(cb, vb, -1))
