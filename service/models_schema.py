@@ -17,6 +17,12 @@ class ModelInfo(BaseModel):
         "autoregressive model: one token a step, left to right; `steps` defaults to its length; asked for by "
         "`checkpoint` only) or `bd3lm` (block diffusion: `sampler: blocks`, `steps` k times its blocks, one step a "
         "block by default; asked for by `checkpoint` only).")
+    block_size: int = Field(0, description="A block diffusion checkpoint's tokens per block (0: not one): `steps` is "
+                                           "k times its length / block_size blocks, 1 <= k <= block_size (k steps "
+                                           "a block; k = 1: each block one exact joint draw).")
+    default_steps: int | None = Field(None, description="The steps a request that sets none gets here (a block "
+                                                        "model's blocks, an AR model's length, a distilled "
+                                                        "checkpoint's own count); null: the API's default.")
     ar_pair: str | None = Field(None, description="The autoregressive checkpoint that `sampler: edlm` and `dcd` "
                                                   "consult for this one (its family's, same tokenizer); null: "
                                                   "those samplers are refused here.")

@@ -47,6 +47,7 @@ class ModelFacts:
     ar_pair: str | None = None  # the family's autoregressive checkpoint that EDLM and DCD consult (``pair_ar``)
     kind: str = "diffusion"  # its model kind's name (``ttcore.kinds``)
     kind_steps: int | None = None  # the steps its kind gives a request that sets none (``ModelKind.default_steps``)
+    block_size: int = 0  # a block diffusion model's tokens per block (0: none)
 
     @property
     def default_steps(self) -> int | None:
@@ -184,7 +185,7 @@ class ModelRegistry:
                          card_url=f"/models/{d.name}/card" if card is not None else None,
                          summary=tuple(line[2:] for line in (card or "").splitlines() if line.startswith("- "))[:8],
                          base=cfg.kind.base(cfg), latent_dim=cfg.dit.latent_dim, kind=cfg.kind.name,
-                         kind_steps=cfg.kind.default_steps(cfg),
+                         kind_steps=cfg.kind.default_steps(cfg), block_size=cfg.dit.block_size,
                          distilled=_distilled(cfg.extra.get("distilled")), grammars=grammars_of(tok))
         log.info("loaded %s: %s %s r=%d (admission times each kind of work when a request first needs it)",
                  d.name, family, cfg.decomposition, cfg.rank)

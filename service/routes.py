@@ -148,7 +148,7 @@ async def models(serving: Serving = Depends(current_serving)):
 def model_info(lm: LoadedModel) -> ModelInfo:
     """A loaded checkpoint's facts with this machine's current compute estimates, as the API sends them."""
     speed = lm.speed
-    return ModelInfo(**dataclasses.asdict(lm.info),
+    return ModelInfo(**dataclasses.asdict(lm.info), default_steps=lm.info.default_steps,
                      estimated_seconds={k: speed.estimate(k) for k in Speed.KINDS if speed.timed(k)},
                      estimated_step_overhead_seconds={k: speed.overhead_seconds(k) for k in Speed.KINDS
                                                       if k != WorkKind.chain_rule and speed.timed(k)},

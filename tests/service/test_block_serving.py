@@ -39,6 +39,7 @@ def test_a_block_checkpoint_is_served_block_by_block(block_server):
     infos = {m["checkpoint"]: m for m in httpx.get(url + "/models").json()["models"]}
     assert infos["qm9-b2-tt"]["kind"] == "block_diffusion" and infos["qm9-b2-tt"]["base"] == "bd3lm"
     blocks = tok.length // 2
+    assert infos["qm9-b2-tt"]["block_size"] == 2 and infos["qm9-b2-tt"]["default_steps"] == blocks
     r = httpx.post(url + "/generate", json={"checkpoint": "qm9-b2-tt", "num_samples": 3, "seed": 0}, timeout=60)
     assert r.status_code == 200, r.text
     answer = r.json()
