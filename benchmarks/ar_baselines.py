@@ -24,7 +24,8 @@ length). Validity (one molecule), uniqueness, novelty and, with ``--fcd``, FCD t
 ``--dcd-chunks 1 2 4`` adds DCD's rows at those chunk sizes (chunks of adjacent positions in random order);
 A block diffusion checkpoint (``training/train_blocks.py``) has a row per k in ``--block-steps`` (k steps a block,
 ``sampler: blocks``; K = k x its blocks). ``--nll`` adds each exact likelihood (the AR model's, a block model's at
-one step a block: ``ModelKind.exact_nll``) on the whole held-out split, nats per position.
+one step a block: ``ModelKind.exact_nll``) on the whole held-out split, nats per position; ``--grammar`` the block
+rows again under the SMILES grammar.
 ``--joint-edlm`` EDLM's rows over each CP / TT checkpoint, whose joint is then EDLM's proposal (``--edlm-candidates
 2 4``: a row per k).
 ``--http`` asks an embedded server (links to the checkpoints in a temporary folder; the service pairs the AR
@@ -52,19 +53,22 @@ sys.path.insert(0, str(ROOT / "training"))
 
 
 def _rows(diffusion, ar, ar_name: str, steps: list[int], dcd_chunks: list[int] = (1,),
-          joint_edlm: bool = False, edlm_candidates: list[int] = (2,), block_steps: list[int] = (1,)) -> list[tuple]:
+          joint_edlm: bool = False, edlm_candidates: list[int] = (2,), block_steps: list[int] = (1,),
+          grammar: bool = False) -> list[tuple]:
     """(label, checkpoint name, model, K, settings) of every cell; DCD once per chunk size (``dcd_chunk``);
     ``joint_edlm``: EDLM over each joint checkpoint too (its joint as the proposal), once per candidate count
     in ``edlm_candidates``; a block diffusion checkpoint at k steps a block for each k in ``block_steps`` (K = k
-    times its blocks, ``sampler: blocks``) instead of ``steps``."""
+    times its blocks, ``sampler: blocks``) instead of ``steps``, and with ``grammar`` again under the SMILES
+    grammar."""
     cells = []
     for name, model in diffusion:
         size = model.cfg.dit.block_size
         if size:
             head = f"{model.cfg.decomposition.upper()} r={model.cfg.rank}" if model.format.joint_head else "rank 1"
             blocks = model.cfg.dit.length // size
-            cells += [(f"block b={size} k={k} {head} ({name})", name, model, k * blocks, {"sampler": "blocks"})
-                      for k in block_steps if k <= size]
+            for extra in [{}, {"grammar": "smiles"}] if grammar else [{}]:
+                cells += [(f"block b={size} k={k} {head}{' + grammar' if extra else ''} ({name})", name, model,
+                           k * blocks, {"sampler": "blocks", **extra}) for k in block_steps if k <= size]
         elif model.format.joint_head:
             head = f"{model.cfg.decomposition.upper()} r={model.cfg.rank}"
             cells += [(f"{head} ({name})", name, model, k, {}) for k in steps]
@@ -135,7 +139,7 @@ def quality(args) -> None:
     try:
         for label, name, model, k, settings in _rows(diffusion, ar, Path(args.ar).name if args.ar else "",
                                                      args.steps, args.dcd_chunks, args.joint_edlm,
-                                                     args.edlm_candidates, args.block_steps):
+                                                     args.edlm_candidates, args.block_steps, args.grammar):
             _cell(args, label, name, model, k, settings, tok, url, training, reference)
         if args.nll:
             _nll_rows(args, diffusion, ar, ds)
@@ -152,6 +156,11 @@ def _cell(args, label, name, model, k, settings, tok, url, training, reference) 
     from ttcore.metrics import molecule_metrics
 
     if url is None:
+        if settings.get("grammar"):  # in process: the grammar's automaton over the checkpoint's tokens
+            from ttcore.constraints import smiles_dfa
+
+            settings = dict(settings, constraint=smiles_dfa(tok.pieces(range(tok.vocab_size)), tok.pad_id))
+            del settings["grammar"]
         res = run_setting(model, tok, args.samples, k, args.batch or 256, args.seed, **settings)
         texts, seconds = res["texts"], res["seconds"]
     else:
@@ -258,6 +267,8 @@ def main():
                     help="quality, with --joint-edlm: EDLM's k over the joint checkpoints (one row each)")
     ap.add_argument("--block-steps", type=int, nargs="+", default=[1],
                     help="quality: a block diffusion checkpoint's k steps a block (a row each; k <= its block size)")
+    ap.add_argument("--grammar", action="store_true", help="quality: each block checkpoint's rows again under the "
+                                                           "SMILES grammar (grammar: smiles)")
     ap.add_argument("--nll", action="store_true", help="quality: the exact -log p(x) per position on the held-out "
                                                        "split of each checkpoint with one (AR, block diffusion)")
     ap.add_argument("--http", action="store_true", help="quality: through /generate of an embedded server (uvicorn, "
