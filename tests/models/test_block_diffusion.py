@@ -210,6 +210,23 @@ def test_a_constrained_block_step_draws_each_block_from_its_joint_restricted_to_
     assert chisquare(counts[keep].numpy(), expected[keep].numpy()).pvalue > 1e-3
 
 
+def test_the_batched_loop_runs_only_the_blocks_up_to_the_current_one():
+    """``BlockStep.prefix_needed``: the coming step reads positions up to its block's end, and those features of
+    the prefix alone are the full forward's (block-causal: no block reads a later one)."""
+    from ttcore.sampling import GenerationRun, SamplerConfig
+    from ttcore.sampling.generate import _prefix_features
+
+    model = _model(length=8, block=2).double()
+    run = GenerationRun(model, 3, 8, SamplerConfig(sampler="blocks"), seed=0)  # k = 2
+    assert [run.sampler.prefix_needed(run)] == [2]
+    run.step(), run.step(), run.step()
+    assert run.sampler.prefix_needed(run) == 4  # step 3: block 1's second step
+    x = torch.randint(0, 3, (3, 8))
+    with torch.no_grad():
+        full, prefix = model.features(x), _prefix_features(model, x, None, 4)
+    assert torch.allclose(prefix[:, :4], full[:, :4], atol=1e-10) and (prefix[:, 4:] == 0).all()
+
+
 def test_several_steps_per_block_unmask_the_even_split_and_finish():
     assert block_counts(4, 3) == [2, 1, 1] and block_counts(2, 5) == [1, 1]
     model = _model(length=8, block=4)

@@ -127,6 +127,14 @@ class Step(Protocol):
         it; 1: as timed). An upper bound where the settings' cost is not exactly proportional."""
         ...
 
+    def active_steps(self, run) -> list[int] | None:
+        """The steps of ``run`` that unmask something, when known before they run (None: any may)."""
+        ...
+
+    def prefix_needed(self, run) -> int | None:
+        """The prefix of positions ``run``'s coming step reads, when the model computes it alone (None: all)."""
+        ...
+
 
 class ConfiguredStep:
     """What every step class starts from: the run's ``SamplerConfig``, the schedule's counts, a predetermined
@@ -164,6 +172,12 @@ class ConfiguredStep:
                                     rows.automaton)
         return predetermined_step(rows.model, h, tokens, masked, chosen, rows.temperature, rows.streams,
                                   self.config.contraction)
+
+    def prefix_needed(self, run) -> int | None:
+        """The positions of ``run``'s coming step that its counts, choice and draw read, when they are a prefix
+        that the model computes without the rest (block diffusion: up to the current block), else None: the
+        step's forward runs only those."""
+        return None
 
     def active_steps(self, run) -> list[int] | None:
         """The steps of ``run`` (a ``GenerationRun``) that unmask something, known before they run

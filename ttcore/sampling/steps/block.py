@@ -70,6 +70,14 @@ class BlockStep(ConfiguredStep):
         left = (n_current - after).clamp_min(0)
         return -(-left // (k - j))  # ceil
 
+    def prefix_needed(self, run) -> int:
+        """Up to the current block's end: block-causal attention makes a block's features independent of the
+        blocks after it, so the batched loop's forward runs the prefix alone (no cache: the committed blocks run
+        again each step)."""
+        size = run.model.cfg.dit.block_size
+        k = run.steps // (run.tokens.shape[1] // size)
+        return (run.step_index // k + 1) * size
+
     def active_steps(self, run) -> list[int]:
         """The steps of the blocks from the first holding a masked position on, less those of its steps that
         unmask nothing (fewer masked positions than k): a block the prompt gives runs no step."""
