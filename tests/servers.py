@@ -92,6 +92,27 @@ def make_ar_checkpoint(out: Path, base: Path) -> Path:
     return out
 
 
+def assert_in_language(url: str, checkpoint: str, tok, bodies, num_samples: int, seed: int) -> None:
+    """Each of ``bodies`` (a ``grammar: smiles`` or a ``regex`` request) on ``checkpoint`` answers 200 with every
+    sample in its language (the SMILES automaton over ``tok``'s tokens, or a full match of the regex)."""
+    import re
+
+    import httpx
+
+    from ttcore.constraints import smiles_dfa
+
+    grammar = smiles_dfa(tok.pieces(range(tok.vocab_size)), tok.pad_id)
+    for body in bodies:
+        r = httpx.post(url + "/generate", json={"checkpoint": checkpoint, "num_samples": num_samples, "seed": seed,
+                                                **body}, timeout=120)
+        assert r.status_code == 200, r.text
+        texts = [s["text"] for s in r.json()["samples"]]
+        if "grammar" in body:
+            assert all(grammar.accepts(tok.encode(t)) for t in texts), texts
+        else:
+            assert all(re.fullmatch(body["regex"], t) for t in texts), texts
+
+
 def make_block_checkpoint(out: Path, base: Path, block_size: int = 2, decomposition: str = "tt", rank: int = 2) -> Path:
     """A tiny block diffusion model (``training/train_blocks.py``'s objective, the kind's) with ``base``'s
     tokenizer and family and a ``decomposition`` head of ``rank`` over each block, trained a few steps from scratch
