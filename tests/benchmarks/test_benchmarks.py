@@ -35,6 +35,9 @@ def test_block_sampling_smoke():
     out = _bench(ROOT / "benchmarks" / "block_sampling.py", "--smoke", "--reps", "1")
     rows = [line for line in out.splitlines() if re.match(r"\s+4\s+[12]\s+\d+ \|", line)]
     assert len(rows) == 2 and all(len(re.findall(r"\d+\.\d+", r)) == 7 for r in rows), out  # 4 times, 3 ratios
+    qm9 = _bench(ROOT / "benchmarks" / "block_sampling.py", "--shape", "qm9", "--samples", 1, "--reps", 1)
+    rows = [line for line in qm9.splitlines() if re.match(r"\s+4\s+[124]\s+(6|12|24) \|", line)]
+    assert len(rows) == 3 and "l = 24" in qm9, qm9  # the docs page's shape, at batch 1
 
 
 def test_sampling_overhead_smoke():
