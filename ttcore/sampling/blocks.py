@@ -56,7 +56,7 @@ def generate_blocks(model, num_samples: int, steps_per_block: int = 1, seed: int
         order = Streams.of_request(seed, num_samples, block, device).uniform(Site.plan, size)  # [n, b] priorities
         order = order.masked_fill(tokens[:, at] != mask_id, float("inf"))  # known positions last: never chosen
         rank = order.argsort(1).argsort(1)  # each masked position's place in the block's random order
-        counts = block_counts(int((tokens[0, at] == mask_id).sum()), k) if block == first else block_counts(size, k)
+        counts = block_counts(int((tokens[0, at] == mask_id).sum()), k)  # the block's masked over its k steps
         done = 0
         for j, count in enumerate(counts):
             chosen = (rank >= done) & (rank < done + count)

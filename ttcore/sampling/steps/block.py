@@ -11,7 +11,7 @@ import torch
 
 from ttcore.errors import InvalidSampler
 
-from ..blocks import scorable
+from ..blocks import block_counts, scorable
 from ..constrained import block_automaton, constrained_step
 from ..orderings import PREDETERMINED, top_k_mask
 from .base import ConfiguredStep
@@ -88,7 +88,7 @@ class BlockStep(ConfiguredStep):
             return []
         todo = -(-n // size)  # blocks holding a masked position: the last ``todo``
         first, partial = blocks - todo, n - size * (todo - 1)  # the first one's masked positions
-        return [(first * k) + j for j in range(k) if partial // k + (j < partial % k)] + \
+        return [first * k + j for j, count in enumerate(block_counts(partial, k)) if count] + \
             list(range((first + 1) * k, run.steps))
 
     def choose(self, rows, h, tokens, masked, counts):
