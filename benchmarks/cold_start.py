@@ -13,22 +13,15 @@ and of the same request again.
 
 import argparse
 import multiprocessing
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
+from _server import start
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _burn() -> None:
@@ -44,28 +37,16 @@ def one_start(checkpoints: str, burners: list) -> tuple[float, dict[str, tuple[f
     and the same request again. -> (seconds to ready, {family: (first s, again s)})."""
     for b in burners:
         b.start()
-    port = _port()
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "service", "--checkpoints", checkpoints, "--port", str(port),
-                             "--log-level", "warning"], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
     try:
-        try:
-            while True:
-                if proc.poll() is not None:
-                    raise SystemExit("the server exited before it was ready")
-                try:
-                    if httpx.get(url + "/ready", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.02)
-            ready = time.perf_counter() - t0
-        finally:
-            for b in burners:
-                b.terminate()
-                b.join()
+        proc, url = start([sys.executable, "-m", "service", "--checkpoints", checkpoints, "--log-level", "warning"],
+                          cwd=ROOT, poll=0.02)
+        ready = time.perf_counter() - t0
+    finally:
+        for b in burners:
+            b.terminate()
+            b.join()
+    try:
         served = {m["model"] for m in httpx.get(url + "/models").json()["models"]}
         firsts = {}
         for family in (f for f in FAMILIES if f in served):

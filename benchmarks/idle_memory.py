@@ -12,21 +12,15 @@ idle / ready ratio. The load is the kind of traffic a hostile probe sends: every
 
 import argparse
 import itertools
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
+from _server import start
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rss_mb(pid: int) -> float:
@@ -37,21 +31,8 @@ def _rss_mb(pid: int) -> float:
 
 
 def _start(*flags: str) -> tuple[subprocess.Popen, str]:
-    port = _port()
-    proc = subprocess.Popen([sys.executable, "-m", "service", "--checkpoints", str(ROOT / "checkpoints"), "--port",
-                             str(port), "--log-level", "warning", "--precision", "bf16", *flags], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        try:
-            if httpx.get(url + "/ready", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("a server did not get ready in 180 s")
+    return start([sys.executable, "-m", "service", "--checkpoints", ROOT / "checkpoints", "--log-level", "warning",
+                  "--precision", "bf16", *flags], cwd=ROOT, timeout=180)
 
 
 def shapes(smoke: bool) -> list[dict]:

@@ -14,7 +14,6 @@ Prints each pair's seconds and the joint / rank-1 ratio, and the median ratio pe
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -22,34 +21,15 @@ import time
 from pathlib import Path
 
 import httpx
+from _server import start
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start(tree: Path, checkpoints: Path, precision: str) -> tuple[subprocess.Popen, str]:
-    port = _port()
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(tree))
-    proc = subprocess.Popen([sys.executable, "-m", "service", "--checkpoints", str(checkpoints), "--port", str(port),
-                             "--threads", "1", "--log-level", "warning", "--precision", precision], cwd=tree, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 300
-    while True:
-        try:
-            if httpx.get(url + "/ready", timeout=5).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            raise SystemExit(f"the server from {tree} did not start")
-        time.sleep(0.2)
+    return start([sys.executable, "-m", "service", "--checkpoints", checkpoints, "--threads", "1", "--log-level",
+                  "warning", "--precision", precision], cwd=tree, env=env)
 
 
 def _seconds(url: str, body: dict) -> float:

@@ -23,7 +23,6 @@ import asyncio
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,14 +30,9 @@ import time
 from pathlib import Path
 
 import httpx
+from _server import start
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _metric(text: str, name: str) -> float:
@@ -69,20 +63,11 @@ async def _run(url, body, clients, per_client):
 
 def _start(tree: Path, args) -> tuple[str, subprocess.Popen]:
     """``python -m service`` from the checkout ``tree`` on a free port, ready; -> (url, process)."""
-    port = _port()
-    url = f"http://127.0.0.1:{port}"
     env = dict(os.environ, PYTHONPATH=str(tree))
-    proc = subprocess.Popen([sys.executable, "-m", "service", "--checkpoints", args.checkpoints, "--port", str(port),
-                             "--log-level", "warning", "--precision", args.precision, "--device", args.device,
-                             *args.server_args.split()], cwd=tree, env=env, stderr=subprocess.PIPE)
-    for _ in range(600):
-        try:
-            if httpx.get(url + "/ready").status_code == 200:
-                return url, proc
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.terminate()
-    raise SystemExit(f"server did not start: {proc.stderr.read().decode()[-2000:]}")
+    proc, url = start([sys.executable, "-m", "service", "--checkpoints", args.checkpoints, "--log-level", "warning",
+                       "--precision", args.precision, "--device", args.device, *args.server_args.split()],
+                      cwd=tree, env=env)
+    return url, proc
 
 
 def main():

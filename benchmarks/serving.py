@@ -24,7 +24,6 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,33 +32,17 @@ import time
 from pathlib import Path
 
 import httpx
+from _server import start
 
 ROOT = Path(__file__).resolve().parent.parent
 COLUMNS = ("clients", "req/s", "out tok/s", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms", "errors")
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start(args) -> tuple[str, subprocess.Popen]:
-    port = _port()
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "service", "--checkpoints", args.checkpoints, "--port", str(port),
-                             "--log-level", "warning", "--precision", args.precision, "--device", args.device,
-                             "--max-requests", str(max(64, max(args.concurrency)))], cwd=ROOT,
-                            stderr=subprocess.PIPE)
-    for _ in range(600):
-        try:
-            if httpx.get(url + "/ready").status_code == 200:
-                return url, proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.terminate()
-    raise SystemExit(f"server did not start: {proc.stderr.read().decode()[-2000:]}")
+    proc, url = start([sys.executable, "-m", "service", "--checkpoints", args.checkpoints, "--log-level", "warning",
+                       "--precision", args.precision, "--device", args.device, "--max-requests",
+                       max(64, max(args.concurrency))], cwd=ROOT)
+    return url, proc
 
 
 def _guidellm(path: str | None) -> str:

@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -22,17 +21,12 @@ import time
 from pathlib import Path
 
 import httpx
+from _server import start
 
 from service.deployment import replica_pids
 
 ROOT = Path(__file__).resolve().parents[1]
 BODY = {"model": "qm9", "num_samples": 2, "steps": 8, "ordering": "random", "stream": True}
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rss_mb(pids: list[int]) -> float:
@@ -118,28 +112,14 @@ def main():
           f"{'TTFE50':>6} {'TTFE99':>6} | {'RSS warm':>8} {'RSS end':>8} {'growth':>7}")
     passed = True
     for mode in args.modes:
-        port = _port()
         env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONPATH=str(ROOT))
         if mode == "embedded":
-            cmd = [sys.executable, "-m", "service", "--checkpoints", args.checkpoints, "--port", str(port),
-                   "--log-level", "warning"]
+            cmd = [sys.executable, "-m", "service", "--checkpoints", args.checkpoints, "--log-level", "warning"]
         else:
             app = json.dumps({"checkpoints": str(Path(args.checkpoints).resolve()), "threads": 1})
-            cmd = [sys.executable, "-m", "service.deployment", "--port", str(port), "--args", app]
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                start_new_session=True)
-        url = f"http://127.0.0.1:{port}"
+            cmd = [sys.executable, "-m", "service.deployment", "--args", app]
+        proc, url = start(cmd, cwd=ROOT, env=env, poll=0.5, start_new_session=True)
         try:
-            deadline = time.time() + 300
-            while True:
-                try:
-                    if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.time() > deadline or proc.poll() is not None:
-                    raise SystemExit(f"{mode} server did not start: {proc.stderr.read().decode()[-2000:]}")
-                time.sleep(0.5)
             pids = (lambda: [proc.pid]) if mode == "embedded" else replica_pids
             stats, rss = asyncio.run(_soak(url, args.clients, 60 * args.minutes, pids))
             passed &= _report(mode, args.clients, args.minutes, stats, rss)

@@ -45,13 +45,19 @@ def wait_ready(url: str, timeout: float = 120, proc: subprocess.Popen | None = N
     raise TimeoutError(f"{url} not ready after {timeout} s")
 
 
+def spawn(argv: list, **kw) -> subprocess.Popen:
+    """A child process, its stdout discarded and its stderr in a temporary file (``stderr_tail`` reads it): a pipe
+    nobody reads fills at 64 KB and then blocks the child (a recipe's log, a server's warnings, Ray's replicas)."""
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen([str(a) for a in argv], stdout=subprocess.DEVNULL, stderr=log, **kw)
+    proc.log = log
+    return proc
+
+
 def stderr_tail(proc: subprocess.Popen, chars: int = 2000) -> str:
-    """The last of a server's stderr (a pipe, or the file ``start_ray_serve`` gives it)."""
-    log = getattr(proc, "log", None)
-    if log is None:
-        return proc.stderr.read().decode(errors="replace")[-chars:]
-    log.seek(0)
-    return log.read().decode(errors="replace")[-chars:]
+    """The last ``chars`` of a ``spawn``ed process's stderr."""
+    proc.log.seek(0)
+    return proc.log.read().decode(errors="replace")[-chars:]
 
 
 def make_checkpoints(root: Path) -> Path:
@@ -161,9 +167,8 @@ def uvicorn_server(checkpoints: Path, *extra: str, env: dict | None = None):
 def start_uvicorn(checkpoints: Path, *extra: str, env: dict | None = None) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
-    proc = subprocess.Popen([sys.executable, "-m", "service", "--checkpoints", str(checkpoints), "--port", str(port),
-                             "--threads", "1", "--log-level", "warning", "--precision", "fp32", *extra],
-                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = spawn([sys.executable, "-m", "service", "--checkpoints", checkpoints, "--port", port, "--threads", "1",
+                  "--log-level", "warning", "--precision", "fp32", *extra], cwd=ROOT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc=proc)
@@ -180,13 +185,9 @@ def start_ray_serve(app_args: dict, env: dict | None = None, *extra: str) -> tup
     port = free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1", RAY_AUTH_MODE="disabled", RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S="60",
                **(env or {}))
-    # stderr to a file, not a pipe: the replicas' logs reach the driver's stderr (Ray's log_to_driver), and a
-    # pipe nobody reads fills at 64 KB and blocks the driver (a drain of many requests logged that much)
-    log = tempfile.TemporaryFile()
-    proc = subprocess.Popen([sys.executable, "-m", "service.deployment", "--port", str(port), "--args",
-                             json.dumps(app_args), *extra], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=log)
-    proc.log = log
+    # the replicas' logs reach the driver's stderr (Ray's log_to_driver): a drain of many requests logs a lot
+    proc = spawn([sys.executable, "-m", "service.deployment", "--port", port, "--args", json.dumps(app_args), *extra],
+                 cwd=ROOT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, 240, proc)

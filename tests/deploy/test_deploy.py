@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from servers import free_port, wait_ready
+from servers import free_port, spawn, wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -156,7 +156,7 @@ def entrypoint() -> list[str]:
 def test_container_command_embedded_mode_serves(entrypoint, checkpoints):
     port = free_port()
     env = _container_env(TTCORE_MODE="embedded", PORT=str(port), TTCORE_CHECKPOINTS=str(checkpoints))
-    proc = subprocess.Popen(["sh", entrypoint], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = spawn(["sh", entrypoint], cwd=ROOT, env=env)
     try:
         wait_ready(f"http://127.0.0.1:{port}", 120, proc)
         r = httpx.post(f"http://127.0.0.1:{port}/generate", json={"num_samples": 1, "steps": 2}, timeout=60)
@@ -174,7 +174,7 @@ def test_container_command_ray_mode_serves(entrypoint, checkpoints):
                          OMP_NUM_THREADS="1", RAY_AUTH_TOKEN_PATH=str(token))
     env.pop("RAY_AUTH_TOKEN", None)
     assert env["RAY_AUTH_MODE"] == "token"
-    proc = subprocess.Popen(["sh", entrypoint], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = spawn(["sh", entrypoint], cwd=ROOT, env=env)
     try:
         wait_ready("http://127.0.0.1:8000", 240, proc)
         models = httpx.get("http://127.0.0.1:8000/models").json()["models"]

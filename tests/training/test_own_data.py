@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from servers import free_port, page_argv, playground_generates, wait_ready
+from servers import free_port, page_argv, playground_generates, spawn, wait_ready
 
 from ttcore.data.peptides import peptides
 
@@ -75,9 +75,8 @@ def test_own_data_page_commands(tmp_path):
 
     port = free_port()
     assert _argv(serve, SMOKE_STEPS)[-2:] == ["--port", "8001"]  # not the port `bash dev.sh run` serves on
-    proc = subprocess.Popen([*_argv(serve, SMOKE_STEPS)[:-2], "--port", str(port), "--threads", "1",
-                             "--precision", "fp32", "--log-level", "warning"], cwd=tmp_path, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = spawn([*_argv(serve, SMOKE_STEPS)[:-2], "--port", port, "--threads", "1", "--precision", "fp32",
+                  "--log-level", "warning"], cwd=tmp_path, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, 180, proc)

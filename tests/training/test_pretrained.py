@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from servers import free_port, page_argv, playground_generates, wait_ready
+from servers import free_port, page_argv, playground_generates, spawn, wait_ready
 
 from ttcore.data.peptides import peptides
 
@@ -57,8 +57,7 @@ def test_pretrained_page_commands(tmp_path, kind):
     port = free_port()
     argv = _argv(serve, env)
     assert argv[-2:] == ["--port", "8002"]
-    proc = subprocess.Popen([*argv[:-2], "--port", str(port), "--threads", "1", "--log-level", "warning"],
-                            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = spawn([*argv[:-2], "--port", port, "--threads", "1", "--log-level", "warning"], cwd=tmp_path, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, 180, proc)

@@ -13,6 +13,7 @@ import pytest
 import torch
 from _loop import fit
 from safetensors.torch import load_file
+from servers import spawn, stderr_tail
 
 from ttcore.data import SmilesDataset
 from ttcore.models import DiTConfig, JointModel, ModelConfig, load_checkpoint, read_train_config
@@ -27,8 +28,7 @@ pytestmark = pytest.mark.slow  # servers, Ray, training or end-to-end commands
 
 
 def _run(*args, **kw):
-    cmd = [sys.executable, *map(str, args)]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)
+    return spawn([sys.executable, *args], cwd=ROOT, **kw)
 
 
 def _sample_model(**dims):
@@ -81,7 +81,7 @@ def test_kill_and_resume_reaches_the_same_state(tmp_path):
     common = ["--config", "tiny", "--data", SAMPLE, "--max-steps", 120, "--quiet",
               "--set", "threads=1", "ckpt_minutes=0", "val_every=40"]
     straight = _run(ROOT / "training" / "pretrain.py", "--out", tmp_path / "a", *common)
-    assert straight.wait(timeout=300) == 0, straight.stderr.read().decode()
+    assert straight.wait(timeout=300) == 0, stderr_tail(straight)
     killed = _run(ROOT / "training" / "pretrain.py", "--out", tmp_path / "b", *common)
     deadline = time.time() + 120
     while _step(tmp_path / "b") < 30 and time.time() < deadline and killed.poll() is None:
@@ -91,7 +91,7 @@ def test_kill_and_resume_reaches_the_same_state(tmp_path):
     stopped_at = _step(tmp_path / "b")
     assert 0 < stopped_at < 120, stopped_at
     resumed = _run(ROOT / "training" / "pretrain.py", "--out", tmp_path / "b", "--resume", *common)
-    assert resumed.wait(timeout=300) == 0, resumed.stderr.read().decode()
+    assert resumed.wait(timeout=300) == 0, stderr_tail(resumed)
     a, b = load_file(str(tmp_path / "a" / "model.safetensors")), load_file(str(tmp_path / "b" / "model.safetensors"))
     assert a.keys() == b.keys()
     for k in a:
@@ -105,12 +105,12 @@ def test_kill_and_resume_reaches_the_same_state(tmp_path):
 def test_finetune_recipe_from_base(tmp_path):
     base = _run(ROOT / "training" / "pretrain.py", "--config", "tiny", "--data", SAMPLE, "--out", tmp_path / "base",
                 "--max-steps", 20, "--quiet", "--set", "model.n_blocks=1")  # not the tiny config's 2 blocks
-    assert base.wait(timeout=300) == 0, base.stderr.read().decode()
+    assert base.wait(timeout=300) == 0, stderr_tail(base)
     for dec, rank, head in (("tt", 3, "2layer"), ("cp", 4, "1layer"), ("none", 1, "1layer")):
         ft = _run(ROOT / "training" / "finetune.py", "--config", "tiny", "--data", SAMPLE, "--base", tmp_path / "base",
                   "--decomposition", dec, "--rank", rank, "--head", head, "--out", tmp_path / dec,
                   "--max-steps", 10, "--quiet")
-        assert ft.wait(timeout=300) == 0, ft.stderr.read().decode()
+        assert ft.wait(timeout=300) == 0, stderr_tail(ft)
         model, _, config = load_checkpoint(tmp_path / dec)
         assert (config["model"]["decomposition"], config["model"]["rank"]) == (dec, rank)
         # the recorded config and the card name the base's architecture, not the config file's defaults
@@ -120,7 +120,7 @@ def test_finetune_recipe_from_base(tmp_path):
     more = _run(ROOT / "training" / "finetune.py", "--config", "tiny", "--data", SAMPLE, "--base", tmp_path / "tt",
                 "--decomposition", "tt", "--rank", 3, "--head", "2layer", "--out", tmp_path / "more",
                 "--max-steps", 2, "--quiet", "--set", "lr=0", "marginal_weight=1.0")
-    assert more.wait(timeout=300) == 0, more.stderr.read().decode()
+    assert more.wait(timeout=300) == 0, stderr_tail(more)
     a, b = (load_file(str(tmp_path / run / "model.safetensors")) for run in ("tt", "more"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert load_checkpoint(tmp_path / "more")[2]["model"]["extra"]["continued_from"] == "tt"
@@ -128,7 +128,7 @@ def test_finetune_recipe_from_base(tmp_path):
     grown = _run(ROOT / "training" / "finetune.py", "--config", "tiny", "--data", SAMPLE, "--base", tmp_path / "tt",
                  "--decomposition", "tt", "--rank", 6, "--head", "2layer", "--out", tmp_path / "grown",
                  "--max-steps", 1, "--quiet", "--set", "lr=0")
-    assert grown.wait(timeout=300) == 0, grown.stderr.read().decode()
+    assert grown.wait(timeout=300) == 0, stderr_tail(grown)
     g = load_file(str(tmp_path / "grown" / "model.safetensors"))
     assert load_checkpoint(tmp_path / "grown")[2]["model"]["rank"] == 6
     assert g["head.mix.weight"].shape[0] == 4 * a["head.mix.weight"].shape[0]  # r * r outputs: 36 of 9
@@ -136,7 +136,7 @@ def test_finetune_recipe_from_base(tmp_path):
     wrong = _run(ROOT / "training" / "finetune.py", "--config", "tiny", "--data", SAMPLE, "--base", tmp_path / "tt",
                  "--decomposition", "tt", "--rank", 4, "--head", "2layer", "--out", tmp_path / "wrong",
                  "--max-steps", 1)
-    assert wrong.wait(timeout=300) != 0 and b"--rank 3 (or a multiple)" in wrong.stderr.read()
+    assert wrong.wait(timeout=300) != 0 and "--rank 3 (or a multiple)" in stderr_tail(wrong)
 
 
 def test_text_recipes_and_prefix_generation(tmp_path):
@@ -144,10 +144,10 @@ def test_text_recipes_and_prefix_generation(tmp_path):
     small = ["--set", "data=text", "family=text", "bpe_vocab=512", "length=32", "threads=1"]
     base = _run(ROOT / "training" / "pretrain.py", "--config", "tiny", "--out", tmp_path / "base", "--max-steps", 10,
                 "--quiet", *small)
-    assert base.wait(timeout=600) == 0, base.stderr.read().decode()
+    assert base.wait(timeout=600) == 0, stderr_tail(base)
     ft = _run(ROOT / "training" / "finetune.py", "--config", "tiny", "--base", tmp_path / "base", "--decomposition",
               "tt", "--rank", 2, "--head", "2layer", "--out", tmp_path / "tt", "--max-steps", 5, "--quiet", *small)
-    assert ft.wait(timeout=600) == 0, ft.stderr.read().decode()
+    assert ft.wait(timeout=600) == 0, stderr_tail(ft)
     model, tok, config = load_checkpoint(tmp_path / "tt")
     assert tok.kind == "text" and config["model"]["extra"]["family"] == "text" and model.cfg.head == "2layer"
     from ttcore.sampling import generate
@@ -158,7 +158,7 @@ def test_text_recipes_and_prefix_generation(tmp_path):
     assert all(tok.decode(row).startswith("The state of the Union") for row in last.tokens.tolist())
     again = _run(ROOT / "training" / "pretrain.py", "--config", "tiny", "--tokenizer", tmp_path / "base", "--out",
                  tmp_path / "again", "--max-steps", 2, "--quiet", *small, "bpe_vocab=300")
-    assert again.wait(timeout=600) == 0, again.stderr.read().decode()
+    assert again.wait(timeout=600) == 0, stderr_tail(again)
     assert load_checkpoint(tmp_path / "again")[1].to_dict() == tok.to_dict()  # not a new 300-token BPE
 
 
@@ -195,13 +195,13 @@ def test_finetune_recipe_from_an_mdlm_checkpoint_then_served(tmp_path):
               "--decomposition", "tt", "--rank", 2, "--head", "2layer", "--out", tmp_path / "owt-tt-r2",
               "--max-steps", 2, "--quiet", "--set", "tokenizer=gpt2", "length=32", "batch_size=4", "val_batches=1",
               "threads=1", "precision=fp32")
-    assert ft.wait(timeout=600) == 0, ft.stderr.read().decode()
+    assert ft.wait(timeout=600) == 0, stderr_tail(ft)
     model, tok, config = load_checkpoint(tmp_path / "owt-tt-r2")
     assert (config["model"]["decomposition"], config["model"]["rank"], model.cfg.dit.out_vocab) == ("tt", 2, 50257)
     assert json.loads((tmp_path / "owt-tt-r2" / "train_state" / "state.json").read_text())["step"] == 2
     export = _run(ROOT / "training" / "export.py", "--src", tmp_path / "owt-tt-r2", "--out",
                   tmp_path / "served" / "owt-tt-r2", "--family", "owt")
-    assert export.wait(timeout=300) == 0, export.stderr.read().decode()
+    assert export.wait(timeout=300) == 0, stderr_tail(export)
     proc, url = start_uvicorn(tmp_path / "served")
     try:
         r = httpx.post(url + "/generate", json={"model": "owt", "num_samples": 2, "steps": 4, "seed": 0,
@@ -326,12 +326,12 @@ def test_a_tiny_vadd_pretrains_fine_tunes_to_tt_exports_and_serves(tmp_path):
     common = ["--config", "tiny", "--data", SAMPLE, "--quiet", "--set", "threads=1"]
     base = _run(ROOT / "training" / "pretrain.py", "--latent", "vadd", "--latent-dim", 8, "--out", tmp_path / "base",
                 "--max-steps", 30, *common)
-    assert base.wait(timeout=300) == 0, base.stderr.read().decode()
+    assert base.wait(timeout=300) == 0, stderr_tail(base)
     state = json.loads((tmp_path / "base" / "train_state" / "state.json").read_text())
     assert set(state["val"]) == {"nll", "kl", "objective"} and state["val"]["kl"] >= 0
     ft = _run(ROOT / "training" / "finetune.py", "--base", tmp_path / "base", "--decomposition", "tt", "--rank", 2,
               "--head", "1layer", "--out", tmp_path / "tt", "--max-steps", 10, *common)
-    assert ft.wait(timeout=300) == 0, ft.stderr.read().decode()
+    assert ft.wait(timeout=300) == 0, stderr_tail(ft)
     model, _, config = load_checkpoint(tmp_path / "tt")
     assert model.latent_dim == 8 and model.recognition is not None and config["model"]["decomposition"] == "tt"
     exported = tmp_path / "served" / "qm9-vadd-tt-r2"
@@ -443,11 +443,11 @@ def test_ar_recipe_trains_resumes_exactly_and_exports(tmp_path):
 
     common = ["--config", "tiny", "--data", SAMPLE, "--quiet", "--set", "val_every=10", "total_steps=20"]
     straight = _run(ROOT / "training" / "train_ar.py", "--out", tmp_path / "a", "--max-steps", 20, *common)
-    assert straight.wait(timeout=300) == 0, straight.stderr.read().decode()
+    assert straight.wait(timeout=300) == 0, stderr_tail(straight)
     half = _run(ROOT / "training" / "train_ar.py", "--out", tmp_path / "b", "--max-steps", 10, *common)
-    assert half.wait(timeout=300) == 0, half.stderr.read().decode()
+    assert half.wait(timeout=300) == 0, stderr_tail(half)
     rest = _run(ROOT / "training" / "train_ar.py", "--out", tmp_path / "b", "--max-steps", 20, "--resume", *common)
-    assert rest.wait(timeout=300) == 0, rest.stderr.read().decode()
+    assert rest.wait(timeout=300) == 0, stderr_tail(rest)
     model, tok, config = load_checkpoint(tmp_path / "a")
     assert config["model"]["dit"]["causal"] and model.cfg.head_label == "ar"
     card = (tmp_path / "a" / "model_card.md").read_text()
@@ -460,7 +460,7 @@ def test_ar_recipe_trains_resumes_exactly_and_exports(tmp_path):
     a, b = (load_file(str(tmp_path / run / "model.safetensors")) for run in ("a", "b"))
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
     export = _run(ROOT / "training" / "export.py", "--src", tmp_path / "a", "--out", tmp_path / "exported")
-    assert export.wait(timeout=300) == 0, export.stderr.read().decode()
+    assert export.wait(timeout=300) == 0, stderr_tail(export)
     assert load_checkpoint(tmp_path / "exported")[0].cfg.dit.causal
 
 
@@ -473,14 +473,14 @@ def test_block_recipe_trains_a_block_model_that_finetunes_to_tt_and_generates(tm
 
     common = ["--config", "tiny", "--data", SAMPLE, "--quiet", "--max-steps", 4]
     base = _run(ROOT / "training" / "train_blocks.py", "--block-size", 2, "--out", tmp_path / "b2", *common)
-    assert base.wait(timeout=300) == 0, base.stderr.read().decode()
+    assert base.wait(timeout=300) == 0, stderr_tail(base)
     model, tok, config = load_checkpoint(tmp_path / "b2")
     assert config["model"]["dit"]["block_size"] == 2 and model.cfg.kind.name == "block_diffusion"
     assert re.search(r"validation: -log p\(x\) [\d.]+ nats per position \(exact",
                      (tmp_path / "b2" / "model_card.md").read_text())
     ft = _run(ROOT / "training" / "finetune.py", "--base", tmp_path / "b2", "--decomposition", "tt", "--rank", 2,
               "--out", tmp_path / "b2-tt", *common)
-    assert ft.wait(timeout=300) == 0, ft.stderr.read().decode()
+    assert ft.wait(timeout=300) == 0, stderr_tail(ft)
     tt, _, _ = load_checkpoint(tmp_path / "b2-tt")
     assert tt.cfg.dit.block_size == 2 and tt.cfg.decomposition == "tt"
     out = generate_blocks(tt.eval(), 4, steps_per_block=1, seed=0)
@@ -489,8 +489,8 @@ def test_block_recipe_trains_a_block_model_that_finetunes_to_tt_and_generates(tm
         assert torch.isfinite(block_log_prob(tt, out)).all()
     scratch = _run(ROOT / "training" / "train_blocks.py", "--block-size", 2, "--out", tmp_path / "b2-cp", *common,
                    "--set", "model.decomposition=cp", "model.rank=3")  # a joint head from scratch, as configured
-    assert scratch.wait(timeout=300) == 0, scratch.stderr.read().decode()
+    assert scratch.wait(timeout=300) == 0, stderr_tail(scratch)
     cp, _, _ = load_checkpoint(tmp_path / "b2-cp")
     assert (cp.cfg.decomposition, cp.cfg.rank, cp.cfg.dit.block_size) == ("cp", 3, 2)
     wrong = _run(ROOT / "training" / "train_blocks.py", "--block-size", 3, "--out", tmp_path / "b3", *common)
-    assert wrong.wait(timeout=300) != 0 and b"block_size must be 0 (full-sequence) or divide" in wrong.stderr.read()
+    assert wrong.wait(timeout=300) != 0 and "block_size must be 0 (full-sequence) or divide" in stderr_tail(wrong)
