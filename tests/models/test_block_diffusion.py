@@ -64,6 +64,23 @@ def test_the_training_pass_gives_each_block_what_generation_computes_for_it():
         assert torch.allclose(h[:, at], model.features(view)[:, at], atol=1e-5), block
 
 
+def test_a_full_sequence_model_becomes_a_block_model_of_its_weights():
+    """JointModel.as_blocks (BD3-LM's start from an MDLM): one block of the whole length is the full-sequence model
+    itself; smaller blocks make it block-causal; a padded length reads the same weights; a causal model is refused."""
+    full = _model(length=4, block=0)
+    x = torch.randint(0, 3, (5, 4))
+    one = full.as_blocks(4).eval()
+    assert one.cfg.kind.name == "block_diffusion" and torch.allclose(one.features(x), full.features(x), atol=1e-6)
+    two = full.as_blocks(2, length=6).eval()
+    assert (two.cfg.dit.block_size, two.cfg.dit.length) == (2, 6)
+    assert all(torch.equal(a, b) for a, b in zip(two.state_dict().values(), full.state_dict().values()))
+    y = torch.cat([x, torch.full((5, 2), 3)], 1)  # block 0 reads itself alone: the base on those two tokens
+    assert torch.allclose(two.features(y)[:, :2], full.features(x[:, :2]), atol=1e-5)
+    causal = JointModel(ModelConfig(DiTConfig(**{**full.cfg.dit.__dict__, "causal": True})))
+    with pytest.raises(ValueError, match="not also a causal one"):
+        causal.as_blocks(2)
+
+
 def test_with_one_block_the_loss_is_mdlms_joint_nll():
     """block_size = l: one block, no clean context, so the objective is MDLM's on the same masks."""
     model = _model(length=4, block=4)

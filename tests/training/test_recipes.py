@@ -464,11 +464,11 @@ def test_ar_recipe_trains_resumes_exactly_and_exports(tmp_path):
     assert load_checkpoint(tmp_path / "exported")[0].cfg.dit.causal
 
 
-def test_block_recipe_trains_a_block_model_that_finetunes_to_tt_and_generates(tmp_path):
-    """training/train_blocks.py at its smallest (its docstring's second command): a block-causal checkpoint whose
+def test_block_recipe_trains_a_block_model_that_finetunes_to_tt_and_generates(tmp_path, checkpoints):
+    """training/train_blocks.py at its smallest (its docstring's last command): a block-causal checkpoint whose
     validation line is its exact likelihood; finetune.py puts a TT head on each block (the kind's objective
     stays); the result generates block by block and its exact likelihood is finite; a joint head named in the
-    config trains from scratch."""
+    config trains from scratch; --base starts from a full-sequence checkpoint, its length padded to whole blocks."""
     from ttcore.sampling.blocks import block_log_prob, generate_blocks
 
     common = ["--config", "tiny", "--data", SAMPLE, "--quiet", "--max-steps", 4]
@@ -494,3 +494,12 @@ def test_block_recipe_trains_a_block_model_that_finetunes_to_tt_and_generates(tm
     assert (cp.cfg.decomposition, cp.cfg.rank, cp.cfg.dit.block_size) == ("cp", 3, 2)
     wrong = _run(ROOT / "training" / "train_blocks.py", "--block-size", 3, "--out", tmp_path / "b3", *common)
     assert wrong.wait(timeout=300) != 0 and "block_size must be 0 (full-sequence) or divide" in stderr_tail(wrong)
+    base, base_tok, _ = load_checkpoint(checkpoints / "qm9-base")
+    size = next(b for b in (3, 4, 5) if base_tok.length % b)  # one that does not divide: the length is padded
+    started = _run(ROOT / "training" / "train_blocks.py", "--block-size", size, "--base", checkpoints / "qm9-base",
+                   "--out", tmp_path / "from-base", *common)
+    assert started.wait(timeout=300) == 0, stderr_tail(started)
+    blocks, blocks_tok, _ = load_checkpoint(tmp_path / "from-base")
+    assert blocks.cfg.dit.block_size == size and blocks_tok.length == blocks.cfg.dit.length
+    assert blocks.cfg.dit.length == -(-base_tok.length // size) * size and blocks_tok.vocab == base_tok.vocab
+    assert blocks.cfg.dit.hidden_dim == base.cfg.dit.hidden_dim and blocks.cfg.decomposition == "none"
