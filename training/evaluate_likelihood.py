@@ -1,7 +1,8 @@
 """Likelihood of each checkpoint on the data it was trained on (its ``train_config.json``), or on ``--data``:
-the validation metrics (joint NLL, marginal NLL, NELBO; ``ttcore.recipes.evaluate_loss``), the ELBO perplexity,
-and, for TT, the contracted-core head's error against the exact contraction (total variation per row of Gbar_j,
-mean and max over masked positions). Any family: no sample metrics needed.
+the validation metrics (joint NLL, marginal NLL, NELBO; ``ttcore.recipes.evaluate_loss``), the ELBO perplexity
+(the exact perplexity for a kind with an exact likelihood: autoregressive, block diffusion), and, for TT, the
+contracted-core head's error against the exact contraction (total variation per row of Gbar_j, mean and max over
+masked positions). Any family: no sample metrics needed.
 
     python training/evaluate_likelihood.py --checkpoints checkpoints --out results/likelihood --cards
 
@@ -59,6 +60,21 @@ def elbo_perplexity(model, tokenizer, tokens: torch.Tensor, batch: int, device: 
             "elbo_sequences": len(v), "elbo_draws": num_mc, "elbo_terms": "all" if tokenizer.pads else "real"}
 
 
+@torch.no_grad()
+def exact_perplexity(model, tokenizer, tokens: torch.Tensor, batch: int, device: str) -> dict:
+    """exp of the exact -log p(x) per real token of the held-out sequences (``ModelKind.exact_nll``: the AR chain
+    rule, or block diffusion's sum over blocks), summed over the sequences before dividing, as ``elbo_perplexity``
+    reports a bound for a masked diffusion model; nothing is drawn, so no standard error of draws."""
+    nats, real = 0.0, 0
+    with model.compute_context():
+        for s in range(0, len(tokens), batch):
+            x0 = tokens[s:s + batch].to(device)
+            nats += model.cfg.kind.exact_nll(model, x0).item() * x0.numel()  # per position -> the batch's total
+            real += int((x0 != tokenizer.pad_id).sum()) if tokenizer.pads else x0.numel()
+    return {"exact_nll_real": nats / real, "exact_ppl": float(torch.exp(torch.tensor(nats / real))),
+            "exact_sequences": len(tokens)}
+
+
 def evaluate_likelihood(paths: list[Path], precision: str, cards: bool, out: Path, data: str | None,
                         device: str = "cpu") -> list[dict]:
     """Validation metrics on the data each checkpoint was trained on (its card's config), or ``data``."""
@@ -71,20 +87,28 @@ def evaluate_likelihood(paths: list[Path], precision: str, cards: bool, out: Pat
         val = torch.from_numpy(dataset(cfg, tok).val_tokens)
         metrics = evaluate_loss(model, val, tok.mask_id, batch_size=cfg.batch_size, batches=cfg.val_batches,
                                 precision=precision, eps=cfg.eps, device=torch.device(device))
+        summary = validation_summary(metrics)  # of evaluate_loss's names alone
         model.eval()
-        metrics.update(elbo_perplexity(model, tok, val[: cfg.batch_size * cfg.val_batches], cfg.batch_size, device))
+        held_out = val[: cfg.batch_size * cfg.val_batches]
+        if model.cfg.kind.exact_likelihood:  # no bound to estimate: its likelihood itself
+            metrics.update(exact_perplexity(model, tok, held_out, cfg.batch_size, device))
+        else:
+            metrics.update(elbo_perplexity(model, tok, held_out, cfg.batch_size, device))
         if "exact" in model.format.contractions:  # the head's contraction has an error
             metrics.update(contraction_error(model, val[: cfg.batch_size].to(device), tok.mask_id))
         rows.append({"checkpoint": path.name, "decomposition": model.cfg.decomposition, "rank": model.cfg.rank,
                      "precision": precision, "val_batches": cfg.val_batches, "batch_size": cfg.batch_size, **metrics})
-        print(f"{path.name:>16}: {validation_summary(metrics)}; ELBO perplexity {metrics['elbo_ppl']:.3f} "
-              f"(NELBO {metrics['elbo_nll']:.4f} +- {metrics['elbo_stderr']:.4f} nats per real token)"
+        perplexity = (f"exact perplexity {metrics['exact_ppl']:.3f} ({metrics['exact_nll_real']:.4f} nats per real "
+                      f"token)" if "exact_ppl" in metrics else
+                      f"ELBO perplexity {metrics['elbo_ppl']:.3f} (NELBO {metrics['elbo_nll']:.4f} +- "
+                      f"{metrics['elbo_stderr']:.4f} nats per real token)")
+        print(f"{path.name:>16}: {summary}; {perplexity}"
               + (f"; head TV mean {metrics['head_tv_mean']:.4f} max {metrics['head_tv_max']:.4f}"
                  if "head_tv_mean" in metrics else ""), flush=True)
         if cards:
             card_path = path / "model_card.md"
             lines = card_path.read_text().split("\n")
-            lines = [f"- validation ({precision}, re-measured by `{this_command()}`): {validation_summary(metrics)}"
+            lines = [f"- validation ({precision}, re-measured by `{this_command()}`): {summary}"
                      if line.startswith("- validation") else line for line in lines]
             tmp = card_path.with_suffix(".md.tmp")
             tmp.write_text("\n".join(lines))

@@ -140,17 +140,27 @@ def test_replace_section_keeps_the_sections_around_it():
 
 
 def test_likelihood_metrics_and_head_error_replace_the_cards_validation_line(checkpoints, tmp_path):
+    """A block diffusion checkpoint (an exact likelihood) gets its exact perplexity, not an ELBO's."""
     import shutil
+
+    from servers import make_block_checkpoint
 
     for name in ("qm9-base", "qm9-tt-r2"):
         shutil.copytree(checkpoints / name, tmp_path / "ck" / name)
+    make_block_checkpoint(tmp_path / "ck" / "qm9-blocks", checkpoints / "qm9-base")
     cmd = [sys.executable, "training/evaluate_likelihood.py", "--checkpoints", str(tmp_path / "ck"), "--out",
            str(tmp_path / "r"), "--data", str(ROOT / "tests" / "data" / "qm9_sample.txt"), "--precision", "fp32",
            "--cards"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = {r["checkpoint"]: r for r in json.loads((tmp_path / "r" / "likelihood.json").read_text())}
-    base, tt = rows["qm9-base"], rows["qm9-tt-r2"]
+    base, tt, blocks = rows["qm9-base"], rows["qm9-tt-r2"], rows.pop("qm9-blocks")
+    assert "elbo_ppl" not in blocks and blocks["exact_ppl"] == pytest.approx(math.exp(blocks["exact_nll_real"]))
+    assert blocks["exact_nll_real"] > blocks["nll"] > 0  # the same nats over the real tokens, not every position
+    card = (tmp_path / "ck" / "qm9-blocks" / "model_card.md").read_text()
+    line = next(x for x in card.splitlines() if x.startswith("- validation"))
+    assert "re-measured by" in line and "-log p(x)" in line and "(exact" in line, line
+    assert "exact perplexity" in done.stdout
     assert abs(base["nll"] - base["marginal_nll"]) < 1e-5  # rank 1: the joint is its marginals
     assert tt["marginal_nll"] > 0 and 0 < tt["nelbo"] < 20 and "head_tv_mean" not in base
     for row in (base, tt):  # the ELBO perplexity through ttcore.scoring.elbo (as POST /score computes it)
