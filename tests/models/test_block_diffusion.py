@@ -274,6 +274,41 @@ def test_the_batched_loops_block_step_draws_the_same_law_and_is_batch_invariant(
     assert bool(two[0].committed[:, 0].all()) and bool(two[2].committed[:, 2].all())
 
 
+def test_the_rank_one_view_draws_each_block_position_from_its_exact_marginal():
+    """``joint: false`` on ``sampler: blocks`` at k = 1: block 0's two positions independent, each from its exact
+    marginal, block 1's likewise given block 0 (the marginals summed from exp(block_score) over all 81 sequences);
+    a chi-square against that law holds, and against the joint's law (the default) it fails."""
+    model = _model("tt", 3)
+    with torch.no_grad():  # a sharper head: a block's joint 0.13 in total variation from its marginals' product
+        for name, param in model.named_parameters():
+            param.mul_(3 if name.startswith("head.") else 1)
+    every = torch.tensor(list(itertools.product(range(3), repeat=4)))
+    p = block_log_prob(model, every).exp().detach().double().reshape(3, 3, 3, 3)
+    p = p / p.sum()
+    first = p.sum((2, 3))  # [x0, x1]
+    second = p / first[:, :, None, None]  # p(x2, x3 | x0, x1)
+    view = (first.sum(1)[:, None] * first.sum(0)[None, :])[:, :, None, None] \
+        * second.sum(3)[:, :, :, None] * second.sum(2)[:, :, None, :]
+    drawn = list(generate(model, 6000, 2, seed=4, sampler="blocks", joint=False))[-1].tokens
+    counts = torch.bincount((drawn * torch.tensor([27, 9, 3, 1])).sum(1), minlength=81).double()
+    assert chisquare(counts.numpy(), (view.flatten() * 6000).numpy()).pvalue > 1e-3
+    assert chisquare(counts.numpy(), (p.flatten() * 6000).numpy()).pvalue < 1e-6  # the joint's law differs
+
+
+def test_what_sampler_blocks_does_not_take_is_refused_naming_the_field():
+    model = _model()
+    for settings, field in (({"schedule": "cosine"}, "schedule"), ({"bernoulli": True}, "bernoulli")):
+        with pytest.raises(InvalidSampler, match="evenly") as e:
+            list(generate(model, 2, 2, seed=0, sampler="blocks", **settings))
+        assert e.value.field == field
+    from ttcore.constraints import TokenDFA  # a constraint restricts a joint, not independent marginals
+
+    anything = TokenDFA.of_tokens(torch.zeros(1, 3, dtype=torch.long), torch.tensor([True]))
+    with pytest.raises(InvalidSampler, match="joint: false") as e:
+        list(generate(model, 2, 2, seed=0, sampler="blocks", joint=False, constraint=anything))
+    assert e.value.field == "joint"
+
+
 def test_the_kind_claims_block_models_and_refuses_the_full_sequence_loop():
     model = _model()
     assert model.cfg.kind is BLOCK_DIFFUSION and model.cfg.kind.base(model.cfg) == "bd3lm"

@@ -76,7 +76,8 @@ def test_a_block_request_gets_its_own_tokens_beside_others(block_server):
 
 @pytest.mark.parametrize("extra,field", [({"steps": 7}, "steps"), ({"ordering": "top_prob"}, "ordering"),
                                          ({"prompt": "[MASK][MASK]C"}, "prompt"),
-                                         ({"sampler": "fixed"}, "sampler")])
+                                         ({"sampler": "fixed"}, "sampler"), ({"schedule": "cosine"}, "schedule"),
+                                         ({"joint": False, "regex": "C+"}, "joint")])
 def test_what_a_block_model_cannot_run_is_a_422_naming_the_field(block_server, extra, field):
     url, _, _ = block_server
     r = httpx.post(url + "/generate", json={"checkpoint": "qm9-b2-tt", "num_samples": 2, **extra}, timeout=60)

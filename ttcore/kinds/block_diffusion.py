@@ -53,6 +53,9 @@ class BlockDiffusion(ModelKind):
         super().check_run(config, steps, tokens, mask_id, constrained)
         if config.sampler != "blocks":
             raise InvalidSampler("sampler", "a block diffusion model generates with sampler blocks (block by block)")
+        if constrained and not config.joint:
+            raise InvalidSampler("joint", "joint: false draws each position of a block from its marginal, which no "
+                                          "constraint restricts: a constrained block is drawn from its joint")
 
     def score_refusal(self, cfg, mask: torch.Tensor) -> str | None:
         from ttcore.sampling.blocks import scorable

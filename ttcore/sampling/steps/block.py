@@ -13,19 +13,26 @@ from ttcore.errors import InvalidSampler
 
 from ..blocks import block_counts, scorable
 from ..constrained import block_automaton, constrained_step
+from ..joint_step import marginal_step
 from ..orderings import PREDETERMINED, top_k_mask
 from .base import ConfiguredStep
 
 
 def check_block_run(config, steps: int, tokens: torch.Tensor, mask_id: int, size: int) -> None:
     """Refuse (``InvalidSampler`` naming the field) what a block diffusion run of ``sampler: blocks`` cannot be
-    (another sampler is the kind's refusal, ``BlockDiffusion.check_run``): an adaptive ordering, a step count
-    that is not k steps for each block (1 <= k <= b), a prompt with a known token after the block of its first
-    [MASK] (a block reads only the blocks before it: a later known token could not condition it)."""
+    (another sampler is the kind's refusal, ``BlockDiffusion.check_run``): an adaptive ordering, a schedule or
+    Bernoulli coins (a block's masked positions are split evenly over its k steps: no schedule applies), a step
+    count that is not k steps for each block (1 <= k <= b), a prompt with a known token after the block of its
+    first [MASK] (a block reads only the blocks before it: a later known token could not condition it)."""
     blocks = tokens.shape[1] // size
     if config.ordering not in PREDETERMINED:
         raise InvalidSampler("ordering", f"sampler blocks takes a predetermined ordering ({', '.join(PREDETERMINED)})"
                                          f", got {config.ordering!r}")
+    default = type(config).__dataclass_fields__["schedule"].default
+    if config.schedule != default or config.bernoulli:
+        field = "bernoulli" if config.bernoulli else "schedule"
+        raise InvalidSampler(field, "sampler blocks splits each block's masked positions evenly over its k steps: "
+                                    "it takes no schedule and no Bernoulli coins")
     if steps % blocks or not 1 <= steps // blocks <= size:
         raise InvalidSampler("steps", f"a block diffusion model of {blocks} blocks of {size} tokens takes k steps "
                                       f"a block: steps = {blocks} k with 1 <= k <= {size}, got {steps}")
@@ -38,7 +45,9 @@ def check_block_run(config, steps: int, tokens: torch.Tensor, mask_id: int, size
 class BlockStep(ConfiguredStep):
     """The current block's next positions by the run's order, drawn jointly over the block alone; for constrained
     rows from the block's joint restricted to the block completions some accepted sequence continues
-    (``constrained.block_automaton``: the automaton started where the committed tokens left it)."""
+    (``constrained.block_automaton``: the automaton started where the committed tokens left it). ``joint: false``
+    draws each of them from its exact marginal instead (the rank-1 view of the block's joint,
+    ``joint_step.marginal_step``), unconstrained only (the kind refuses a constraint with it)."""
 
     constrains = True
 
@@ -104,6 +113,9 @@ class BlockStep(ConfiguredStep):
         if rows.automaton is not None:
             automaton = block_automaton(rows.automaton, tokens, at[:, 0], at.shape[1])
             vb = constrained_step(model, hb, xb, mb, cb, rows.temperature, rows.streams, automaton)
+        elif not self.config.joint:
+            vb = marginal_step(model, hb, xb, mb, cb, None, None, rows.temperature, rows.streams,
+                               self.config.contraction)
         else:
             vb = model.format.draw(model.head, hb, xb, mb, cb, rows.temperature, rows.streams,
                                    self.config.contraction)
