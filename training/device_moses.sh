@@ -40,7 +40,7 @@ EVAL=(--samples "$SAMPLES" --batch 5000 --memory-mb 40000 --steps 16 8 4 32 64 -
 if [ "${SMOKE:-0}" = 1 ]; then
   DEVICE=cpu BASE_BUDGET=(--fit-minutes 0.01) FT_BUDGET=(--fit-minutes 0.01)  # at least 11 steps: the probe
   SMALL+=(model.hidden_dim=32 model.cond_dim=16 model.n_blocks=1 model.n_heads=2 batch_size=16
-          data.val_fraction=0.001 compile=false)  # on the CPU rehearsal, compiling costs more than its steps
+          compile=false)  # on the CPU rehearsal, compiling costs more than its steps
   FT_SET=()
   EVAL=(--samples 8 --batch 8 --steps 2 --eb-gammas 1.0 --precision fp32)
 fi

@@ -152,6 +152,12 @@ def test_a_tokenized_split_is_cached_and_a_changed_file_is_read_again(tmp_path, 
     assert np.array_equal(again.train_tokens, first.train_tokens) and again.train_tokens.dtype == np.int64
     assert again.dropped == first.dropped and again.tokenizer.to_dict() == first.tokenizer.to_dict()
     assert again.summary() == first.summary()
+    # a fine-tune's case: the base's tokenizer (the data's own) given back reads the same entry; another does not
+    given = load_dataset(section, first.tokenizer)
+    assert given.from_cache and given.tokenizer is first.tokenizer
+    assert np.array_equal(given.train_tokens, first.train_tokens)
+    longer = type(first.tokenizer).from_dict({**first.tokenizer.to_dict(), "length": 7})
+    assert not getattr(load_dataset(section, longer), "from_cache", False)
     time.sleep(0.01)
     (tmp_path / "pep.txt").write_text("\n".join(SEQS))
     os.utime(tmp_path / "pep.txt")

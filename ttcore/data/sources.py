@@ -77,6 +77,11 @@ def _cached_sequences(section: DataSection, tokenizer, corpus: Corpus | None) ->
     # the key holds a given tokenizer whole: a hit was encoded by it (no need to rebuild it from the entry)
     restore = (lambda _: tokenizer) if tokenizer is not None else _symbol_tokenizer(section.tokenizer).from_dict
     ds = load_cached(key, restore)
+    if ds is None and tokenizer is not None:  # the entry the data's own tokenizer made, where that is this one (a
+        # fine-tune of a base trained on the same section): its tokens are this tokenizer's
+        own = load_cached(cache_key(asdict(section), None, sources), lambda saved: saved)
+        if own is not None and own.tokenizer == tokenizer.to_dict():
+            own.tokenizer, ds = tokenizer, own
     if ds is None:
         ds = _sequence_dataset(section, tokenizer, corpus)
         try:
