@@ -22,11 +22,11 @@ def fuzzed(checkpoints):
     proc.wait(timeout=30)
 
 
-@pytest.mark.parametrize("examples", [50, 300])
-def test_api_conforms_to_its_openapi_schema(fuzzed, examples):
+def test_api_conforms_to_its_openapi_schema(fuzzed):
+    """300 examples an operation, generated deterministically (the same cases every run)."""
     st = Path(sys.executable).with_name("st")
     done = subprocess.run([str(st), "--config-file", str(HERE / "schemathesis.toml"), "run",
-                           fuzzed + "/openapi.json", "--checks", "all", "--max-examples", str(examples),
+                           fuzzed + "/openapi.json", "--checks", "all", "--max-examples", "300",
                            "--request-timeout", "30", "--generation-deterministic"],
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-8000:] + done.stderr[-2000:]
