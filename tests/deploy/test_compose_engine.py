@@ -75,6 +75,7 @@ def _pip_configured_cert() -> str | None:
 
 
 @pytest.mark.skipif(DOCKER is None, reason="no Docker engine answers `docker info` here")
+@pytest.mark.timeout(1500)  # builds the image: pip inside the build is the slow part on a fresh engine
 def test_docker_compose_up_serves_scrapes_and_scales():
     build_env = dict(os.environ, DOCKER=DOCKER)
     ca = os.environ.get("PIP_CERT") or _pip_configured_cert()
