@@ -25,7 +25,8 @@ length). Validity (one molecule), uniqueness, novelty and, with ``--fcd``, FCD t
 A block diffusion checkpoint (``training/train_blocks.py``) has a row per k in ``--block-steps`` (k steps a block,
 ``sampler: blocks``; K = k x its blocks). ``--nll`` adds each exact likelihood (the AR model's, a block model's at
 one step a block: ``ModelKind.exact_nll``) on the whole held-out split, nats per position; ``--grammar`` the block
-rows again under the SMILES grammar.
+rows again under the SMILES grammar; ``--rank-one-view`` a joint block checkpoint's rows again with ``joint: false``
+(each position of a block from its exact marginal: the same network without the joint draw).
 ``--joint-edlm`` EDLM's rows over each CP / TT checkpoint, whose joint is then EDLM's proposal (``--edlm-candidates
 2 4``: a row per k).
 ``--http`` asks an embedded server (links to the checkpoints in a temporary folder; the service pairs the AR
@@ -54,21 +55,24 @@ sys.path.insert(0, str(ROOT / "training"))
 
 def _rows(diffusion, ar, ar_name: str, steps: list[int], dcd_chunks: list[int] = (1,),
           joint_edlm: bool = False, edlm_candidates: list[int] = (2,), block_steps: list[int] = (1,),
-          grammar: bool = False) -> list[tuple]:
+          grammar: bool = False, rank_one_view: bool = False) -> list[tuple]:
     """(label, checkpoint name, model, K, settings) of every cell; DCD once per chunk size (``dcd_chunk``);
     ``joint_edlm``: EDLM over each joint checkpoint too (its joint as the proposal), once per candidate count
     in ``edlm_candidates``; a block diffusion checkpoint at k steps a block for each k in ``block_steps`` (K = k
-    times its blocks, ``sampler: blocks``) instead of ``steps``, and with ``grammar`` again under the SMILES
-    grammar."""
+    times its blocks, ``sampler: blocks``) instead of ``steps``, with ``grammar`` again under the SMILES
+    grammar, with ``rank_one_view`` again (a joint head's) with ``joint: false``, each position of a block from its
+    exact marginal."""
     cells = []
     for name, model in diffusion:
         size = model.cfg.dit.block_size
         if size:
             head = f"{model.cfg.decomposition.upper()} r={model.cfg.rank}" if model.format.joint_head else "rank 1"
             blocks = model.cfg.dit.length // size
-            for extra in [{}, {"grammar": "smiles"}] if grammar else [{}]:
-                cells += [(f"block b={size} k={k} {head}{' + grammar' if extra else ''} ({name})", name, model,
-                           k * blocks, {"sampler": "blocks", **extra}) for k in block_steps if k <= size]
+            variants = {"": {}, " + grammar": {"grammar": "smiles"} if grammar else None,
+                        " rank-1 view": {"joint": False} if rank_one_view and model.format.joint_head else None}
+            for suffix, extra in ((s, e) for s, e in variants.items() if e is not None):
+                cells += [(f"block b={size} k={k} {head}{suffix} ({name})", name, model, k * blocks,
+                           {"sampler": "blocks", **extra}) for k in block_steps if k <= size]
         elif model.format.joint_head:
             head = f"{model.cfg.decomposition.upper()} r={model.cfg.rank}"
             cells += [(f"{head} ({name})", name, model, k, {}) for k in steps]
@@ -139,7 +143,8 @@ def quality(args) -> None:
     try:
         for label, name, model, k, settings in _rows(diffusion, ar, Path(args.ar).name if args.ar else "",
                                                      args.steps, args.dcd_chunks, args.joint_edlm,
-                                                     args.edlm_candidates, args.block_steps, args.grammar):
+                                                     args.edlm_candidates, args.block_steps, args.grammar,
+                                                     args.rank_one_view):
             _cell(args, label, name, model, k, settings, tok, url, training, reference)
         if args.nll:
             _nll_rows(args, diffusion, ar, ds)
@@ -269,6 +274,8 @@ def main():
                     help="quality: a block diffusion checkpoint's k steps a block (a row each; k <= its block size)")
     ap.add_argument("--grammar", action="store_true", help="quality: each block checkpoint's rows again under the "
                                                            "SMILES grammar (grammar: smiles)")
+    ap.add_argument("--rank-one-view", action="store_true", help="quality: each joint block checkpoint's rows again "
+                                                                "with joint: false (the rank-1 view of its joint)")
     ap.add_argument("--nll", action="store_true", help="quality: the exact -log p(x) per position on the held-out "
                                                        "split of each checkpoint with one (AR, block diffusion)")
     ap.add_argument("--http", action="store_true", help="quality: through /generate of an embedded server (uvicorn, "

@@ -259,9 +259,10 @@ def test_ar_baselines_block_rows_smoke(checkpoints, tmp_path):
     ar = make_ar_checkpoint(tmp_path / "qm9-ar", checkpoints / "qm9-base")
     block = make_block_checkpoint(tmp_path / "qm9-b2-tt", checkpoints / "qm9-base")
     out = _bench(ROOT / "benchmarks" / "ar_baselines.py", "quality", "--diffusion", block, "--ar", ar, "--samples", 8,
-                 "--block-steps", 1, 2, 3, "--nll", "--grammar", "--precision", "fp32", timeout=900)
+                 "--block-steps", 1, 2, 3, "--nll", "--grammar", "--rank-one-view", "--precision", "fp32", timeout=900)
     rows = re.findall(r"^\s*(block b=2 k=\d) TT r=2 \(qm9-b2-tt\) \|\s+(\d+) \|", out, re.M)
     assert len(re.findall(r"TT r=2 \+ grammar \(qm9-b2-tt\) \|", out)) == 2, out
+    assert len(re.findall(r"TT r=2 rank-1 view \(qm9-b2-tt\) \|", out)) == 2, out
     length = json.loads((block / "config.json").read_text())["model"]["dit"]["length"]
     assert rows == [("block b=2 k=1", str(length // 2)), ("block b=2 k=2", str(length))], out  # k = 3 > b: no row
     nll = dict(re.findall(r"^\s*(qm9-b2-tt|qm9-ar) \| ([\d.]+) \(length", out, re.M))
