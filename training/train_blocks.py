@@ -35,7 +35,7 @@ def from_base(args, cfg):
         model = base.as_blocks(args.block_size, length)
     except ValueError as e:
         raise SystemExit(f"--base {args.base}: {e}") from None
-    tokenizer.length = length
+    tokenizer.length = cfg.data.length = length  # the run's config says the length it trained at
     return (model, tokenizer, *tensors(dataset(cfg, tokenizer)))
 
 

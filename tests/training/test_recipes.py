@@ -503,3 +503,4 @@ def test_block_recipe_trains_a_block_model_that_finetunes_to_tt_and_generates(tm
     assert blocks.cfg.dit.block_size == size and blocks_tok.length == blocks.cfg.dit.length
     assert blocks.cfg.dit.length == -(-base_tok.length // size) * size and blocks_tok.vocab == base_tok.vocab
     assert blocks.cfg.dit.hidden_dim == base.cfg.dit.hidden_dim and blocks.cfg.decomposition == "none"
+    assert read_train_config(tmp_path / "from-base")["data"]["length"] == blocks.cfg.dit.length
