@@ -68,6 +68,8 @@ def main():
     model.cfg.extra.update(cfg.data.model_extra())  # the family it is trained on now
     for name in head.BACKBONE:  # the architecture is the base's: the recorded config (and card) says so
         setattr(head, name, getattr(model.cfg.dit, name))
+    if cfg.data.length is None:  # and so is the length (a block base's may be padded past its data's own)
+        cfg.data.length = tokenizer.length
     train, val = tensors(dataset(cfg, tokenizer))
     title = f"{cfg.data.family} {head.decomposition} r={head.rank} fine-tune of {Path(args.base).name}"
     meta = fit(model, tokenizer, train, val, cfg, args.out, resume=resuming, max_steps=args.max_steps,

@@ -483,6 +483,7 @@ def test_block_recipe_trains_a_block_model_that_finetunes_to_tt_and_generates(tm
     assert ft.wait(timeout=300) == 0, stderr_tail(ft)
     tt, _, _ = load_checkpoint(tmp_path / "b2-tt")
     assert tt.cfg.dit.block_size == 2 and tt.cfg.decomposition == "tt"
+    assert read_train_config(tmp_path / "b2-tt")["data"]["length"] == tt.cfg.dit.length  # the base's, recorded
     out = generate_blocks(tt.eval(), 4, steps_per_block=1, seed=0)
     assert out.shape == (4, tok.length) and (out != tok.mask_id).all()
     with torch.no_grad():
