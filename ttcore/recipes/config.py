@@ -51,7 +51,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     beta2: float = 0.99
     grad_clip: float = 1.0
-    eps: float = 1e-3
+    eps: float = 1e-3  # the smallest time t a step draws, t ~ U[eps, 1] (a block model's: each block's)
     # run
     seed: int = 0
     precision: str = "bf16"  # bf16 autocast for matmuls; losses and normalizers stay float32
