@@ -68,15 +68,22 @@ def tensors(ds) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(ds.train_tokens), torch.from_numpy(ds.val_tokens)
 
 
+def finds_train_state(args) -> bool:
+    """Whether ``--resume`` finds a train state at ``--out`` to continue from."""
+    from ttcore.models import load_train_state
+
+    return bool(args.resume) and Path(args.out).exists() and load_train_state(args.out) is not None
+
+
 def new_or_resumed(args, cfg):
     """A from-scratch recipe's model: the checkpoint at ``--out`` when ``--resume`` finds a train state there, else a
     fresh one of ``cfg.model`` (seeded; its ``decomposition``, ``rank`` and ``head`` included) with the data's
     tokenizer or ``--tokenizer``'s. -> (model, tokenizer, train tokens, validation tokens, resuming)."""
-    from ttcore.models import JointModel, ModelConfig, load_checkpoint, load_train_state
+    from ttcore.models import JointModel, ModelConfig, load_checkpoint
     from ttcore.tokenizers import load_tokenizer
 
-    resuming = args.resume and Path(args.out).exists() and load_train_state(args.out) is not None
-    if resuming:
+    resumed = finds_train_state(args)
+    if resumed:
         model, tokenizer, _ = load_checkpoint(args.out)
         ds = dataset(cfg, tokenizer)
     else:
@@ -86,7 +93,7 @@ def new_or_resumed(args, cfg):
         m = cfg.model  # a joint head from scratch where the config names one (the paper's way: finetune.py)
         model = JointModel(ModelConfig(m.dit_config(tokenizer), m.decomposition, m.rank, m.head,
                                        extra=cfg.data.model_extra()))
-    return (model, tokenizer, *tensors(ds), resuming)
+    return (model, tokenizer, *tensors(ds), resumed)
 
 
 def report(args, meta: dict) -> None:

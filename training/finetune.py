@@ -18,11 +18,11 @@ the marginal-consistency term to a trained model; a ``--rank`` that is a multipl
 from pathlib import Path
 
 import torch
-from _common import config_from_args, dataset, parser, tensors
+from _common import config_from_args, dataset, finds_train_state, parser, tensors
 from _loop import fit
 
 from ttcore.decompositions import DECOMPOSITIONS, HEAD_KINDS, get_decomposition
-from ttcore.models import JointModel, load_checkpoint, load_train_state
+from ttcore.models import JointModel, load_checkpoint
 from ttcore.models.hf import is_hf_directory, load_masked_lm
 from ttcore.models.mdlm_compat import is_mdlm_checkpoint, load_mdlm
 from ttcore.parallel import is_main_process
@@ -46,7 +46,7 @@ def main():
         head.rank = 1
     if args.train == "head":  # no step updates the backbone (AdamW leaves it and its moments alone)
         cfg.freeze_backbone_steps = 2**31 - 1
-    resuming = args.resume and Path(args.out).exists() and load_train_state(args.out) is not None
+    resuming = finds_train_state(args)
     if resuming:
         model, tokenizer, _ = load_checkpoint(args.out)
     else:

@@ -15,12 +15,10 @@ padded up to a multiple of it (tokenizers that pad, as SMILES'), the other model
     python training/train_blocks.py --config tiny --data tests/data/qm9_sample.txt --block-size 2 --out runs/tiny-b2
 """
 
-from pathlib import Path
-
-from _common import config_from_args, dataset, new_or_resumed, parser, report, tensors
+from _common import config_from_args, dataset, finds_train_state, new_or_resumed, parser, report, tensors
 from _loop import fit
 
-from ttcore.models import load_checkpoint, load_train_state
+from ttcore.models import load_checkpoint
 
 
 def from_base(args, cfg):
@@ -49,11 +47,11 @@ def main():
                                    "tokenizer)")
     args = ap.parse_args()
     cfg = config_from_args(args, {"model.block_size": args.block_size, "model.latent_dim": 0})
-    if args.base and not (args.resume and Path(args.out).exists() and load_train_state(args.out) is not None):
-        (model, tokenizer, train, val), resuming = from_base(args, cfg), False
+    if args.base and not finds_train_state(args):
+        (model, tokenizer, train, val), resumed = from_base(args, cfg), False
     else:
-        model, tokenizer, train, val, resuming = new_or_resumed(args, cfg)
-    meta = fit(model, tokenizer, train, val, cfg, args.out, resume=resuming, max_steps=args.max_steps,
+        model, tokenizer, train, val, resumed = new_or_resumed(args, cfg)
+    meta = fit(model, tokenizer, train, val, cfg, args.out, resume=resumed, max_steps=args.max_steps,
                max_minutes=args.max_minutes, title=f"{cfg.data.family} block diffusion (b = {args.block_size})",
                quiet=args.quiet, fit_minutes=args.fit_minutes)
     report(args, meta)
