@@ -6,9 +6,10 @@ run (untrained weights of one shape: the cost does not depend on them).
     python benchmarks/block_sampling.py --shape qm9 --samples 1 64   # QM9's served shape: l = 24, b = 4, TT r = 8
 
 For each block size b and steps a block k it times one generation of n sequences, K = k l / b steps in all:
-- ``cached``: ``ttcore.sampling.blocks.generate_blocks`` (each step b positions over the committed blocks' keys
-  and values);
-- ``loop``: the batched loop the service runs (``sampler: blocks``: each step a forward of the whole sequence);
+- ``cached``: the batched loop the service runs (``sampler: blocks``) over the key-value cache of the committed
+  blocks (``ttcore.models.block_cache``: each step the current block's b positions, 2b at a block's first);
+- ``uncached``: the same loop without the cache (``kv_cache=False``: each step a forward of the blocks up to the
+  current one);
 - ``mdlm``: a full-sequence TT model of the same shape, K steps of the predetermined random order;
 - ``ar``: an autoregressive model of the same width and depth, its l steps over its key-value cache.
 Ratios are to ``mdlm`` and to ``ar`` in the same run (below 1: cheaper)."""
@@ -21,7 +22,6 @@ import torch
 
 from ttcore.models import DiTConfig, JointModel, ModelConfig
 from ttcore.sampling import generate
-from ttcore.sampling.blocks import generate_blocks
 
 SHAPES = {  # length, vocabulary, block sizes, TT rank, (width, layers, heads, conditioning), steps a block
     "smoke": (16, 8, [4], 2, (32, 1, 4, 64), [1, 2]),
@@ -62,8 +62,8 @@ def main():
     for n in args.samples or [4 if args.smoke else 64]:
         print(f"l = {length}, v = {vocab}, TT r = {rank}, d = {net[0]}, {net[1]} layers, {n} sequences; seconds a "
               f"generation (median of {args.reps}), ratios to mdlm at the same K and to ar (l steps, cached)")
-        print(f"{'b':>4} {'k':>3} {'K':>5} | {'cached':>8} {'loop':>8} {'mdlm':>8} {'ar':>8} | {'cached/mdlm':>11} "
-              f"{'loop/mdlm':>9} {'cached/ar':>9}")
+        print(f"{'b':>4} {'k':>3} {'K':>5} | {'cached':>8} {'uncached':>8} {'mdlm':>8} {'ar':>8} | "
+              f"{'cached/mdlm':>11} {'uncached/mdlm':>13} {'cached/ar':>9}")
         with torch.inference_mode():
             ar_s = _seconds(lambda: list(generate(ar, n, length, seed=0, ordering="left_to_right")), args.reps)
             for b in blocks:
@@ -72,11 +72,12 @@ def main():
                     if k > b:
                         continue
                     steps = k * length // b
-                    cached = _seconds(lambda: generate_blocks(model, n, steps_per_block=k, seed=0), args.reps)
-                    loop = _seconds(lambda: list(generate(model, n, steps, seed=0, sampler="blocks")), args.reps)
+                    cached = _seconds(lambda: list(generate(model, n, steps, seed=0, sampler="blocks")), args.reps)
+                    uncached = _seconds(lambda: list(generate(model, n, steps, seed=0, sampler="blocks",
+                                                              kv_cache=False)), args.reps)
                     mdlm = _seconds(lambda: list(generate(full, n, steps, seed=0)), args.reps)
-                    print(f"{b:>4} {k:>3} {steps:>5} | {cached:8.3f} {loop:8.3f} {mdlm:8.3f} {ar_s:8.3f} | "
-                          f"{cached / mdlm:11.2f} {loop / mdlm:9.2f} {cached / ar_s:9.2f}")
+                    print(f"{b:>4} {k:>3} {steps:>5} | {cached:8.3f} {uncached:8.3f} {mdlm:8.3f} {ar_s:8.3f} | "
+                          f"{cached / mdlm:11.2f} {uncached / mdlm:13.2f} {cached / ar_s:9.2f}")
 
 
 if __name__ == "__main__":

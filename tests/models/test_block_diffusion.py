@@ -14,7 +14,16 @@ from ttcore.losses import block_diffusion_loss, mdlm_loss
 from ttcore.models import DiTConfig, JointModel, ModelConfig
 from ttcore.models.block_attention import block_causal_mask, training_features, training_mask
 from ttcore.sampling import generate
-from ttcore.sampling.blocks import block_counts, block_log_prob, block_score, generate_blocks, scorable
+from ttcore.sampling.blocks import block_counts, block_log_prob, block_score, scorable
+
+N_DRAWS = 20_000  # a block step's law against enumeration: chi-square on this many draws
+
+
+def _draw(model, n: int, k: int, seed: int, prompt=None, kv_cache: bool = True) -> torch.Tensor:
+    """n sequences of ``sampler: blocks`` at k steps a block."""
+    blocks = model.cfg.dit.length // model.cfg.dit.block_size
+    run = generate(model, n, k * blocks, seed=seed, sampler="blocks", prompt=prompt, kv_cache=kv_cache)
+    return list(run)[-1].tokens
 
 
 def _model(decomposition="tt", rank=2, v=3, length=4, block=2, seed=0) -> JointModel:
@@ -139,15 +148,16 @@ def test_what_a_block_model_scores_exactly_is_a_suffix_of_whole_blocks():
         block_score(model, torch.zeros(6, 4, dtype=torch.long), mask)
 
 
-def test_one_step_per_block_draws_the_exact_likelihoods_law():
-    """Chi-square of 6,000 sequences drawn at k = 1 against exp(block_log_prob) over all 81."""
-    model = _model("tt", 2)
+@pytest.mark.parametrize("decomposition,rank", [("none", 1), ("cp", 3), ("tt", 2)])
+def test_one_step_per_block_draws_the_exact_likelihoods_law(decomposition, rank):
+    """Chi-square of 20,000 sequences drawn at k = 1 against exp(block_log_prob) over all 81, for each head."""
+    model = _model(decomposition, rank)
     every = torch.tensor(list(itertools.product(range(3), repeat=4)))
     p = block_log_prob(model, every).exp().detach()
-    drawn = generate_blocks(model, 6000, steps_per_block=1, seed=1)
+    drawn = _draw(model, N_DRAWS, 1, seed=1)
     index = (drawn * torch.tensor([27, 9, 3, 1])).sum(1)
     counts = torch.bincount(index, minlength=81).double()
-    expected = p / p.sum() * 6000
+    expected = p / p.sum() * N_DRAWS
     big = expected >= 5  # cells expected fewer than 5 times are pooled into one
     assert big.sum() >= 20, big.sum()  # a spread law: the test has power
     pooled = [counts[~big].sum()[None], expected[~big].sum()[None]] if (~big).any() else [counts[:0], counts[:0]]
@@ -155,19 +165,19 @@ def test_one_step_per_block_draws_the_exact_likelihoods_law():
     assert chisquare(obs.numpy(), exp.numpy()).pvalue > 1e-3
     # the test's power: two steps a block (one token each, the second given the first through the network, not
     # the joint's own conditional) draw another law, and the same test rejects it
-    two = generate_blocks(model, 6000, steps_per_block=2, seed=1)
+    two = _draw(model, N_DRAWS, 2, seed=1)
     counts2 = torch.bincount((two * torch.tensor([27, 9, 3, 1])).sum(1), minlength=81).double()
     obs2 = torch.cat([counts2[big], counts2[~big].sum()[None]]) if (~big).any() else counts2[big]
     assert chisquare(obs2.numpy(), exp.numpy()).pvalue < 1e-6
-    again = generate_blocks(model, 6000, steps_per_block=1, seed=1)
+    again = _draw(model, N_DRAWS, 1, seed=1)
     assert torch.equal(again, drawn)  # counter-based: the same seed, the same sequences
-    assert torch.equal(generate_blocks(model, 10, steps_per_block=1, seed=1), drawn[:10])  # whatever the batch
+    assert torch.equal(_draw(model, 10, 1, seed=1), drawn[:10])  # whatever the batch
 
 
-@pytest.mark.parametrize("loop", ["cached", "batched"])
-def test_a_prompt_conditions_the_draw_as_the_exact_score_says(loop):
-    """A prompt giving position 0 (blocks of 2): the k = 1 draws of positions 1-3, by the cached sampler
-    (``generate_blocks``) and by the batched loop (``sampler: blocks``), follow exp(block_score) of the scored
+@pytest.mark.parametrize("kv_cache", [True, False])
+def test_a_prompt_conditions_the_draw_as_the_exact_score_says(kv_cache):
+    """A prompt giving position 0 (blocks of 2): the k = 1 draws of positions 1-3 of ``sampler: blocks``, over
+    the block cache and without it (the prefix's forward each step), follow exp(block_score) of the scored
     positions given position 0 (chi-square on 6,000 draws over the 27 completions); a prompt giving a whole
     block prefills it (the first block's steps run nothing); a known token after the first masked block is
     refused."""
@@ -179,10 +189,7 @@ def test_a_prompt_conditions_the_draw_as_the_exact_score_says(loop):
     mask = torch.tensor([[False, True, True, True]]).expand(27, -1)
     p = block_score(model, rows, mask)[0].exp().detach()
     prompt = torch.tensor([2, 3, 3, 3])  # 3: the mask id
-    if loop == "cached":
-        drawn = generate_blocks(model, 6000, steps_per_block=1, seed=5, prompt=prompt)
-    else:
-        drawn = list(generate(model, 6000, 2, seed=5, sampler="blocks", prompt=prompt))[-1].tokens
+    drawn = _draw(model, 6000, 1, seed=5, prompt=prompt, kv_cache=kv_cache)
     assert (drawn[:, 0] == 2).all()
     counts = torch.bincount((drawn[:, 1:] * torch.tensor([9, 3, 1])).sum(1), minlength=27).double()
     assert chisquare(counts.numpy(), (p / p.sum() * 6000).numpy()).pvalue > 1e-3
@@ -190,22 +197,20 @@ def test_a_prompt_conditions_the_draw_as_the_exact_score_says(loop):
     run = GenerationRun(model, 4, 2, SamplerConfig(sampler="blocks"), seed=0, prompt=whole)
     assert run.sampler.active_steps(run) == [1]  # block 0 is given: only block 1's step runs
     assert run.skip_idle_steps() == 1
-    cached = generate_blocks(model, 4, seed=0, prompt=whole)
-    assert (cached[:, :2] == whole[:2]).all() and (cached != 3).all()
+    given = _draw(model, 4, 1, seed=0, prompt=whole, kv_cache=kv_cache)
+    assert (given[:, :2] == whole[:2]).all() and (given != 3).all()
     with pytest.raises(InvalidSampler) as refused:
         GenerationRun(model, 1, 2, SamplerConfig(sampler="blocks"), seed=0, prompt=torch.tensor([3, 3, 1, 3]))
     assert refused.value.field == "prompt"
-    with pytest.raises(ValueError):
-        generate_blocks(model, 1, prompt=torch.tensor([3, 3, 1, 3]))
 
 
-@pytest.mark.parametrize("decomposition,rank", [("none", 1), ("tt", 2)])
+@pytest.mark.parametrize("decomposition,rank", [("none", 1), ("cp", 3), ("tt", 2)])
 def test_a_constrained_block_step_draws_each_block_from_its_joint_restricted_to_what_can_still_be_accepted(
         decomposition, rank):
     """A language over 3 tokens (the first is not 0, the number of 2s is even): at k = 1 each block is drawn from
     its joint restricted to the block completions some accepted sequence continues (block 0: x0 != 0; block 1:
     the parity fixed), so the law is p(b0) f(b0) / sum f p  x  p(b1 | b0) 1_L / sum_L p(b1 | b0); chi-square of
-    6,000 draws of the batched loop against it, every draw accepted."""
+    20,000 draws of the batched loop against it, every draw accepted."""
     from ttcore.constraints import TokenDFA
 
     model = _model(decomposition, rank)
@@ -217,11 +222,11 @@ def test_a_constrained_block_step_draws_each_block_from_its_joint_restricted_to_
     ok = accepted.view(9, 9).double()
     p_b0 = joint.sum(1) * (ok.sum(1) > 0)
     law = (p_b0 / p_b0.sum())[:, None] * (joint * ok) / (joint * ok).sum(1, keepdim=True).clamp_min(1e-300)
-    drawn = list(generate(model, 6000, 2, seed=4, sampler="blocks", constraint=dfa))[-1].tokens
+    drawn = list(generate(model, N_DRAWS, 2, seed=4, sampler="blocks", constraint=dfa))[-1].tokens
     index = (drawn * torch.tensor([27, 9, 3, 1])).sum(1)
     assert bool(accepted[index].all())
     counts = torch.bincount(index, minlength=81).double()
-    expected = law.flatten() * 6000
+    expected = law.flatten() * N_DRAWS
     keep = expected > 0
     assert counts[~keep].sum() == 0 and keep.sum() >= 20
     assert chisquare(counts[keep].numpy(), expected[keep].numpy()).pvalue > 1e-3
@@ -247,7 +252,7 @@ def test_the_batched_loop_runs_only_the_blocks_up_to_the_current_one():
 def test_several_steps_per_block_unmask_the_even_split_and_finish():
     assert block_counts(4, 3) == [2, 1, 1] and block_counts(2, 5) == [1, 1]
     model = _model(length=8, block=4)
-    out = generate_blocks(model, 16, steps_per_block=3, seed=0)
+    out = _draw(model, 16, 3, seed=0)
     assert out.shape == (16, 8) and (out < 3).all() and (out >= 0).all()
 
 
@@ -329,17 +334,126 @@ def test_the_kind_claims_block_models_and_refuses_the_full_sequence_loop():
 
 
 def test_the_cache_gives_each_block_the_full_forwards_features():
-    """In float64, block by block: the block's features from the committed blocks' cache equal the full forward's
-    (the block noised, the later ones anything)."""
-    from ttcore.models.block_cache import BlockCache, block_features, commit
+    """In float64, rows at different blocks in one call: the current block's features over each row's cache of
+    committed blocks (the clean blocks it does not yet hold run in the same call, the rest are pads) equal the full
+    forward's (the block noised, the later ones anything), zero elsewhere; the cache then holds the committed
+    blocks, and the next block's step reads it."""
+    from ttcore.models.block_cache import block_step_features, empty_cache
 
-    model = _model(length=6).double()
-    x0 = torch.randint(0, 3, (3, 6))
-    x_t = torch.where(torch.rand(3, 6) < 0.5, torch.full_like(x0, 3), x0)
-    cache = BlockCache.empty(model, 3, "cpu")
-    for block in range(3):
-        at = slice(2 * block, 2 * block + 2)
-        view = torch.cat([x0[:, :2 * block], x_t[:, at], torch.randint(0, 4, (3, 4 - 2 * block))], 1)
-        assert torch.allclose(block_features(model, cache, x_t[:, at]), model.features(view)[:, at], atol=1e-10)
-        cache = commit(model, cache, x0[:, at])
-    assert cache.length == 6
+    model = _model(length=8).double()
+    x0 = torch.randint(0, 3, (4, 8))
+    x_t = torch.where(torch.rand(4, 8) < 0.5, torch.full_like(x0, 3), x0)
+    block = torch.tensor([0, 1, 3, 2])  # each row's current block
+    with torch.no_grad():
+        cache = empty_cache(model, 4, "cpu")
+        cache.filled = torch.tensor([0, 0, 2, 4])  # row 2 holds block 0, row 3 blocks 0-1 (from earlier steps)
+        for row, held in ((2, 2), (3, 4)):  # those keys as earlier steps wrote them
+            single = empty_cache(model, 1, "cpu")
+            block_step_features(model, single, x0[row:row + 1], torch.tensor([held + 2]))
+            for (k, v), (k1, v1) in zip(cache.layers, single.layers):
+                k[row, :, :held], v[row, :, :held] = k1[0, :, :held], v1[0, :, :held]
+        for step in range(2):  # the block, then (rows moved one block on) the next one, over the kept cache
+            end = 2 * block + 2
+            view = torch.where(torch.arange(8)[None] < (end - 2)[:, None], x0,
+                               torch.where(torch.arange(8)[None] < end[:, None], x_t, torch.randint(0, 4, (4, 8))))
+            h = block_step_features(model, cache, view, end)
+            full = model.features(view)
+            inside = (torch.arange(8)[None] // 2) == block[:, None]
+            assert torch.allclose(h[inside], full[inside], atol=1e-10) and (h[~inside] == 0).all()
+            assert torch.equal(cache.filled, end - 2)
+            if step == 0:
+                keep = block < 3  # the last block's row takes another step of it
+                block, x_t = torch.where(keep, block + 1, block), torch.where(torch.rand(4, 8) < 0.5, 3, x0)
+        with pytest.raises(ValueError, match="whole committed blocks"):
+            block_step_features(model, cache, x0, torch.full((4,), 2))  # behind what the cache holds
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_run_over_the_cache_draws_what_it_draws_without_one(precision):
+    """``sampler: blocks`` over the block cache and without it (the prefix's forward each step) give the same
+    tokens (float64: exactly; bf16 autocast: the cache's buffers in bf16, the run finishes), prompts included, and
+    a run whose cache was dropped (as the service drops a run that sits out a step) carries on the same."""
+    from ttcore.sampling import GenerationRun, SamplerConfig
+
+    model = _model(length=8).double() if precision == "fp32" else _model(length=8)
+    model.precision = precision
+    for steps, prompt in ((4, None), (8, torch.tensor([1, 2, 0, 3, 3, 3, 3, 3])), (4, torch.tensor([1] + [3] * 7))):
+        runs = [GenerationRun(model, 5, steps, SamplerConfig(sampler="blocks"), seed=3, prompt=prompt,
+                              kv_cache=cached) for cached in (True, False)]
+        with model.compute_context():
+            while not runs[0].done:
+                for run in runs:
+                    run.skip_idle_steps()
+                    run.step()
+                if runs[0].step_index == 2:
+                    runs[0].kv = None
+        if precision == "fp32":
+            assert torch.equal(runs[0].tokens, runs[1].tokens), (steps, prompt)
+        assert runs[0].done and (runs[0].tokens != 3).all()
+
+
+def test_a_stop_token_ends_each_sequence_at_the_block_that_draws_it():
+    """``stop_token`` (text's end-of-text): each sequence's tokens are those of the run without it up to the end of
+    the first block holding the token, the token after; a run whose every sequence stopped in its first block
+    makes one model call; a constraint, a full-sequence model or an id that is no token is refused naming it."""
+    from ttcore.constraints import TokenDFA
+    from ttcore.sampling import GenerationRun, SamplerConfig
+
+    model = _model(length=8)
+    free = _draw(model, 300, 1, seed=3)
+    run = GenerationRun(model, 300, 4, SamplerConfig(sampler="blocks"), seed=3, stop_token=0)
+    while not run.done:
+        run.step()
+    hit = (free.view(300, 4, 2) == 0).any(2)
+    ends = 2 * (torch.where(hit.any(1), hit.int().argmax(1), 3) + 1)  # each row's end: its first block holding 0
+    keep = torch.arange(8)[None] < ends[:, None]
+    assert torch.equal(run.tokens[keep], free[keep]) and bool((run.tokens[~keep] == 0).all())
+    assert 0.2 < float((ends < 8).float().mean()) < 1  # some rows stop early, not all
+    seed = next(s for s in range(100) if bool((_draw(model, 1, 1, seed=s)[0, :2] == 0).any()))
+    early = GenerationRun(model, 1, 4, SamplerConfig(sampler="blocks"), seed=seed, stop_token=0)
+    while not early.done:
+        early.step()
+    assert early.model_calls == 1 and bool((early.tokens[0, 2:] == 0).all())
+    anything = TokenDFA.of_tokens(torch.zeros(1, 3, dtype=torch.long), torch.tensor([True]))
+    full = JointModel(ModelConfig(DiTConfig(vocab_size=4, out_vocab=3, length=4, hidden_dim=32, cond_dim=16,
+                                            n_blocks=1, n_heads=2), "none", 1, "1layer")).eval()
+    for mdl, steps, kw in ((model, 4, {"constraint": anything}), (full, 4, {}), (model, 4, {"stop_token": 3})):
+        with pytest.raises(InvalidSampler) as e:
+            GenerationRun(mdl, 1, steps, SamplerConfig(sampler="blocks" if mdl is model else None), seed=0,
+                          **{"stop_token": 0, **kw})
+        assert e.value.field == "stop_token"
+
+
+def test_blocks_of_one_token_are_an_autoregressive_model():
+    """b = 1: the exact likelihood is the chain rule of next-token laws, log p(x) = sum_i log p(x^i | x^{<i}), each
+    computed directly (position i masked, the later ones anything: block-causal reads none of them), and one step
+    a block (one token a step, left to right) draws that law (chi-square of 20,000 draws over all 81)."""
+    model = _model("none", 1, block=1)
+    every = torch.tensor(list(itertools.product(range(3), repeat=4)))
+    direct = torch.zeros(81, dtype=torch.float64)
+    with torch.no_grad():
+        for i in range(4):
+            x_t = torch.where(torch.arange(4)[None] >= i, 3, every)
+            at = torch.zeros_like(every, dtype=torch.bool)
+            at[:, i] = True
+            logp = torch.log_softmax(model.head_outputs(model.features(x_t), at).logits.double(), -1)
+            direct += logp.gather(1, every[:, i:i + 1])[:, 0]
+        assert torch.allclose(block_log_prob(model, every), direct, atol=1e-5)
+    drawn = _draw(model, N_DRAWS, 1, seed=2)
+    counts = torch.bincount((drawn * torch.tensor([27, 9, 3, 1])).sum(1), minlength=81).double()
+    assert chisquare(counts.numpy(), (direct.exp() / direct.exp().sum() * N_DRAWS).numpy()).pvalue > 1e-3
+
+
+def test_admission_counts_what_the_block_cache_holds():
+    """``cost.kv_cache_row_bytes`` of a block model is its cache's bytes a sequence (float32 buffers), and a step's
+    memory a sequence (``forward_row_bytes``, what admission divides its budget by) counts two copies of it (held
+    between steps, copied when runs step together)."""
+    from ttcore.models.block_cache import empty_cache
+    from ttcore.sampling import cost
+
+    model = _model(length=8)
+    with torch.no_grad():
+        cache = empty_cache(model, 3, "cpu")
+    held = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in cache.layers) // 3
+    assert cost.kv_cache_row_bytes(model.cfg, copies=1) == held > 0
+    assert cost.forward_row_bytes(model.cfg) == cost.FORWARD_BYTES_PER_TOKEN_WIDTH * 8 * 32 + 2 * held

@@ -469,7 +469,8 @@ def test_block_recipe_trains_a_block_model_that_finetunes_to_tt_and_generates(tm
     validation line is its exact likelihood; finetune.py puts a TT head on each block (the kind's objective
     stays); the result generates block by block and its exact likelihood is finite; a joint head named in the
     config trains from scratch; --base starts from a full-sequence checkpoint, its length padded to whole blocks."""
-    from ttcore.sampling.blocks import block_log_prob, generate_blocks
+    from ttcore.sampling import generate
+    from ttcore.sampling.blocks import block_log_prob
 
     common = ["--config", "tiny", "--data", SAMPLE, "--quiet", "--max-steps", 4]
     base = _run(ROOT / "training" / "train_blocks.py", "--block-size", 2, "--out", tmp_path / "b2", *common)
@@ -484,7 +485,7 @@ def test_block_recipe_trains_a_block_model_that_finetunes_to_tt_and_generates(tm
     tt, _, _ = load_checkpoint(tmp_path / "b2-tt")
     assert tt.cfg.dit.block_size == 2 and tt.cfg.decomposition == "tt"
     assert read_train_config(tmp_path / "b2-tt")["data"]["length"] == tt.cfg.dit.length  # the base's, recorded
-    out = generate_blocks(tt.eval(), 4, steps_per_block=1, seed=0)
+    out = list(generate(tt.eval(), 4, tok.length // 2, seed=0, sampler="blocks"))[-1].tokens  # one step a block
     assert out.shape == (4, tok.length) and (out != tok.mask_id).all()
     with torch.no_grad():
         assert torch.isfinite(block_log_prob(tt, out)).all()

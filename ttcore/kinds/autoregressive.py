@@ -143,6 +143,13 @@ class Autoregressive(ModelKind):
         (a generation's cache is held between steps and copied once more when runs step together)."""
         return copies * 2 * cfg.dit.n_blocks * cfg.dit.length * cfg.dit.hidden_dim * 4
 
+    def cached_features(self, model, runs: list, sizes: list[int], x: torch.Tensor) -> tuple[torch.Tensor, list]:
+        """A prefill of the runs without a usable cache and one position of the others: at most two backbone
+        calls (``ttcore.models.kv_cache.cached_features``)."""
+        from ttcore.models.kv_cache import cached_features
+
+        return cached_features(model, [run.kv for run in runs], sizes, x)
+
     def calibration(self, settings: dict, steps: int, cfg) -> tuple[dict, int, bool]:
         """Its only way, one token a step left to right, timed over a whole run: the first step fills the cache
         (a forward of the sequence), the others compute one position each; the mean step is its cost."""

@@ -13,7 +13,9 @@ class ModelKind:
 
     name = ""
     description = ""  # in refusals' words: "a masked diffusion model"
-    holds_cache = False  # its steps read a key-value cache (``ttcore.models.kv_cache``)
+    holds_cache = False  # its steps read a key-value cache (``cached_features``)
+    stops = False  # a run may end a sequence at a stop token (``GenerationRun.stop_token``): its steps finish
+    # blocks in order, so nothing after the block that drew it is drawn
     constrains = True  # a regex or grammar restricts its steps' joint of the masked positions
     elbo = True  # /score's ELBO mode is a bound on its likelihood
     exact_likelihood = False  # log p(x) of a whole sequence is exact (``exact_nll``)
@@ -80,6 +82,12 @@ class ModelKind:
     def cache_row_bytes(self, cfg, copies: int = 2) -> int:
         """The key-value cache of one sequence a generation holds (``copies`` of it), bytes; 0 without one."""
         return 0
+
+    def cached_features(self, model, runs: list, sizes: list[int], x: torch.Tensor) -> tuple[torch.Tensor, list]:
+        """For a kind that ``holds_cache``: the features [B, l, d] one step of ``runs`` (``GenerationRun``s, rows
+        ``sizes`` each, x [B, l] their tokens in order) reads, from each run's cache (``run.kv``, None: none yet),
+        and each run's cache after the step."""
+        raise NotImplementedError
 
     def calibration(self, settings: dict, steps: int, cfg) -> tuple[dict, int, bool]:
         """How the service times a step of this kind: (settings, steps, whether to time the whole run: a cached

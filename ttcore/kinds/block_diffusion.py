@@ -17,6 +17,8 @@ from .base import ModelKind
 class BlockDiffusion(ModelKind):
     name = "block_diffusion"
     description = "a block diffusion model"
+    holds_cache = True  # the committed blocks' keys and values (``ttcore.models.block_cache``)
+    stops = True  # at the block holding the stop token (text's end-of-text)
     constrains = True  # each block from its joint restricted by the automaton started where the blocks before left it
     elbo = False
     exact_likelihood = True
@@ -43,9 +45,23 @@ class BlockDiffusion(ModelKind):
         return {"sampler": "blocks"}
 
     def calibration(self, settings: dict, steps: int, cfg) -> tuple[dict, int, bool]:
-        """A step of a one-step-a-block run (its first block: the dearest per token of the run's steps is any
-        block's, each a full forward and one block's joint draw)."""
-        return dict(settings, sampler="blocks"), self.default_steps(cfg), False
+        """The mean step of a one-step-a-block run, timed over the whole run: with the cache its first step runs
+        one block, each later one two (the block committed before and the new one), each with one block's joint
+        draw; the dearest mean of any k (more steps a block add steps of one block)."""
+        return dict(settings, sampler="blocks"), self.default_steps(cfg), True
+
+    def cached_features(self, model, runs: list, sizes: list[int], x: torch.Tensor) -> tuple[torch.Tensor, list]:
+        """Every run's current block over its cache of the committed blocks, one backbone call for all
+        (``ttcore.models.block_cache.cached_block_features``)."""
+        from ttcore.models.block_cache import cached_block_features
+
+        ends = [run.sampler.prefix_needed(run) for run in runs]
+        return cached_block_features(model, [run.kv for run in runs], sizes, x, ends)
+
+    def cache_row_bytes(self, cfg, copies: int = 2) -> int:
+        """Every layer's keys and values at every position and the pad's, float32 (an upper bound under bf16),
+        ``copies`` times (held between steps, copied once more when runs step together)."""
+        return copies * 2 * cfg.dit.n_blocks * (cfg.dit.length + 1) * cfg.dit.hidden_dim * 4
 
     def check_run(self, config, steps: int, tokens: torch.Tensor, mask_id: int, constrained: bool) -> None:
         """Its runs take ``sampler: blocks`` (``ttcore.sampling.steps.block``, whose plan checks the steps, the

@@ -1,50 +1,69 @@
-"""A block diffusion model's key-value cache: a denoising step of block B computes B's b positions, not the
-whole sequence.
+"""A block diffusion model's key-value cache: a denoising step of block B computes B's b positions (and, once a
+block, the block committed before it), not the sequence up to B.
 
 Block-causal attention (``ttcore.models.block_attention``) makes a committed block's keys and values in every
-layer a function of the blocks up to it, which never change once committed. So generation keeps them
-(``BlockCache``): each step of block B runs B's tokens alone, attending to the cache and to each other
-(``DiT.extend``), and once B is committed its clean tokens run once more to append their keys and values
-(``commit``). The features are those of the full forward (``JointModel.features``) up to float rounding (tested
-in float64): a step costs b positions' forward plus attention over the cache instead of l positions'."""
-
-from dataclasses import dataclass
+layer a function of the blocks up to it, which never change once committed. So a run keeps them in a
+``KVCache`` whose buffers hold every position (and one more, where pads are written): ``filled`` [b] says how
+many positions, whole blocks, hold committed keys. A step runs the positions from ``filled`` to the end of the
+current block in one call (``DiT.decode``): the committed blocks not yet cached (the prompt's at the first step,
+the block finished by the step before at the first step of every later block) with the current block's noisy
+tokens after them, each attending to the blocks up to its own. The committed ones' keys stay; the noisy block's
+are written too, but no later step reads them (a step of the same block writes its own over them first, one of
+the next block reads them after it wrote the clean block's). The features are those of the full forward
+(``JointModel.features``) up to float rounding (tested in float64): a step costs b positions' forward (2b at a
+block's first step) plus attention over the cache, instead of the prefix's forward."""
 
 import torch
 
-
-@dataclass
-class BlockCache:
-    """Every layer's keys and values of the committed blocks of b sequences, [(keys, values)] each [b, h, m, hd]
-    with m the committed positions; ``c`` the model's conditioning [1, cond_dim] and ``mods`` every layer's
-    adaLN modulations of it (no time, no latent: the same for every sequence and step), computed once."""
-    layers: list[tuple[torch.Tensor, torch.Tensor]]
-    c: torch.Tensor
-    mods: list
-
-    @property
-    def length(self) -> int:
-        """The positions it holds (the committed blocks')."""
-        return self.layers[0][0].shape[2]
-
-    @classmethod
-    def empty(cls, model, rows: int, device) -> "BlockCache":
-        """No block committed yet."""
-        dit = model.backbone
-        c = dit.conditioning(1, None, None, device)
-        d, h = dit.cfg.hidden_dim, dit.cfg.n_heads
-        none = torch.zeros(rows, h, 0, d // h, device=device, dtype=next(model.parameters()).dtype)
-        return cls([(none, none) for _ in dit.blocks], c, [block.modulations(c) for block in dit.blocks])
+from .kv_cache import KVCache
 
 
-def block_features(model, cache: BlockCache, tokens: torch.Tensor) -> torch.Tensor:
-    """The features [b, n, d] of the block after the cache's, tokens [b, n] (noisy: nothing is kept)."""
-    y, _ = model.backbone.extend(tokens, cache.length, cache.layers, cache.mods)
-    return model.output_layer.features(y, cache.c)
+def empty_cache(model, rows: int, device) -> KVCache:
+    """No block committed yet: zero buffers of every layer's keys and values, [rows, h, l + 1, hd] each (position l:
+    where pads are written), in the dtype the model's attention computes in (bf16 under autocast)."""
+    dit = model.backbone
+    c = dit.conditioning(1, None, None, device)
+    d, h, l = dit.cfg.hidden_dim, dit.cfg.n_heads, dit.cfg.length
+    dtype = dit.blocks[0].attn_qkv.weight.dtype
+    if torch.is_autocast_enabled(torch.device(device).type):
+        dtype = torch.get_autocast_dtype(torch.device(device).type)
+    layers = [(torch.zeros(rows, h, l + 1, d // h, device=device, dtype=dtype),
+               torch.zeros(rows, h, l + 1, d // h, device=device, dtype=dtype)) for _ in dit.blocks]
+    return KVCache(layers, torch.zeros(rows, dtype=torch.long, device=device), c,
+                   [block.modulations(c) for block in dit.blocks])
 
 
-def commit(model, cache: BlockCache, tokens: torch.Tensor) -> BlockCache:
-    """The cache with the clean block ``tokens`` [b, n] (the block after it) appended."""
-    _, kv = model.backbone.extend(tokens, cache.length, cache.layers, cache.mods)
-    layers = [(torch.cat([k0, k], 2), torch.cat([v0, v], 2)) for (k0, v0), (k, v) in zip(cache.layers, kv)]
-    return BlockCache(layers, cache.c, cache.mods)
+def block_step_features(model, cache: KVCache, x: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
+    """The features [b, l, d] a step of block diffusion reads: x [b, l] the rows' tokens, whose current block ends
+    at ``end`` [b] (a multiple of the block size) and is the only one holding a [MASK] before it; ``cache`` holds
+    each row's committed positions below its ``filled``. Runs positions ``filled`` .. ``end`` - 1 of every row in
+    one call (rows with fewer padded to the trash position l), sets ``filled`` to the current block's start, and
+    returns the current block's features (zero at every other position)."""
+    b, l = x.shape
+    size = model.cfg.dit.block_size
+    start = end - size
+    behind = ((cache.filled > start) | (cache.filled % size != 0)).any()
+    bad, n = torch.stack([behind.long(), (end - cache.filled).max()]).tolist()  # one wait for both
+    if bad:
+        raise ValueError("a block cache holds whole committed blocks before the current one")
+    pos = cache.filled[:, None] + torch.arange(n, device=x.device)[None]  # [b, n]
+    pos = torch.where(pos < end[:, None], pos, l)
+    y = model.backbone.decode(x.gather(1, pos.clamp_max(l - 1)), pos, cache.layers, cache.mods)
+    f = model.output_layer.features(y, cache.c)  # [b, n, d]
+    inside = (pos >= start[:, None]) & (pos < l)
+    h = f.new_zeros(b, l + 1, f.shape[-1])
+    h.scatter_(1, torch.where(inside, pos, l)[..., None].expand_as(f), f)
+    cache.filled = start
+    return h[:, :l]
+
+
+def cached_block_features(model, caches: list[KVCache | None], sizes: list[int], x: torch.Tensor,
+                          ends: list[int]) -> tuple[torch.Tensor, list[KVCache]]:
+    """The features a step of several block diffusion runs reads, in one backbone call: x [B, l] their rows in
+    order, ``sizes`` each run's count, ``caches`` each run's cache (None: a new one), ``ends`` each run's current
+    block end (``BlockStep.prefix_needed``). -> (features [B, l, d], each run's cache after the step)."""
+    caches = [c if c is not None else empty_cache(model, n, x.device) for c, n in zip(caches, sizes)]
+    cache = KVCache.cat(caches)
+    end = torch.repeat_interleave(torch.tensor(ends, device=x.device), torch.tensor(sizes, device=x.device))
+    h = block_step_features(model, cache, x, end)
+    return h, cache.split(sizes)

@@ -170,28 +170,19 @@ class DDiTBlock(nn.Module):
         """adaLN's shift, scale and gate of the attention and of the MLP from c [b, cond_dim]: six [b, 1, d]."""
         return self.adaLN_modulation(c)[:, None].chunk(6, dim=2)
 
-    def decode(self, x, rotary, mods, keys: torch.Tensor, values: torch.Tensor, pos: torch.Tensor):
-        """A causal block at one new position per sequence: x [b, 1, d] at positions ``pos`` [b], ``rotary``
-        their rows [b, 1, 1, hd], ``mods`` its ``modulations``; its key and value are written into ``keys`` /
-        ``values`` [b, h, l, hd] (the earlier positions' from before) and it attends to positions <= pos, as
-        ``forward``'s causal attention does there. -> [b, 1, d]."""
+    def decode(self, x, rotary, mods, keys: torch.Tensor, values: torch.Tensor, pos: torch.Tensor,
+               seen: torch.Tensor):
+        """New positions over a key-value cache: x [b, n, d] at positions ``pos`` [b, n], ``rotary`` their rows
+        [b, 1, n, hd], ``mods`` its ``modulations``. Their keys and values are written into ``keys`` / ``values``
+        [b, h, L, hd] at ``pos`` (holding the earlier positions' from before) and each attends to the keys
+        ``seen`` [b, 1, n, L] (bool) gives it, as ``forward``'s causal or block-causal attention does there
+        (``DiT.decode``). -> [b, n, d]."""
         q, k, v = self._qkv(x, rotary, mods)
-        rows = torch.arange(x.shape[0], device=x.device)
-        keys[rows, :, pos], values[rows, :, pos] = k[:, :, 0].to(keys.dtype), v[:, :, 0].to(values.dtype)
-        seen = torch.arange(keys.shape[2], device=x.device)[None] <= pos[:, None]  # [b, l]
-        att = F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=seen[:, None, None])
+        at = pos[:, None, :, None].expand_as(k)
+        keys.scatter_(2, at, k.to(keys.dtype))
+        values.scatter_(2, at, v.to(values.dtype))
+        att = F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=seen)
         return self._residuals(x, att, mods)
-
-
-    def extend(self, x, rotary, mods, past: tuple[torch.Tensor, torch.Tensor]):
-        """A run of new positions x [b, n, d] (``rotary`` their rows, [n, hd]) that attends to every key of
-        ``past`` (keys, values [b, h, m, hd]: earlier positions) and to each other: what a block diffusion
-        model's block-causal attention does for one block after the blocks before it
-        (``ttcore.models.block_cache``). -> ([b, n, d], this run's (keys, values) [b, h, n, hd])."""
-        q, k, v = self._qkv(x, rotary, mods)
-        keys, values = torch.cat([past[0].to(k.dtype), k], 2), torch.cat([past[1].to(v.dtype), v], 2)
-        att = F.scaled_dot_product_attention(q, keys, values)
-        return self._residuals(x, att, mods), (k, v)
 
 
 class DiT(nn.Module):
@@ -259,30 +250,23 @@ class DiT(nn.Module):
         return x, c
 
     def decode(self, inputs: torch.Tensor, pos: torch.Tensor, kv: list, mods: list) -> torch.Tensor:
-        """A causal model's features at one new position per sequence: ``inputs`` [b] the tokens that positions
-        ``pos`` [b] read (x^{pos-1}; the start token at 0), ``kv`` every block's (keys, values) [b, h, l, hd],
-        filled below pos and written at pos, ``mods`` every block's ``modulations`` of the model's conditioning
-        (the same for every sequence and step: no time, no latent; [1, 1, d] each). -> [b, 1, d]: what
-        ``forward`` computes there."""
-        x = self.vocab_embed(inputs[:, None])  # [b, 1, d]
-        rotary = (self.rotary_cos[pos][:, None, None], self.rotary_sin[pos][:, None, None])
+        """Features of new positions over a key-value cache (``ttcore.models.kv_cache``, ``block_cache``):
+        ``inputs`` [b, n] the tokens that positions ``pos`` [b, n] read (a causal model's: x^{pos-1}, the start
+        token at 0; a block diffusion model's: x^{pos}), ``kv`` every block's (keys, values) [b, h, L, hd], which
+        hold the earlier positions' and receive these; a position >= ``length`` is a pad, written at it (L must
+        exceed it) and read by none of the others. ``mods``: every block's ``modulations`` of the model's
+        conditioning (no time, no latent: the same for every sequence and step; [1, 1, d] each). Each position
+        attends to the positions before it (causal) or to the blocks up to its own (block-causal). -> [b, n, d]:
+        what ``forward`` computes there, given the same earlier tokens."""
+        x = self.vocab_embed(inputs)  # [b, n, d]
+        at = pos.clamp_max(self.cfg.length - 1)
+        rotary = (self.rotary_cos[at][:, None], self.rotary_sin[at][:, None])
+        size = self.cfg.block_size or 1  # causal: blocks of one position
+        key_blocks = torch.arange(kv[0][0].shape[2], device=pos.device) // size
+        seen = (key_blocks[None, None] <= (pos // size)[:, :, None])[:, None]  # [b, 1, n, L]: every layer's
         for block, (keys, values), m in zip(self.blocks, kv, mods):
-            x = block.decode(x, rotary, m, keys, values, pos)
+            x = block.decode(x, rotary, m, keys, values, pos, seen)
         return x
-
-    def extend(self, tokens: torch.Tensor, start: int, past: list, mods: list) -> tuple[torch.Tensor, list]:
-        """A block diffusion model's features of one block, tokens [b, n] at positions start..start+n-1, given
-        every layer's keys and values of the blocks before it (``past``: [(keys, values)] [b, h, start, hd]) and
-        every layer's ``modulations`` of the model's conditioning (no time, no latent: the same for every
-        sequence). -> ([b, n, d] before the output layer, every layer's (keys, values) of this block)."""
-        x = self.vocab_embed(tokens)
-        at = slice(start, start + tokens.shape[1])
-        rotary = (self.rotary_cos[at], self.rotary_sin[at])
-        kv = []
-        for block, layer_past, m in zip(self.blocks, past, mods):
-            x, new = block.extend(x, rotary, m, layer_past)
-            kv.append(new)
-        return x, kv
 
     def checkpointing_(self, on: bool = True) -> "DiT":
         """Activation checkpointing: in training, each block keeps only its input and recomputes the rest in

@@ -15,7 +15,7 @@ from functools import partial
 import torch
 
 from ttcore.distributions import Streams
-from ttcore.models.kv_cache import cached_features
+from ttcore.errors import InvalidSampler
 from ttcore.models.vadd import prior_sample
 
 from .config import SamplerConfig
@@ -41,14 +41,18 @@ class GenerationRun:
     sequences bound a step's memory (the choice and the draw; not the backbone call); ``constraint``: a
     ``ttcore.constraints.TokenDFA`` every sequence must be accepted by: each step draws from the model's joint
     restricted to its language (``constrained_step``), so the finished sequences are accepted (raises
-    ``ConstraintError`` when no accepted sequence agrees with the prompt); ``kv_cache``: an autoregressive
-    model's steps compute only the position they draw at, from the keys and values of the earlier ones
-    (``ttcore.models.kv_cache``; the same tokens, up to float rounding), else the whole sequence each step."""
+    ``ConstraintError`` when no accepted sequence agrees with the prompt); ``kv_cache``: the steps of a kind that
+    holds a cache compute only the positions they draw at, from the keys and values of the earlier ones (an
+    autoregressive model's one position, ``ttcore.models.kv_cache``; a block diffusion model's current block,
+    ``ttcore.models.block_cache``; the same tokens, up to float rounding), else the sequence each step;
+    ``stop_token`` (a kind that ``stops``, unconstrained): a sequence whose block just completed holds it is
+    finished there, every later position set to it (text's end-of-text: variable length, as BD3-LM samples),
+    its earlier tokens those of the run without it."""
 
     def __init__(self, model, num_samples: int, steps: int, config: SamplerConfig | None = None, *,
                  seed: int | None = None, prompt: torch.Tensor | None = None,
                  device: str | torch.device | None = None, max_rows_per_pass: int | None = None,
-                 constraint=None, kv_cache: bool = True):
+                 constraint=None, kv_cache: bool = True, stop_token: int | None = None):
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
         if num_samples < 1:
@@ -85,6 +89,12 @@ class GenerationRun:
         self.constraint = constraint
         self.kv_cache = kv_cache and kind.holds_cache
         self.kv = None  # the run's ``KVCache`` between steps (dropping it costs a prefill, nothing else)
+        if stop_token is not None and not (kind.stops and constraint is None and 0 <= stop_token < self.mask_id):
+            raise InvalidSampler("stop_token", f"stop_token ends a sequence at the block holding it: it takes a "
+                                               f"token id in [0, {self.mask_id}), a kind that generates block by "
+                                               f"block and no constraint (the constraint decides the tail), got "
+                                               f"{stop_token} on {kind.description}")
+        self.stop_token = stop_token
         if constraint is not None:
             check_constraint(constraint, self.sampler, model, self.tokens, self.mask_id)
         self.n_initial = (self.tokens == self.mask_id).sum(1)
@@ -192,8 +202,12 @@ def _groups(model, batch: _Batch) -> tuple[list, torch.Tensor]:
                                        dtype=torch.float64, device=device)
         automaton = None if runs[members[0]].constraint is None else \
             batch_automaton([runs[i].constraint for i in members], [sizes[i] for i in members], device)
+        stop = None
+        if any(runs[i].stop_token is not None for i in members):
+            stop = torch.tensor([-1 if runs[i].stop_token is None else runs[i].stop_token for i in members
+                                 for _ in range(sizes[i])], device=device)
         rows = Rows(model, config, streams.rows(index) if index is not None else streams, _take(n_initial, index),
-                    _take(step, index), _take(steps, index), plan, length, temperature, automaton)
+                    _take(step, index), _take(steps, index), plan, length, temperature, automaton, stop)
         c = config.step.counts(rows, _take(n_current, index))
         parts.append((config, members, index, rows))
         if index is None:
@@ -262,9 +276,10 @@ def batch_step(model, runs: list[GenerationRun], forward=None) -> BatchStep:
     bound, which such rounding flips far more often. The work dispatched grows with the number of distinct
     settings and exact-chain-rule runs, not of runs; per run it is two views of the batch's results. This is the
     loop body of the service's continuous batching; run it under ``model.compute_context()``. ``forward``: the
-    backbone call (a ``graphs.ForwardGraphs``: padded to a bucket, CUDA graphs); None: ``model.features``. An
-    autoregressive model's runs with ``kv_cache`` take at most two calls instead, eager: a prefill of the runs
-    without a cache and one position of the others (``ttcore.models.kv_cache.cached_features``)."""
+    backbone call (a ``graphs.ForwardGraphs``: padded to a bucket, CUDA graphs); None: ``model.features``. The
+    runs with ``kv_cache`` of a kind that holds one take the kind's own calls instead, eager
+    (``ModelKind.cached_features``: an autoregressive model's prefill of the runs without a cache and one position
+    of the others; a block diffusion model's current blocks, one call)."""
     t0 = time.perf_counter()
     batch = _Batch(runs)
     parts, counts = _groups(model, batch)
@@ -278,8 +293,9 @@ def batch_step(model, runs: list[GenerationRun], forward=None) -> BatchStep:
         if x.is_cuda:  # the forward's own time: what was queued before it finishes first
             torch.cuda.synchronize(x.device)
         t1 = time.perf_counter()
-        if all(runs[i].kv_cache for i in fwd):  # an autoregressive model's steps: from its runs' caches
-            h, caches = cached_features(model, [runs[i].kv for i in fwd], [batch.sizes[i] for i in fwd], x)
+        if all(runs[i].kv_cache for i in fwd):  # a cached kind's steps (autoregressive, blocks): from the caches
+            h, caches = model.cfg.kind.cached_features(model, [runs[i] for i in fwd], [batch.sizes[i] for i in fwd],
+                                                       x)
             for i, cache in zip(fwd, caches):
                 runs[i].kv = cache
         elif (ends := [runs[i].sampler.prefix_needed(runs[i]) for i in fwd]) and None not in ends:
@@ -333,8 +349,8 @@ def features(model, tokens: torch.Tensor, latent: torch.Tensor | None) -> torch.
     return model.features(tokens) if latent is None else model.features(tokens, z=latent)
 
 
-RUN_SETTINGS = ("seed", "prompt", "device", "max_rows_per_pass", "constraint", "kv_cache")  # a run's own; the rest:
-# the sampler's
+RUN_SETTINGS = ("seed", "prompt", "device", "max_rows_per_pass", "constraint", "kv_cache",
+                "stop_token")  # a run's own; the rest: the sampler's
 
 
 def make_run(model, num_samples: int, steps: int, **settings) -> GenerationRun:

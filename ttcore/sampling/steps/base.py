@@ -49,6 +49,7 @@ class Rows:
     length: int  # l, positions per sequence
     temperature: float | torch.Tensor = 1.0  # one for all, or each sequence's [b] (float64): what the draws use
     automaton: object = None  # constrained rows: their ``Automata`` (``ttcore.sampling.constrained``); None: free
+    stop: torch.Tensor | None = None  # [b] long: each sequence's stop token (-1: none; ``GenerationRun.stop_token``)
 
     def __len__(self) -> int:
         return self.n_initial.shape[0]
@@ -57,7 +58,8 @@ class Rows:
         return Rows(self.model, self.config, self.streams.rows(index), self.n_initial[index], self.step[index],
                     self.steps[index], None if self.plan is None else self.plan[index], self.length,
                     self.temperature[index] if torch.is_tensor(self.temperature) else self.temperature,
-                    None if self.automaton is None else self.automaton[index])
+                    None if self.automaton is None else self.automaton[index],
+                    None if self.stop is None else self.stop[index])
 
     @property
     def last(self) -> torch.Tensor:

@@ -2,10 +2,11 @@
 diffusion model's run of K = k x (blocks) steps denoises block B in steps kB .. kB + k - 1, each drawing the
 next positions of the run's predetermined order inside the block jointly from the format's joint over the
 block's masked positions given the blocks before it (``ttcore.kinds.block_diffusion``); k = 1 is one exact joint
-draw a block, whose law is ``ttcore.sampling.blocks.block_log_prob``'s. The backbone call is the loop's own
-forward of the whole sequence (block-causal: the current block's features read only the committed blocks), so the
-step needs nothing of its own beyond the block's slice; ``ttcore.sampling.blocks.generate_blocks`` is the same
-algorithm over a key-value cache, outside the batched loop."""
+draw a block, whose law is ``ttcore.sampling.blocks.block_log_prob``'s. The backbone call is the kind's, over the
+run's key-value cache of the committed blocks (``ttcore.models.block_cache``: the current block's positions
+alone), or without a cache the loop's forward of the prefix up to the current block (``prefix_needed``:
+block-causal, the current block's features read only the committed blocks); either way the step reads only the
+block's slice."""
 
 import torch
 
@@ -47,7 +48,8 @@ class BlockStep(ConfiguredStep):
     rows from the block's joint restricted to the block completions some accepted sequence continues
     (``constrained.block_automaton``: the automaton started where the committed tokens left it). ``joint: false``
     draws each of them from its exact marginal instead (the rank-1 view of the block's joint,
-    ``joint_step.marginal_step``), unconstrained only (the kind refuses a constraint with it)."""
+    ``joint_step.marginal_step``), unconstrained only (the kind refuses a constraint with it). A row with a stop
+    token ends at the block that completes holding it (``stop_after``)."""
 
     constrains = True
 
@@ -81,8 +83,8 @@ class BlockStep(ConfiguredStep):
 
     def prefix_needed(self, run) -> int:
         """Up to the current block's end: block-causal attention makes a block's features independent of the
-        blocks after it, so the batched loop's forward runs the prefix alone (no cache: the committed blocks run
-        again each step)."""
+        blocks after it, so the batched loop's forward runs the prefix alone without a cache (the committed
+        blocks again each step), and the cache runs what it does not hold of it (``block_step_features``)."""
         size = run.model.cfg.dit.block_size
         k = run.steps // (run.tokens.shape[1] // size)
         return (run.step_index // k + 1) * size
@@ -119,5 +121,16 @@ class BlockStep(ConfiguredStep):
         else:
             vb = model.format.draw(model.head, hb, xb, mb, cb, rows.temperature, rows.streams,
                                    self.config.contraction)
-        values = torch.full_like(tokens, -1)
-        return values.scatter_(1, at, torch.where(cb, vb, -1))
+        values = torch.full_like(tokens, -1).scatter_(1, at, torch.where(cb, vb, -1))
+        return values if rows.stop is None else stop_after(values, at, torch.where(cb, vb, xb), mb & ~cb, rows.stop)
+
+
+def stop_after(values: torch.Tensor, at: torch.Tensor, block: torch.Tensor, left: torch.Tensor,
+               stop: torch.Tensor) -> torch.Tensor:
+    """A step's ``values`` [b, l] (-1: not committed) with every position after the current block (``at`` [b, bs],
+    wholly masked) set to the row's stop token when the step completes the block (``left`` [b, bs]: its positions
+    still masked after the step, none) and ``block`` [b, bs], its tokens after the step, holds it (``stop`` [b]:
+    each row's, -1 none): the sequence ends there."""
+    hit = (stop >= 0) & ~left.any(1) & (block == stop[:, None]).any(1)
+    after = torch.arange(values.shape[1], device=values.device)[None] > at[:, -1:]
+    return torch.where(hit[:, None] & after, stop[:, None], values)
