@@ -315,6 +315,8 @@ class StepEvent(BaseModel):
     round: int = Field(0, description="`valid_only`: the round of draws (0 first); each round starts from masks.")
     step: int
     sequences: list[str] = Field(description="Partial sequences, masks shown as `[MASK]`.")
-    committed: list[list[int]] = Field(description="Positions unmasked in this step, per sequence.")
+    committed: list[list[int]] = Field(description="Positions unmasked in this step, per sequence. They keep "
+                                                   "their tokens for the rest of the round: no step remasks (a "
+                                                   "block checkpoint's committed block is final).")
     tokens: list[list[str]] | None = Field(None, description="With `step_tokens`: each sequence's token text by "
                                                              "position (`[MASK]` for masks, `\"\"` for padding).")

@@ -56,7 +56,11 @@ class ScoreRequest(BaseModel):
 class Score(BaseModel):
     tokens: int = Field(description="Tokens of the encoded sequence (padding included: the model's length).")
     log_prob: float | None = Field(None, description="joint: log p(x_M | x_t), exact under the checkpoint's "
-                                                     "joint (CP/TT; rank 1: the product), natural log.")
+                                                     "joint (CP/TT; rank 1: the product), natural log. A block "
+                                                     "diffusion checkpoint: the exact log-likelihood of its one "
+                                                     "step a block sampler's law (temperature 1); at k > 1 steps "
+                                                     "a block the sampler draws another law, whose likelihood "
+                                                     "this is not (a NELBO would only bound it).")
     token_log_probs: list[float | None] | None = Field(
         None, description="joint: log p(x^i | x_t) per position under the joint's exact marginal; null where "
                           "not masked.")

@@ -209,6 +209,14 @@ class Serving:
                                             "prompt is in the language")
         return key, constraint, field
 
+    @staticmethod
+    def stop_token(lm, constraint) -> int | None:
+        """Where a sequence ends: the tokenizer's end (``Tokenizer.end_id``: text's end-of-text) on a kind that
+        stops there (block diffusion: the blocks after the one that drew it are not drawn, as BD3-LM samples
+        variable-length text), unconstrained; else None."""
+        end = lm.tokenizer.end_id
+        return end if end is not None and lm.model.cfg.kind.stops and constraint is None else None
+
     def submit(self, prepared: "Prepared | GenerateRequest") -> Ticket:
         """Admit a request (raises ModelNotFound, PromptError, Unsupported, TooLarge, Overloaded). Must run on
         the event loop; a ``GenerateRequest`` is prepared here (``prepare``): give ``admit`` a client's."""
@@ -226,7 +234,8 @@ class Serving:
         try:
             run = GenerationRun(lm.model, request.num_samples, request.steps, config, seed=request.seed,
                                 prompt=prepared.prompt, device=self.registry.device,
-                                max_rows_per_pass=plan.max_rows_per_pass, constraint=constraint)
+                                max_rows_per_pass=plan.max_rows_per_pass, constraint=constraint,
+                                stop_token=self.stop_token(lm, constraint))
         except ConstraintError as e:  # no accepted sequence agrees with the prompt
             field = "prompt" if request.prompt else prepared.field
             raise Unsupported(field, f"{prepared.field}: {e}") from None

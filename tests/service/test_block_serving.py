@@ -3,6 +3,7 @@
 batched like any other; what it cannot run is refused with a 422 naming the field."""
 
 import json
+import re
 
 import httpx
 import pytest
@@ -139,3 +140,40 @@ def test_score_gives_a_block_models_exact_likelihood(block_server):
     elbo = httpx.post(url + "/score", json={"checkpoint": "qm9-b2-tt", "sequences": ["CCO"], "mode": "elbo"},
                       timeout=60)
     assert elbo.status_code == 422 and elbo.json()["detail"][0]["loc"][-1] == "mode", elbo.text
+
+
+def test_text_from_a_block_checkpoint_ends_at_its_end_of_text(tmp_path):
+    """A text block checkpoint (its end-of-text made likely), served in float32: each answer is the text of the
+    in-process run with the tokenizer's end-of-text as ``stop_token`` (the same seed, counter-based streams: the
+    same tokens up to the first block holding it, end-of-text after), which differs from the run that draws every
+    block; a constrained request draws every block (the constraint decides the tail)."""
+    from ttcore.data import training_texts
+    from ttcore.models import DiTConfig, JointModel, ModelConfig, save_checkpoint
+    from ttcore.sampling import GenerationRun, SamplerConfig
+    from ttcore.tokenizers.text import train_bpe
+
+    tok = train_bpe(training_texts()[:20], vocab_size=300, length=16)
+    torch.manual_seed(0)
+    dit = DiTConfig.for_tokenizer(tok, hidden_dim=32, cond_dim=16, n_blocks=1, n_heads=2, block_size=4)
+    model = JointModel(ModelConfig(dit, extra={"family": "text"})).eval()
+    with torch.no_grad():
+        model.output_layer.linear.bias[tok.eot_id] = 4.0  # end-of-text likely
+    save_checkpoint(tmp_path / "text-b4", model, tok)
+
+    def texts(stop, n, seed=0):
+        run = GenerationRun(model, n, 4, SamplerConfig(sampler="blocks"), seed=seed, stop_token=stop)
+        while not run.done:
+            run.step()
+        return [tok.decode(row.tolist()) for row in run.tokens], run.tokens
+
+    stopped, tokens = texts(tok.eot_id, 16)
+    drawn, _ = texts(None, 16)
+    assert stopped != drawn and bool((tokens[:, 12:] == tok.eot_id).any())  # some sequences ended early
+    with uvicorn_server(tmp_path, "--precision", "fp32") as url:
+        r = httpx.post(url + "/generate", json={"checkpoint": "text-b4", "num_samples": 16, "seed": 0}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert [s["text"] for s in r.json()["samples"]] == stopped
+        r = httpx.post(url + "/generate", json={"checkpoint": "text-b4", "num_samples": 4, "seed": 0,
+                                                "regex": "[a-z ]+"}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert all(re.fullmatch("[a-z ]+", s["text"]) for s in r.json()["samples"])
