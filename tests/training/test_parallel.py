@@ -149,6 +149,23 @@ def test_torchrun_trains_a_tiny_model_on_two_processes_and_resumes_exactly(tmp_p
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def _torchrun(out, recipe: list, env: dict) -> None:
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           *recipe, "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+
+
+def _ray_train(out, recipe: list, env: dict) -> None:
+    ray = subprocess.run([sys.executable, str(ROOT / "training" / "ray_train.py"), "--workers", "2", "--", *recipe,
+                          "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert ray.returncode == 0, ray.stdout[-2000:] + ray.stderr[-3000:]
+
+
+def _same_weights(a: Path, b: Path) -> bool:
+    wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
 @pytest.mark.slow  # Ray
 def test_ray_train_runs_the_recipe_as_torchrun_does(tmp_path):
     """``training/ray_train.py``: the same recipe under Ray Train's TorchTrainer (2 workers on a local Ray
@@ -159,17 +176,35 @@ def test_ray_train_runs_the_recipe_as_torchrun_does(tmp_path):
     short = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths must stay under 108 bytes
     env = dict(os.environ, OMP_NUM_THREADS="1", RAY_AUTH_MODE="disabled", RAY_TMPDIR=short)
     try:
-        torchrun = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                                   "2", *recipe, "--out", str(tmp_path / "torchrun")], cwd=ROOT, env=env,
-                                  capture_output=True, text=True, timeout=600)
-        assert torchrun.returncode == 0, torchrun.stderr[-3000:]
-        ray = subprocess.run([sys.executable, str(ROOT / "training" / "ray_train.py"), "--workers", "2", "--", *recipe,
-                              "--out", str(tmp_path / "ray")], cwd=ROOT, env=env, capture_output=True, text=True,
-                             timeout=600)
-        assert ray.returncode == 0, ray.stdout[-2000:] + ray.stderr[-3000:]
+        _torchrun(tmp_path / "torchrun", recipe, env)
+        _ray_train(tmp_path / "ray", recipe, env)
         state = json.loads((tmp_path / "ray" / "train_state" / "state.json").read_text())
         assert state["step"] == 6 and state["processes"] == 2
-        a, b = load_file(tmp_path / "torchrun" / "model.safetensors"), load_file(tmp_path / "ray" / "model.safetensors")
-        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+        assert _same_weights(tmp_path / "torchrun", tmp_path / "ray")
     finally:  # a failed run leaves no Ray session behind (its logs fill /tmp)
+        shutil.rmtree(short, ignore_errors=True)
+
+
+@pytest.mark.slow  # Ray
+def test_the_block_recipe_runs_data_parallel_under_torchrun_and_ray_train(tmp_path):
+    """``training/train_blocks.py`` (its own objective, ``ModelKind.objective``: each process its share, the
+    gradients averaged) on two processes: 3 steps then a resumed 3 give the weights of 6 in one run, bit for bit,
+    the model stays block-causal, and Ray Train's two workers write torchrun's checkpoint, weight for weight."""
+    pytest.importorskip("ray.train.torch", reason="needs ray[train]")
+    recipe = [str(ROOT / "training" / "train_blocks.py"), "--config", "tiny", "--data", str(SAMPLE), "--quiet",
+              "--block-size", "2", "--set", "threads=1", "val_every=3"]
+    short = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    env = dict(os.environ, OMP_NUM_THREADS="1", RAY_AUTH_MODE="disabled", RAY_TMPDIR=short)
+    try:
+        _torchrun(tmp_path / "ddp", [*recipe, "--max-steps", "3"], env)
+        _torchrun(tmp_path / "ddp", [*recipe, "--max-steps", "6", "--resume"], env)
+        _torchrun(tmp_path / "straight", [*recipe, "--max-steps", "6"], env)
+        state = json.loads((tmp_path / "ddp" / "train_state" / "state.json").read_text())
+        assert state["step"] == 6 and state["processes"] == 2 and "reseeded" not in state
+        assert _same_weights(tmp_path / "ddp", tmp_path / "straight")
+        config = json.loads((tmp_path / "ddp" / "config.json").read_text())
+        assert config["model"]["dit"]["block_size"] == 2
+        _ray_train(tmp_path / "ray", [*recipe, "--max-steps", "6"], env)
+        assert _same_weights(tmp_path / "straight", tmp_path / "ray")
+    finally:
         shutil.rmtree(short, ignore_errors=True)
