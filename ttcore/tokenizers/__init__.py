@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+from .base import Tokenizer
 from .smiles import SmilesTokenizer, smiles_tokens
 from .symbols import CharTokenizer
 
@@ -32,7 +33,7 @@ def _safe_tokenizer():  # PyPI `safe-mol` (the safe extra): imported only for a 
 _EXTRAS = {"text": _text_tokenizer, "hf": _hf_tokenizer, "selfies": _selfies_tokenizer, "safe": _safe_tokenizer}
 
 
-def load_tokenizer(directory: str | Path):
+def load_tokenizer(directory: str | Path) -> Tokenizer:
     """The tokenizer saved in a checkpoint directory (``tokenizer.json``)."""
     d = json.loads(Path(directory, "tokenizer.json").read_text())
     kind = d.get("type")
@@ -43,4 +44,4 @@ def load_tokenizer(directory: str | Path):
     return _KINDS[kind].from_dict(d)
 
 
-__all__ = ["CharTokenizer", "SmilesTokenizer", "load_tokenizer", "smiles_tokens"]
+__all__ = ["CharTokenizer", "SmilesTokenizer", "Tokenizer", "load_tokenizer", "smiles_tokens"]

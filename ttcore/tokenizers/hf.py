@@ -50,6 +50,7 @@ class HFTokenizer:
     kind = "hf"
     any_text = True  # a pretrained model's tokenizer reads any family's text (unknown pieces: its unk token)
     pads = True  # one sequence a row, padded: the padding is part of what the model learns (as SMILES)
+    end_id = None  # as SMILES: the padding is drawn as tokens
 
     def __init__(self, files: dict[str, bytes], length: int, name: str, n_ids: int | None = None):
         """``n_ids``: the model's embedding rows (default: the tokenizer's size; a model may have more rows than

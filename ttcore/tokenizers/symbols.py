@@ -35,6 +35,7 @@ class SymbolTokenizer:
     kind = ""
     any_text = False  # only its own symbols: a family's data must be of its kind
     pads = True  # a sequence shorter than the length ends in [PAD]s, which the model generates as tokens
+    end_id = None  # runs to the length: its end is the padding, drawn as tokens (``Tokenizer.end_id``)
 
     @staticmethod
     def split(text: str) -> list[str]:

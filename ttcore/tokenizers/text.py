@@ -47,7 +47,7 @@ class TextTokenizer:
         if self.eot_id is None:
             raise ValueError(f"the BPE vocabulary must contain {EOT}")
         self.mask_id = bpe.get_vocab_size()
-        self.pad_id = self.eot_id
+        self.pad_id = self.end_id = self.eot_id  # a document ends at end-of-text (``Tokenizer.end_id``)
         self._pieces = None  # each id's text, built on first use
 
     @property
