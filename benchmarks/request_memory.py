@@ -44,7 +44,7 @@ def one_case(path: str, n: int, steps: int, ordering: str, contraction: str, joi
     config = cost.sampler_config(**settings)
     adaptive, exact = config.step_kind(model.cfg)
     chooses = config.step.chooses
-    rows = cost.rows_for(model.cfg, budget_mb << 20, **settings)
+    rows = cost.rows_for(model, budget_mb << 20, **settings)
     run = make_run(model, n, steps, seed=0, max_rows_per_pass=rows if rows < n else None, **settings)
     with model.compute_context():
         while not run.done:

@@ -1,11 +1,12 @@
 """Admission by cost: each request's memory and compute are estimated before it is admitted.
 
-Memory: ``ttcore.sampling.cost`` gives the bytes one step holds per sequence (from the model's shape);
+The cost model is ``ttcore.sampling.cost``'s; this module holds the rule. Memory: the bytes one step holds per
+sequence (``cost.run_row_bytes``, from the model's shape and the request's settings);
 a request larger than the memory budget is drawn in micro-batches of sequences (``max_rows_per_pass``),
 so its peak stays under the budget whatever ``num_samples`` is.
 
-Compute: ``service.speed.Speed``, a cost model of each kind of work timed on first use and scaled by the slowest
-recent ratio of measured to modelled time (an upper bound of recent requests that never falls to zero). A
+Compute: ``service.speed.Speed``, the rate of each kind of work (``cost.work_of``) timed on first use and scaled
+by the slowest recent ratio of measured to modelled time (an upper bound of recent requests that never falls to zero). A
 request's estimate is steps x (overhead + sequences x step cost) + sequences x chain-rule time; with
 ``WALL_HEADROOM`` for what a request spends outside compute it must fit the request's deadline, and its longest
 step must fit the step limit (half the stall limit that ``/health`` watches). A request that cannot fit gets a
@@ -16,11 +17,10 @@ same rule."""
 import math
 from dataclasses import dataclass
 
-from ttcore.kinds import companion
 from ttcore.sampling import SamplerConfig, cost
 
 from .refusals import TooLarge
-from .speed import WALL_HEADROOM, Speed, work_of
+from .speed import WALL_HEADROOM, Speed
 
 HINT_MARGIN = 1.5  # a refusal's hint is a setting whose estimate fits its deadline with this much to spare: the
 # machine's speed moves between the refusal and the follow-up (a shared machine: 10-50%), and a hint that is
@@ -55,32 +55,19 @@ def _largest(fits, below: int) -> int:
     return lo
 
 
-def automaton_row_bytes(cfg, constraint) -> int:
-    """A constrained step's automaton memory per sequence: its backward messages (l + 1 of r x Q, float64) and
-    one position's gathered message (r x Q x C), r the format's rank."""
-    q, c = constraint.num_states, constraint.classes[1].shape[1]
-    return 8 * cfg.rank * q * (cfg.dit.length + 1 + c)
-
-
 def plan(model, speed: Speed, *, num_samples: int, steps: int, config: SamplerConfig, timeout_s: float,
          memory_budget: int, step_limit_s: float, constraint=None, constraint_field: str = "regex") -> Plan:
     """Micro-batching and compute estimate of a request sampled with ``config`` (and within ``constraint``, a
     ``TokenDFA``, named by the request's ``constraint_field``), or TooLarge naming what to lower."""
     cfg = model.cfg
-    adaptive, exact = config.step_kind(cfg)
-    chooses = config.step.chooses  # the fast path's choice (at temperature != 1 too)
-    ar = companion(model) if config.step.ar_cache else None  # DCD's draw holds the AR model's cache of its rows
-    ar_cfg = None if ar is None else ar.cfg
-    rows = cost.rows_per_pass(cfg, adaptive, memory_budget, exact, chooses, config.option("chooser_outputs"), ar_cfg)
-    if constraint is not None:  # every masked position's full outputs (as the chain rule holds) and the messages
-        row = cost.step_row_bytes(cfg, True, False, None) + automaton_row_bytes(cfg, constraint)
-        rows = max(0, memory_budget // row)
-        if rows == 0:
-            raise TooLarge(constraint_field, f"one sequence needs about {row >> 20} MB per step within this "
+    adaptive, _ = config.step_kind(cfg)
+    rows = cost.run_rows(model, config, memory_budget, constraint)
+    if rows == 0:
+        need = cost.run_row_bytes(model, config, constraint) >> 20
+        if constraint is not None:
+            raise TooLarge(constraint_field, f"one sequence needs about {need} MB per step within this "
                                              f"constraint, above the server's memory budget of "
                                              f"{memory_budget >> 20} MB")
-    if rows == 0:
-        need = cost.step_row_bytes(cfg, adaptive, chooses, config.option("chooser_outputs"), ar_cfg) >> 20
         raise TooLarge("ordering", f"one sequence of this model needs about {need} MB per step with this "
                                    f"ordering, above the server's memory budget of {memory_budget >> 20} MB; "
                                    "use a predetermined ordering (random, left_to_right, halton)")
@@ -90,7 +77,7 @@ def plan(model, speed: Speed, *, num_samples: int, steps: int, config: SamplerCo
         """(the whole run, its longest step) of n sequences at ``k`` steps, margin included; idle steps cost
         nothing; a step of more than ``rows`` sequences runs in passes, each with the step's overhead."""
         k = min(k, l)
-        work = work_of(cfg, config, k, constraint)
+        work = cost.work_of(cfg, config, k, constraint)
         step = speed.step_seconds(work.kind, n, work.scale) + speed.overhead_seconds(work.kind, n) * (
             math.ceil(n / rows) - 1)
         chain = speed.chain_seconds(n) if adaptive else 0.0

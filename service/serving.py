@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from ttcore.constraints import ConstraintError
-from ttcore.sampling import GenerationRun, InvalidSampler
+from ttcore.sampling import GenerationRun, InvalidSampler, cost
 
 from . import admission
 from .batcher import EngineError, Job, StepOutput
@@ -29,7 +29,6 @@ from .schema import (
     StepEvent,
     Timings,
 )
-from .speed import work_of
 
 log = logging.getLogger("ttcore.serving")
 
@@ -172,7 +171,7 @@ class Serving:
             raise Unsupported(e.field, str(e)) from None
         key, constraint, field = self.constraint(lm, request, config, prompt)
         return Prepared(request, lm, prompt, config, key, constraint, field,
-                        work_of(lm.model.cfg, config, request.steps, constraint))
+                        cost.work_of(lm.model.cfg, config, request.steps, constraint))
 
     def constraint(self, lm, request, config, prompt=None):
         """The request's automaton (``service.constraints``; None: unconstrained): -> (its cache key, it, the

@@ -1,27 +1,27 @@
-"""This machine's speed at each kind of work of a model (``Speed``), which admission (``service.admission``)
-prices requests with and the engine corrects (``Speed.observe``).
+"""This machine's speed at each kind of work of a model (``Speed``), which admission (``service.admission``) prices
+requests with and the engine corrects (``Speed.observe``).
 
-A cost model of the work a step does, scaled by rates measured on this machine. Each kind of work of a
-checkpoint (``WorkKind``: a predetermined step, a fast adaptive step, an exact-contraction step, a tempered joint
-step, the chain rule's picks) is timed when a request first needs it (``Speed.ensure``: a few short timings, a
-second at most, at one row and at a few rows) as a per-step overhead plus a cost per sequence, at one step that
-draws every position (the dearest step of any run: an upper bound of a step at any step count); more chooser
-outputs than the default scale the per-sequence cost up (``Work``); sequences beyond the timing's cost
-``ROWS_GROWTH`` times more each. The model's figure is then multiplied by a measured ratio: the slowest of the
-last ``WINDOW`` requests of that kind, as what it took over what the model said. A ratio of two positive times
-never falls to zero, and the slowest recent one makes the estimate an upper bound of what recent requests took,
-not their middle. A kind whose only figure is a timing (no request measured it) and that refuses a request is
-re-timed afterwards, in the background (``Serving.retime``), so a timing taken on a busy machine cannot refuse
-requests for ever and no stranger waits for it."""
+A cost model of the work a step does, scaled by rates measured on this machine. Each kind of work of a checkpoint
+(``WorkKind``: a predetermined step, a fast adaptive step, an exact-contraction step, a tempered joint step, the
+chain rule's picks) is timed when a request first needs it (``Speed.ensure``: a few short timings, a second at most,
+at one row and at a few rows) as a per-step overhead plus a cost per sequence, at one step that draws every position
+(the dearest step of any run: an upper bound of a step at any step count); more chooser outputs than the default
+scale the per-sequence cost up (``ttcore.sampling.cost.Work``); sequences beyond the timing's cost ``ROWS_GROWTH``
+times more each. The model's figure is then multiplied by a measured ratio: the slowest of the last ``WINDOW``
+requests of that kind, as what it took over what the model said. A ratio of two positive times never falls to zero,
+and the slowest recent one makes the estimate an upper bound of what recent requests took, not their middle. A kind
+whose only figure is a timing (no request measured it) and that refuses a request is re-timed afterwards, in the
+background (``Serving.retime``), so a timing taken on a busy machine cannot refuse requests for ever and no stranger
+waits for it."""
 
 import math
 import time
 from collections import deque
-from dataclasses import dataclass
 
 from ttcore.distributions.streams import warm_streams
 from ttcore.errors import InvalidSampler
 from ttcore.sampling import GenerationRun, SamplerConfig
+from ttcore.sampling.cost import Work, reference_automaton
 from ttcore.sampling.steps import WorkKind
 
 WINDOW = 8  # requests per kind of work whose slowest ratio (measured / modelled) scales the model
@@ -34,43 +34,6 @@ RECALIBRATE_EVERY_S = 60.0  # an unmeasured kind is re-timed after a refusal at 
 ROWS_GROWTH = 1.3  # a sequence beyond the timed rows costs this much more (caches: QM9 TT 64 -> 256 rows 1.13x)
 WALL_HEADROOM = 1.25  # a deadline holds this much more than the estimate: the wall time outside compute (queue,
 # decoding, the event loop: 4-7% measured) and the model's error (a step of 3x the timed rows: up to 1.2x the model)
-
-
-REFERENCE_STATES, REFERENCE_CLASSES = 128, 16  # the automaton a constrained step is timed with
-
-
-def reference_automaton(vocab: int):
-    """An automaton of ``REFERENCE_STATES`` states over ``REFERENCE_CLASSES`` token classes (fewer when the
-    vocabulary is smaller), accepting every sequence: what ``constrained_step`` is timed with."""
-    import torch
-
-    from ttcore.constraints import TokenDFA
-
-    classes = min(REFERENCE_CLASSES, vocab)
-    q = torch.arange(REFERENCE_STATES)[:, None]
-    delta = (7 * q + torch.arange(vocab)[None] % classes + 1) % REFERENCE_STATES
-    return TokenDFA.of_tokens(delta, torch.ones(REFERENCE_STATES, dtype=torch.bool))
-
-
-@dataclass(frozen=True)
-class Work:
-    """A request's kind of work and ``scale``, its settings' per-sequence step cost relative to the timed
-    step's (``work_of``)."""
-    kind: WorkKind
-    scale: float = 1.0
-
-
-def work_of(model_cfg, config: SamplerConfig, steps: int, constraint=None) -> Work:
-    """The work of a run with ``config`` at ``steps`` steps: its step's kind and scale (``Step.work_kind``,
-    ``Step.work_scale``: what its own settings cost over the timed step's). The step count needs no scale: the
-    timing's run takes one step, the most positions a step can draw (``CALIBRATION_STEPS``). A constrained run
-    (``constraint``, a ``TokenDFA``) is a ``constrained_step``, scaled by its automaton's states x token classes
-    over the timing's (``reference_automaton``) when larger: the messages' work is proportional to them (an upper
-    bound again)."""
-    if constraint is not None:
-        size = constraint.num_states * constraint.classes[1].shape[1]
-        return Work(WorkKind.constrained_step, max(1.0, size / (REFERENCE_STATES * REFERENCE_CLASSES)))
-    return Work(config.work_kind(model_cfg), config.step.work_scale(model_cfg))
 
 
 class Speed:

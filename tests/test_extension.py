@@ -17,7 +17,6 @@ import uvicorn
 from _loop import fit
 from servers import SAMPLE, free_port
 
-from service.speed import Work, work_of
 from ttcore.constraints import Grammar, TokenDFA, register_grammar, unregister_grammar
 from ttcore.data import DataSection, SmilesDataset
 from ttcore.decompositions import (
@@ -35,6 +34,7 @@ from ttcore.metrics.kinds import MetricsKind, register_metrics_kind, unregister_
 from ttcore.models import DiTConfig, JointModel, ModelConfig
 from ttcore.recipes import TrainConfig
 from ttcore.sampling import SamplerConfig, generate, predetermined_step
+from ttcore.sampling.cost import Work, work_of
 from ttcore.sampling.steps import ConfiguredStep, StepSettings, WorkKind, register_step, setting, unregister_step
 
 

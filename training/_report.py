@@ -43,7 +43,7 @@ def count_schedule(length: int, steps: int, schedule: str = "loglinear") -> tupl
 def rows_within(model, memory_mb: int, **settings) -> int:
     """The most sequences one pass of a step may hold within ``memory_mb`` (``ttcore.sampling.cost``, as the
     server micro-batches), at least one."""
-    return max(1, cost.rows_for(model.cfg, memory_mb << 20, **settings))
+    return max(1, cost.rows_for(model, memory_mb << 20, **settings))
 
 
 def run_setting(model, tok, n: int, steps: int, batch: int, seed: int, memory_mb: int = 4096,

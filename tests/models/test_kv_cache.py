@@ -5,6 +5,7 @@ a cache dropped), and a step of many runs makes at most two backbone calls."""
 import torch
 from tiny import run_together, tiny_ar
 
+from ttcore.kinds import pair
 from ttcore.models.kv_cache import cached_features, first_masked, prefill
 from ttcore.sampling import GenerationRun, SamplerConfig, batch_step
 
@@ -107,3 +108,7 @@ def test_the_cost_model_counts_what_the_cache_holds():
     budget = 64 * cost.step_row_bytes(diffusion.cfg, False)
     assert cost.rows_per_pass(diffusion.cfg, False, budget) == 64
     assert cost.rows_per_pass(diffusion.cfg, False, budget, ar_cfg=model.cfg) < 64
+    pair(diffusion, model)  # the run's own estimate (the service's and the recipes') finds the pair's cache
+    assert cost.rows_for(diffusion, budget) == 64
+    assert cost.rows_for(diffusion, budget, sampler="dcd") == cost.rows_per_pass(diffusion.cfg, False, budget,
+                                                                                  ar_cfg=model.cfg)

@@ -387,9 +387,8 @@ def test_chooser_outputs_is_a_setting_that_admission_prices():
     from ttcore.sampling.config import InvalidSampler
 
     model = tiny_model("tt", 6, 7, 4, perturb=0.1, noise=0.1)
-    cfg = model.cfg
-    one = cost.rows_for(cfg, 1 << 30, ordering="top_prob", adaptive_path="fast", chooser_outputs=1)
-    all16 = cost.rows_for(cfg, 1 << 30, ordering="top_prob", adaptive_path="fast", chooser_outputs=16)
+    one = cost.rows_for(model, 1 << 30, ordering="top_prob", adaptive_path="fast", chooser_outputs=1)
+    all16 = cost.rows_for(model, 1 << 30, ordering="top_prob", adaptive_path="fast", chooser_outputs=16)
     assert one > all16 > 0
     with pytest.raises(InvalidSampler, match="chooser_outputs"):
         SamplerConfig(chooser_outputs=0)

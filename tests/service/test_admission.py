@@ -10,9 +10,10 @@ import torch
 
 from service.admission import HINT_MARGIN, check_passes, plan
 from service.refusals import TooLarge
-from service.speed import CALIBRATION_ROWS, CALIBRATION_STEPS, WALL_HEADROOM, WINDOW, Speed, Work, calibrate, work_of
+from service.speed import CALIBRATION_ROWS, CALIBRATION_STEPS, WALL_HEADROOM, WINDOW, Speed, calibrate
 from ttcore.models import DiTConfig, JointModel, ModelConfig
 from ttcore.sampling import SamplerConfig
+from ttcore.sampling.cost import Work, work_of
 
 
 def _model(decomposition="tt", vocab=8, rank=2, length=12):

@@ -1,11 +1,15 @@
-"""What one denoising step holds in memory, from the model's shape alone: the service admits and
-micro-batches requests by it. Calibrated against peak RSS on the bundled checkpoints
+"""The cost model of a run's steps, from the model's shape and the run's settings alone: what one step holds in
+memory per sequence (``run_row_bytes``, ``run_rows``: the service micro-batches requests by it, the recipes
+size their passes by it) and what kind of work it does and how much (``work_of``: what the service's measured
+rates, ``service.speed``, multiply). Memory calibrated against peak RSS on the bundled checkpoints
 (``benchmarks/request_memory.py`` prints measured beside estimated; README, Limits)."""
 
-from dataclasses import fields
+from dataclasses import dataclass, fields
+
+from ttcore.kinds import companion
 
 from .config import SamplerConfig
-from .steps import step_settings
+from .steps import WorkKind, step_settings
 
 CHAIN_RULE_COPIES = 4.5  # full factors / cores alive at once in a chain-rule step (measured 3.2-4.1 at text size)
 ROW_SLACK_BYTES = 2 << 20  # per sequence: features, marginals, scores (measured 1.2 MB at QM9 size)
@@ -102,9 +106,79 @@ def step_kind(cfg, **settings) -> tuple[bool, bool]:
     return sampler_config(**settings).step_kind(cfg)
 
 
-def rows_for(cfg, budget_bytes: int, **settings) -> int:
-    """``rows_per_pass`` of a run with these flat settings (its step class says what a step holds)."""
-    config = sampler_config(**settings)
-    adaptive, exact = config.step_kind(cfg)
-    return rows_per_pass(cfg, adaptive, budget_bytes, exact, config.step.chooses,
-                         config.option("chooser_outputs"))
+def automaton_row_bytes(cfg, constraint) -> int:
+    """A constrained step's automaton memory per sequence: its backward messages (l + 1 of r x Q, float64) and
+    one position's gathered message (r x Q x C), r the format's rank."""
+    q, c = constraint.num_states, constraint.classes[1].shape[1]
+    return 8 * cfg.rank * q * (cfg.dit.length + 1 + c)
+
+
+def _companion_cfg(model, config: SamplerConfig):
+    """The config of the autoregressive model whose key-value cache of its rows a step of ``config`` holds (DCD's
+    draw: ``Step.ar_cache``), or None."""
+    ar = companion(model) if config.step.ar_cache else None
+    return None if ar is None else ar.cfg
+
+
+def run_row_bytes(model, config: SamplerConfig, constraint=None) -> int:
+    """Peak bytes per sequence of one step of a run of ``model`` with ``config``: ``step_row_bytes`` of its step
+    class; within ``constraint`` (a ``TokenDFA``), every masked position's full outputs (as the chain rule holds)
+    and the automaton's messages."""
+    cfg = model.cfg
+    if constraint is not None:
+        return step_row_bytes(cfg, True) + automaton_row_bytes(cfg, constraint)
+    adaptive, _ = config.step_kind(cfg)
+    return step_row_bytes(cfg, adaptive, config.step.chooses, config.option("chooser_outputs"),
+                          _companion_cfg(model, config))
+
+
+def run_rows(model, config: SamplerConfig, budget_bytes: int, constraint=None) -> int:
+    """How many sequences one pass of a step of the run ``run_row_bytes`` describes may hold within
+    ``budget_bytes`` (an exact-contraction step's fixed reserve first: ``summed_outputs_bytes``); 0 when not even
+    one fits."""
+    if constraint is not None:
+        return max(0, budget_bytes // run_row_bytes(model, config, constraint))
+    adaptive, exact = config.step_kind(model.cfg)
+    fixed = summed_outputs_bytes(model.cfg) if exact and not adaptive else 0
+    return max(0, (budget_bytes - fixed) // run_row_bytes(model, config))
+
+
+def rows_for(model, budget_bytes: int, **settings) -> int:
+    """``run_rows`` of a run with these flat settings, unconstrained."""
+    return run_rows(model, sampler_config(**settings), budget_bytes)
+
+
+REFERENCE_STATES, REFERENCE_CLASSES = 128, 16  # the automaton a constrained step is timed with
+
+
+def reference_automaton(vocab: int):
+    """An automaton of ``REFERENCE_STATES`` states over ``REFERENCE_CLASSES`` token classes (fewer when the
+    vocabulary is smaller), accepting every sequence: what ``constrained_step`` is timed with."""
+    import torch
+
+    from ttcore.constraints import TokenDFA
+
+    classes = min(REFERENCE_CLASSES, vocab)
+    q = torch.arange(REFERENCE_STATES)[:, None]
+    delta = (7 * q + torch.arange(vocab)[None] % classes + 1) % REFERENCE_STATES
+    return TokenDFA.of_tokens(delta, torch.ones(REFERENCE_STATES, dtype=torch.bool))
+
+
+@dataclass(frozen=True)
+class Work:
+    """A run's kind of work (what a measured rate is kept for) and ``scale``, its settings' per-sequence step cost
+    relative to the timed step's (``work_of``)."""
+    kind: WorkKind
+    scale: float = 1.0
+
+
+def work_of(model_cfg, config: SamplerConfig, steps: int, constraint=None) -> Work:
+    """The work of a run with ``config`` at ``steps`` steps: its step's kind and scale (``Step.work_kind``,
+    ``Step.work_scale``: what its own settings cost over the timed step's). The step count needs no scale: the
+    timing's run takes one step, the most positions a step can draw. A constrained run (``constraint``, a
+    ``TokenDFA``) is a ``constrained_step``, scaled by its automaton's states x token classes over the timing's
+    (``reference_automaton``) when larger: the messages' work is proportional to them (an upper bound again)."""
+    if constraint is not None:
+        size = constraint.num_states * constraint.classes[1].shape[1]
+        return Work(WorkKind.constrained_step, max(1.0, size / (REFERENCE_STATES * REFERENCE_CLASSES)))
+    return Work(config.work_kind(model_cfg), config.step.work_scale(model_cfg))
