@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from ttcore.tokenizers.symbols import MASK  # every tokenizer spells it so: a prompt with it is a template
 
 from .batcher import EngineError
+from .schema import Telemetry
 from .serving import Failure, Serving, Ticket
 
 
@@ -68,7 +69,7 @@ class CompletionStep:
     committed: list
     completion_tokens: int = 0
     final: list | None = None
-    telemetry: dict | None = None
+    telemetry: Telemetry | None = None
 
 
 def completion_prompt(serving: Serving, lm, prompt: str) -> CompletionPrompt:

@@ -41,8 +41,10 @@ from .openai_schema import (
     Completion,
     CompletionChoice,
     CompletionRequest,
+    ModelTelemetry,
     OpenAIModel,
     OpenAIModelList,
+    StepTelemetry,
     Usage,
 )
 from .refusals import Refusal, Unsupported, failure_status
@@ -113,9 +115,9 @@ router = APIRouter(prefix="/v1", tags=["OpenAI-compatible"])
 
 @router.get("/models", response_model=OpenAIModelList)
 async def models(serving: Serving = Depends(current_serving)):
-    return OpenAIModelList(data=[OpenAIModel(id=model_id(lm), ttcore={
-        "checkpoint": lm.name, "family": lm.family, "decomposition": lm.info.decomposition, "rank": lm.info.rank,
-        "length": lm.info.length, "domain": lm.domain, "metrics": lm.info.metrics}) for lm in serving.registry.models])
+    return OpenAIModelList(data=[OpenAIModel(id=model_id(lm), ttcore=ModelTelemetry(
+        checkpoint=lm.name, family=lm.family, decomposition=lm.info.decomposition, rank=lm.info.rank,
+        length=lm.info.length, domain=lm.domain, metrics=lm.info.metrics)) for lm in serving.registry.models])
 
 
 @router.post("/completions", response_model=Completion, responses=error_docs.openai({
@@ -204,7 +206,7 @@ class _TextShape:
                           choices=[CompletionChoice(text=prefix + text, index=i, finish_reason=reason)
                                    for i, (text, reason) in enumerate(step.final)])
 
-    def chunk(self, job, i: int, text: str, reason, first: bool, template: bool, ttcore: dict):
+    def chunk(self, job, i: int, text: str, reason, first: bool, template: bool, ttcore: StepTelemetry):
         prefix = self.prefix if first and not template else ""
         return Completion(id=f"cmpl-{job.id}", model=model_id(job.lm), ttcore=ttcore,
                           choices=[CompletionChoice(text=prefix + text, index=i, finish_reason=reason)])
@@ -221,7 +223,7 @@ class _ChatShape:
                               choices=[ChatChoice(index=i, message=ChatReply(content=text), finish_reason=reason)
                                        for i, (text, reason) in enumerate(step.final)])
 
-    def chunk(self, job, i: int, text: str, reason, first: bool, template: bool, ttcore: dict):
+    def chunk(self, job, i: int, text: str, reason, first: bool, template: bool, ttcore: StepTelemetry):
         delta = ChatDelta(role="assistant" if first else None, content=text)
         return ChatCompletionChunk(id=f"chatcmpl-{job.id}", model=model_id(job.lm), ttcore=ttcore,
                                    choices=[ChatChunkChoice(index=i, delta=delta, finish_reason=reason)])
@@ -260,7 +262,7 @@ async def _chunks(serving: Serving, req, job, prompt, shape):
             yield error(step.message, step.kind)
             break
         chunks = [shape.chunk(job, i, text, reason, first, prompt.template,
-                              {"step": step.step, "canvas": step.canvases[i], "committed": step.committed[i]})
+                              StepTelemetry(step=step.step, canvas=step.canvases[i], committed=step.committed[i]))
                   for i, text, reason in step.deltas]
         if step.final is not None and include_usage:
             chunks.append(shape.usage_chunk(job, _usage(prompt, step)))

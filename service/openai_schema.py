@@ -17,6 +17,7 @@ from .schema import (
     MIN_TEMPERATURE,
     ConstraintFields,
     SamplerFields,
+    Telemetry,
 )
 
 
@@ -169,6 +170,24 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+class StepTelemetry(BaseModel):
+    """A stream chunk's extension: where its choice stands after the step."""
+    step: int
+    canvas: str = Field(description="The choice's provisional sequence, masks shown as `[MASK]`.")
+    committed: list[int] = Field(description="Positions committed in this step (final: no step remasks).")
+
+
+class ModelTelemetry(BaseModel):
+    """A model's extension in ``/v1/models``."""
+    checkpoint: str
+    family: str
+    decomposition: str
+    rank: int
+    length: int
+    domain: str = Field(description="The tokenizer's kind: `smiles`, `char`, `text` (BPE), ...")
+    metrics: str = Field(description="What its family is measured by (`ttcore.metrics.kinds`).")
+
+
 class Completion(BaseModel):
     id: str
     object: Literal["text_completion"] = "text_completion"
@@ -176,9 +195,9 @@ class Completion(BaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: Usage | None = None
-    ttcore: dict | None = Field(None, description="Extension: steps, model calls, timings; in stream chunks the "
-                                                  "step, the provisional canvas (masks shown) and the positions "
-                                                  "committed in that step.")
+    ttcore: Telemetry | StepTelemetry | None = Field(
+        None, description="Extension: steps, model calls, timings; in stream chunks the step, the provisional "
+                          "canvas (masks shown) and the positions committed in that step.")
 
 
 class ChatReply(BaseModel):
@@ -210,7 +229,7 @@ class _ChatAnswer(BaseModel):
     created: int = Field(default_factory=lambda: int(time.time()))
     model: str
     usage: Usage | None = None
-    ttcore: dict | None = Field(None, description="Extension: as in Completion.")
+    ttcore: Telemetry | StepTelemetry | None = Field(None, description="Extension: as in Completion.")
 
 
 class ChatCompletion(_ChatAnswer):
@@ -228,7 +247,7 @@ class OpenAIModel(BaseModel):
     object: Literal["model"] = "model"
     created: int = 0
     owned_by: str = "ttcore"
-    ttcore: dict = Field(description="Extension: checkpoint, family, decomposition, rank, length, domain, metrics.")
+    ttcore: ModelTelemetry = Field(description="Extension: the checkpoint behind the id.")
 
 
 class OpenAIModelList(BaseModel):

@@ -287,6 +287,15 @@ class Timings(BaseModel):
                                               "final sequences otherwise) and checking SMILES.")
 
 
+class Telemetry(BaseModel):
+    """What a finished request took (``/v1`` answers carry it as their ``ttcore`` extension)."""
+    checkpoint: str = Field(description="Name (directory) of the checkpoint that answered.")
+    steps: int = Field(description="Denoising steps taken.")
+    model_calls: int = Field(description="Backbone forward passes this request took part in.")
+    tokens_per_step: list[int] = Field(description="Tokens committed in each step (all sequences together).")
+    timings: Timings
+
+
 class GenerateResponse(BaseModel):
     id: str
     model: str = Field(description="Family of the checkpoint that answered.")

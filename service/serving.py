@@ -27,6 +27,7 @@ from .schema import (
     GenerateResponse,
     Sample,
     StepEvent,
+    Telemetry,
     Timings,
 )
 
@@ -322,7 +323,7 @@ class Serving:
             self.engine.abort(ticket.id)
             ticket = ticket.next_round
 
-    def answer_telemetry(self, ticket: Ticket, out: StepOutput) -> dict:
+    def answer_telemetry(self, ticket: Ticket, out: StepOutput) -> Telemetry:
         """Steps, model calls, tokens per step and timings of a finished job (counted in the metrics once)."""
         job = ticket.job
         m, family = self.metrics, job.lm.family
@@ -334,8 +335,8 @@ class Serving:
             m.request_seconds.labels(family, phase).observe(getattr(timings, f"{phase}_ms") / 1e3)
         for n in job.tokens_per_step:
             m.tokens_per_step.labels(family).observe(n)
-        return {"steps": out.step, "model_calls": out.model_calls, "checkpoint": job.lm.name,
-                "tokens_per_step": job.tokens_per_step, "timings": timings.model_dump()}
+        return Telemetry(checkpoint=job.lm.name, steps=out.step, model_calls=out.model_calls,
+                         tokens_per_step=job.tokens_per_step, timings=timings)
 
     def _timings(self, ticket: Ticket) -> Timings:
         job = ticket.job
@@ -368,8 +369,8 @@ class Serving:
         telemetry = self.answer_telemetry(job, out)
         return GenerateResponse(id=job.id, model=lm.family, checkpoint=lm.name, decomposition=lm.info.decomposition,
                                 rank=lm.info.rank, samples=samples, steps=out.step, model_calls=out.model_calls,
-                                tokens_per_step=telemetry["tokens_per_step"], drawn=len(samples),
-                                timings=telemetry["timings"])
+                                tokens_per_step=telemetry.tokens_per_step, drawn=len(samples),
+                                timings=telemetry.timings)
 
 
 def build_serving(args: ServiceArgs) -> Serving:
