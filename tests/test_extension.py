@@ -1,8 +1,10 @@
-"""A new format, a new sampler and a new metrics kind are each one definition: this file alone defines a toy
-format (a CP whose mixture weights are uniform, no weight head), a toy sampler (right-to-left unmasking, drawn
-jointly, with a setting of its own and the cost it declares for it) and a toy metrics kind (a sample is valid
-when its length is even), registers them through their register functions, and runs them through the loss, a
-data section, the recipes' training loop, generation and a real HTTP server, editing no other file."""
+"""A new format, a new sampler, a new model kind, a new grammar and a new metrics kind are each one definition:
+this file alone defines a toy format (a CP whose mixture weights are uniform, no weight head: neither CP- nor
+TT-shaped to the automaton), a toy sampler (right-to-left unmasking, drawn jointly, with a setting of its own and
+the cost it declares for it), a toy model kind (one-shot models: trained fully masked by the kind's own objective,
+generated in one step, answered only when named), a toy grammar and a toy metrics kind (a sample is valid when its
+length is even), registers them through their register functions, and runs them through the loss, a data
+section, the recipes' training loop, generation, admission and a real HTTP server, editing no other file."""
 
 import json
 import math
@@ -29,6 +31,7 @@ from ttcore.decompositions import (
 )
 from ttcore.distributions import Site, sample_categorical, softmax64, uniforms
 from ttcore.errors import InvalidSampler
+from ttcore.kinds import Diffusion, register_kind, unregister_kind
 from ttcore.losses import mdlm_loss
 from ttcore.metrics.kinds import MetricsKind, register_metrics_kind, unregister_metrics_kind
 from ttcore.models import DiTConfig, JointModel, ModelConfig
@@ -106,6 +109,39 @@ class RightToLeft(ConfiguredStep):
         return drawn[0]
 
 
+OBJECTIVE_STEPS = []  # the optimizer steps the toy kind's objective ran
+
+
+class OneShot(Diffusion):
+    """The toy model kind: models whose config's extra says ``one_shot``, trained with every position masked
+    (t = 1, its own objective), generating in one step (the default, and the only count it takes), and answered
+    only when a request names them (``by_default`` false) under an id of their own."""
+    name = "one_shot"
+    description = "a one-shot model"
+    by_default = False
+
+    def matches(self, cfg) -> bool:
+        return bool(cfg.extra.get("one_shot"))
+
+    def model_id(self, family: str, cfg) -> str:
+        return f"{family}-oneshot-r{cfg.rank}"
+
+    def default_steps(self, cfg) -> int:
+        return 1
+
+    def check_run(self, config, steps, tokens, mask_id, constrained):
+        super().check_run(config, steps, tokens, mask_id, constrained)
+        if steps != 1:
+            raise InvalidSampler("steps", f"a one-shot model takes steps 1, got {steps}")
+
+    def objective(self, cfg, mask_id: int, eps: float):
+        def loss(model, x0, generator=None, step: int = 0) -> dict:
+            OBJECTIVE_STEPS.append(step)
+            every = torch.ones_like(x0, dtype=torch.bool)
+            return mdlm_loss(model, x0, mask_id, generator=generator, t=torch.ones(len(x0)), mask=every)
+        return loss
+
+
 def _even_length(text):
     return {} if len(text) % 2 == 0 else None  # valid: no extra answer fields
 
@@ -127,7 +163,9 @@ def registered():
     register_step("right_to_left", RightToLeft)
     register_metrics_kind(EVEN)
     register_grammar("carbons", Grammar(carbons_dfa, ("smiles",)))
+    register_kind(OneShot())
     yield
+    unregister_kind("one_shot")
     unregister_decomposition("ucp")
     unregister_step("right_to_left")
     unregister_metrics_kind("even")
@@ -194,6 +232,16 @@ def test_a_toy_format_and_sampler_defined_here_train_generate_and_serve(register
     cp.cfg.extra.update(section.model_extra())
     fit(cp, tok, torch.from_numpy(ds.train_tokens), torch.from_numpy(ds.val_tokens), cfg,
         tmp_path / "toy" / "qm9-cp-r3", max_steps=1, quiet=True)
+    shot = _toy_model(tok, "cp")  # the toy kind: the loop trains it with the kind's objective
+    shot.cfg.extra.update(section.model_extra(), one_shot=True)
+    assert shot.cfg.kind.name == "one_shot"
+    OBJECTIVE_STEPS.clear()
+    fit(shot, tok, torch.from_numpy(ds.train_tokens), torch.from_numpy(ds.val_tokens), cfg,
+        tmp_path / "toy" / "qm9-oneshot-r3", max_steps=2, quiet=True)
+    assert OBJECTIVE_STEPS == [0, 1]
+    assert (list(generate(shot.eval(), 2, 1, seed=0))[-1].tokens != tok.mask_id).all()
+    with pytest.raises(InvalidSampler, match="takes steps 1, got 3"):
+        list(generate(shot, 2, 3, seed=0))
     language = carbons_dfa(tok.pieces(range(tok.vocab_size)), tok.pad_id)
     runs = list(generate(cp.eval(), 4, 4, seed=0, constraint=language))
     assert all(set(tok.decode(row)) == {"C"} for row in runs[-1].tokens.tolist())  # the library draws within it
@@ -213,7 +261,9 @@ def test_a_toy_format_and_sampler_defined_here_train_generate_and_serve(register
             if server.started:
                 break
             time.sleep(0.05)
-        models = {m["decomposition"]: m for m in httpx.get(url + "/models").json()["models"]}
+        listed = {m["checkpoint"]: m for m in httpx.get(url + "/models").json()["models"]}
+        assert (listed["qm9-oneshot-r3"]["kind"], listed["qm9-oneshot-r3"]["default_steps"]) == ("one_shot", 1)
+        models = {m["decomposition"]: m for name, m in listed.items() if name != "qm9-oneshot-r3"}
         assert sorted((m["decomposition"], m["rank"]) for m in models.values()) == [("cp", 3), ("ucp", 3)]
         assert (models["ucp"]["metrics"], models["ucp"]["validates"], models["ucp"]["depicts"]) == ("even", True,
                                                                                                    False)
@@ -250,6 +300,20 @@ def test_a_toy_format_and_sampler_defined_here_train_generate_and_serve(register
         v1 = httpx.post(url + "/v1/completions", json={"model": "qm9_sample-ucp-r3", "prompt": "C", "n": 2, "steps": 3,
                                                         "sampler": "right_to_left"}, timeout=60)
         assert v1.status_code == 200 and len(v1.json()["choices"]) == 2
+        shot = {"model": "qm9_sample", "checkpoint": "qm9-oneshot-r3", "num_samples": 2, "seed": 0}
+        r = httpx.post(url + "/generate", json=shot, timeout=60)  # admitted at its kind's default steps
+        assert r.status_code == 200 and r.json()["steps"] == 1 and r.json()["checkpoint"] == "qm9-oneshot-r3", r.text
+        assert all("[MASK]" not in s["text"] for s in r.json()["samples"])
+        r = httpx.post(url + "/generate", json=dict(shot, steps=3), timeout=60)  # the kind's rule, as a 422
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "steps"], r.text
+        assert "takes steps 1" in r.json()["detail"][0]["msg"]
+        r = httpx.post(url + "/generate", json={"model": "qm9_sample", "decomposition": "cp", "steps": 3}, timeout=60)
+        assert r.status_code == 200 and r.json()["checkpoint"] == "qm9-cp-r3", r.text  # not answered unless named
+        ids = [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]]
+        assert "qm9_sample-oneshot-r3" in ids, ids
+        v1 = httpx.post(url + "/v1/completions", json={"model": "qm9_sample-oneshot-r3", "prompt": "[MASK]" * 4,
+                                                        "n": 2}, timeout=60)
+        assert v1.status_code == 200 and v1.json()["ttcore"]["steps"] == 1, v1.text
         unknown = httpx.post(url + "/generate", json={"model": "qm9_sample", "sampler": "nonexistent"})
         assert unknown.status_code == 422 and unknown.json()["detail"][0]["loc"] == ["body", "sampler"]
     finally:
