@@ -50,8 +50,10 @@ case "${1:-}" in
     "$VENV/bin/ruff" check .  # unused imports and names, undefined names, import order, line length
     # the documentation site: a broken link, a missing page or a docstring that does not render fails here
     NO_MKDOCS_2_WARNING=1 "$VENV/bin/mkdocs" build --strict --quiet --site-dir "$(mktemp -d)"
-    # pytest exits 5 when no test was collected: that is a failure here too.
-    exec "$VENV/bin/python" -m pytest -q "$@"
+    # pytest exits 5 when no test was collected: that is a failure here too. Two workers (pytest-xdist; each test
+    # file on one worker, so a file's shared servers start once): the suite is mostly servers, Ray and recipes
+    # waiting on one another, and one process used about half of two cores (TTCORE_TEST_WORKERS=0: one process)
+    exec "$VENV/bin/python" -m pytest -q -n "${TTCORE_TEST_WORKERS:-2}" --dist loadfile "$@"
     ;;
   *)
     echo "usage: bash dev.sh {run|test} [args...]" >&2

@@ -1,7 +1,13 @@
+import os
 from pathlib import Path
 
 import pytest
+import torch
 from servers import make_checkpoints  # importable: pyproject's pytest pythonpath
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # dev.sh's workers share the cores: one intra-op thread each, or
+    # their thread pools oversubscribe the machine (a calibration then timed a text step at 500 s, not 5)
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
