@@ -139,8 +139,8 @@ def run_rows(model, config: SamplerConfig, budget_bytes: int, constraint=None) -
     if constraint is not None:
         return max(0, budget_bytes // run_row_bytes(model, config, constraint))
     adaptive, exact = config.step_kind(model.cfg)
-    fixed = summed_outputs_bytes(model.cfg) if exact and not adaptive else 0
-    return max(0, (budget_bytes - fixed) // run_row_bytes(model, config))
+    return rows_per_pass(model.cfg, adaptive, budget_bytes, exact, config.step.chooses,
+                         config.option("chooser_outputs"), _companion_cfg(model, config))
 
 
 def rows_for(model, budget_bytes: int, **settings) -> int:
