@@ -185,26 +185,37 @@ def test_ray_train_runs_the_recipe_as_torchrun_does(tmp_path):
         shutil.rmtree(short, ignore_errors=True)
 
 
-@pytest.mark.slow  # Ray
-def test_the_block_recipe_runs_data_parallel_under_torchrun_and_ray_train(tmp_path):
+def test_the_local_ray_trainer_runs_without_the_placement_group_cleaner(monkeypatch):
+    """``ray_train.trainer_class``: on the local cluster no detached actor may remove the run's placement group
+    on a false "controller dead" from the state API (``trainer_class``'s docstring); Ray's other callbacks stay."""
+    pytest.importorskip("ray.train.torch", reason="needs ray[train]")
+    monkeypatch.syspath_prepend(str(ROOT / "training"))
+    import ray_train
+    from ray.train import ScalingConfig
+    from ray.train.torch import TorchTrainer
+    from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+
+    def names(trainer_cls):
+        trainer = trainer_cls(lambda config: None, scaling_config=ScalingConfig(num_workers=1))
+        return [type(c) for c in trainer._create_default_callbacks()]
+    default, local = names(TorchTrainer), names(ray_train.trainer_class())
+    assert PlacementGroupCleanerCallback in default and PlacementGroupCleanerCallback not in local
+    assert [c for c in default if c is not PlacementGroupCleanerCallback] == local
+
+
+@pytest.mark.slow  # process groups (torchrun)
+def test_the_block_recipe_runs_data_parallel_under_torchrun(tmp_path):
     """``training/train_blocks.py`` (its own objective, ``ModelKind.objective``: each process its share, the
     gradients averaged) on two processes: 3 steps then a resumed 3 give the weights of 6 in one run, bit for bit,
-    the model stays block-causal, and Ray Train's two workers write torchrun's checkpoint, weight for weight."""
-    pytest.importorskip("ray.train.torch", reason="needs ray[train]")
+    and the model stays block-causal. (Ray Train runs any recipe as torchrun does: the test above, on pretrain.)"""
     recipe = [str(ROOT / "training" / "train_blocks.py"), "--config", "tiny", "--data", str(SAMPLE), "--quiet",
               "--block-size", "2", "--set", "threads=1", "val_every=3"]
-    short = tempfile.mkdtemp(prefix="ray", dir="/tmp")
-    env = dict(os.environ, OMP_NUM_THREADS="1", RAY_AUTH_MODE="disabled", RAY_TMPDIR=short)
-    try:
-        _torchrun(tmp_path / "ddp", [*recipe, "--max-steps", "3"], env)
-        _torchrun(tmp_path / "ddp", [*recipe, "--max-steps", "6", "--resume"], env)
-        _torchrun(tmp_path / "straight", [*recipe, "--max-steps", "6"], env)
-        state = json.loads((tmp_path / "ddp" / "train_state" / "state.json").read_text())
-        assert state["step"] == 6 and state["processes"] == 2 and "reseeded" not in state
-        assert _same_weights(tmp_path / "ddp", tmp_path / "straight")
-        config = json.loads((tmp_path / "ddp" / "config.json").read_text())
-        assert config["model"]["dit"]["block_size"] == 2
-        _ray_train(tmp_path / "ray", [*recipe, "--max-steps", "6"], env)
-        assert _same_weights(tmp_path / "straight", tmp_path / "ray")
-    finally:
-        shutil.rmtree(short, ignore_errors=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    _torchrun(tmp_path / "ddp", [*recipe, "--max-steps", "3"], env)
+    _torchrun(tmp_path / "ddp", [*recipe, "--max-steps", "6", "--resume"], env)
+    _torchrun(tmp_path / "straight", [*recipe, "--max-steps", "6"], env)
+    state = json.loads((tmp_path / "ddp" / "train_state" / "state.json").read_text())
+    assert state["step"] == 6 and state["processes"] == 2 and "reseeded" not in state
+    assert _same_weights(tmp_path / "ddp", tmp_path / "straight")
+    config = json.loads((tmp_path / "ddp" / "config.json").read_text())
+    assert config["model"]["dit"]["block_size"] == 2
