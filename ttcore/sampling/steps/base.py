@@ -150,6 +150,10 @@ class ConfiguredStep:
         self.config = config
         self.settings = self.Settings.of(config)
 
+    @classmethod
+    def accepts(cls, config) -> bool:
+        return False  # drawn only when a run names it (``sampler``); a default step says which settings it takes
+
     def sums_outputs(self, fmt, temperature) -> bool:
         return False
 

@@ -44,18 +44,14 @@ def check_block_run(config, steps: int, tokens: torch.Tensor, mask_id: int, size
 
 
 class BlockStep(ConfiguredStep):
-    """The current block's next positions by the run's order, drawn jointly over the block alone; for constrained
-    rows from the block's joint restricted to the block completions some accepted sequence continues
-    (``constrained.block_automaton``: the automaton started where the committed tokens left it). ``joint: false``
-    draws each of them from its exact marginal instead (the rank-1 view of the block's joint,
-    ``joint_step.marginal_step``), unconstrained only (the kind refuses a constraint with it). A row with a stop
-    token ends at the block that completes holding it (``stop_after``)."""
+    """By name only (a block diffusion model's runs must use it): the current block's next positions by the run's
+    order, drawn jointly over the block alone; for constrained rows from the block's joint restricted to the block
+    completions some accepted sequence continues (``constrained.block_automaton``: the automaton started where the
+    committed tokens left it). ``joint: false`` draws each of them from its exact marginal instead (the rank-1 view
+    of the block's joint, ``joint_step.marginal_step``), unconstrained only (the kind refuses a constraint with it).
+    A row with a stop token ends at the block that completes holding it (``stop_after``)."""
 
     constrains = True
-
-    @classmethod
-    def accepts(cls, config) -> bool:
-        return False  # by name, which a block diffusion model's runs must use
 
     def plan(self, run):
         size = run.model.cfg.dit.block_size

@@ -128,10 +128,6 @@ class DCDStep(ConfiguredStep):
     ar_cache = True
     Settings = DCDSettings
 
-    @classmethod
-    def accepts(cls, config) -> bool:
-        return False  # only by name
-
     def plan(self, run):
         check_paired(run, "dcd")
         if self.settings.dcd_chunk > 1:  # DCD's chunked unmasking: a random order of chunks (the random ordering)

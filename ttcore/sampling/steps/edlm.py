@@ -144,10 +144,6 @@ class EDLMStep(ConfiguredStep):
 
     Settings = EDLMSettings
 
-    @classmethod
-    def accepts(cls, config) -> bool:
-        return False  # only by name
-
     def plan(self, run):
         check_paired(run, "edlm")
         c = self.config
