@@ -3,8 +3,8 @@ their conditional entropies satisfy the bound, so the step decides its own count
 allowed step takes what is left."""
 
 from ..eb import eb_score
-from ..joint_step import chain_rule_step
 from .base import ConfiguredStep, eb_counts
+from .chain_rule import chain_rule_step
 
 
 class EBStep(ConfiguredStep):
