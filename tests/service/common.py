@@ -2,7 +2,6 @@
 
 import json
 import re
-import time
 
 import httpx
 import torch
@@ -13,8 +12,10 @@ from ttcore.sampling import GenerationRun
 
 
 def stream_events(url: str, body: dict, timeout: float = 120) -> list[tuple[float, str, dict]]:
-    """POST with stream: true; (arrival time, event, payload) as each event arrives."""
-    out, t0 = [], time.perf_counter()
+    """POST with stream: true; (in flight, event, payload) as each event arrives, where in flight is the server's
+    count of admitted, unfinished requests (``ttcore_queue_depth``) read as the event arrived: a step event that
+    arrives while its request still runs was sent as it happened, not buffered to the end."""
+    out = []
     with httpx.stream("POST", url + "/generate", json=dict(body, stream=True), timeout=timeout) as r:
         assert r.status_code == 200, r.read()
         assert r.headers["content-type"].startswith("text/event-stream")
@@ -23,7 +24,8 @@ def stream_events(url: str, body: dict, timeout: float = 120) -> list[tuple[floa
             if line.startswith("event: "):
                 event = line[7:]
             elif line.startswith("data: "):
-                out.append((time.perf_counter() - t0, event, json.loads(line[6:])))
+                depth = metric(httpx.get(url + "/metrics", timeout=timeout).text, "ttcore_queue_depth")
+                out.append((depth, event, json.loads(line[6:])))
     return out
 
 

@@ -1,7 +1,7 @@
 """A drain past its timeout, as clients see it (a real server on the bundled text checkpoint, whose 4 x 128
 stream takes far longer than the drain allows): every stream in flight ends with an error event ``code:
-shutdown`` (native SSE and OpenAI's chunks), never a cut connection, and the process exits soon after the
-timeout, not after a further graceful wait."""
+shutdown`` (native SSE and OpenAI's chunks), never a cut connection, and the process exits once they are
+answered, not after a further graceful wait (its log, not a clock, says which)."""
 
 import json
 import signal
@@ -10,7 +10,7 @@ import time
 
 import httpx
 import pytest
-from servers import ROOT, start_uvicorn
+from servers import ROOT, start_uvicorn, stderr_tail
 
 pytestmark = pytest.mark.slow  # a server
 
@@ -30,7 +30,7 @@ def _read(url: str, path: str, body: dict, into: list) -> None:
 
 def test_a_drain_past_its_timeout_ends_every_stream_with_a_shutdown_event_and_exits(tmp_path):
     (tmp_path / "text-tt-r4").symlink_to(ROOT / "checkpoints" / "text-tt-r4")
-    proc, url = start_uvicorn(tmp_path, "--drain-timeout-s", str(DRAIN_S))
+    proc, url = start_uvicorn(tmp_path, "--drain-timeout-s", str(DRAIN_S), "--log-level", "info")
     native, openai = [], []
     readers = [threading.Thread(target=_read, args=(url, "/generate", LONG, native)),
                threading.Thread(target=_read, args=(url, "/v1/completions", {
@@ -43,11 +43,10 @@ def test_a_drain_past_its_timeout_ends_every_stream_with_a_shutdown_event_and_ex
             time.sleep(0.05)
         assert native and openai, "the streams did not start"
         proc.send_signal(signal.SIGTERM)
-        signalled = time.monotonic()
         for r in readers:
             r.join(timeout=60)
         code = proc.wait(timeout=60)
-        exited = time.monotonic() - signalled
+        log = stderr_tail(proc, 200_000)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -57,6 +56,7 @@ def test_a_drain_past_its_timeout_ends_every_stream_with_a_shutdown_event_and_ex
     error = json.loads(openai[-2][6:])["error"]
     assert error["code"] == "shutdown" and openai[-1] == "data: [DONE]", openai[-3:]
     assert code == 0
-    # it leaves after the timeout and its closing events (within a second here), not a graceful wait later (8.7 s
-    # late before); the bound is loose so that a loaded machine's step in progress cannot fail it
-    assert exited < DRAIN_S + 10, exited
+    # the drain cut the streams, answered them and exited itself: uvicorn never waited on connections left open
+    # (the bug this guards: 8.7 s of graceful wait after the streams had ended)
+    assert "drain timed out" in log and "drained: exiting" in log, log[-2000:]
+    assert "Waiting for connections to close" not in log and "graceful shutdown exceeded" not in log, log[-2000:]
