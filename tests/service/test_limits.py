@@ -1,5 +1,5 @@
 """Limits, against real uvicorn servers: admission by cost, deadlines, abandoned and unread requests,
-a stalled worker, and the reproductions of the robustness review (each a regression test)."""
+a stalled worker, streams and drains (servers shared where a test needs no flag of its own)."""
 
 import asyncio
 import contextlib
@@ -39,89 +39,85 @@ def _stop(proc):
     proc.wait(timeout=30)
 
 
-def test_the_reviewed_oom_request_is_refused_up_front_on_the_bundled_checkpoints():
+@pytest.fixture(scope="module")
+def bundled():
+    """A server on the bundled checkpoints (bf16), shared by the tests that need no flag of their own."""
+    proc, url = start_uvicorn(ROOT / "checkpoints", "--precision", "bf16")
+    yield url
+    _stop(proc)
+
+
+def test_the_exact_chain_rules_oom_request_is_refused_up_front_on_the_bundled_checkpoints(bundled):
     """{"model":"text","ordering":"top_prob","num_samples":138,"steps":621} got the server OOM-killed when the
     chain rule was the only adaptive path: that path (``adaptive_path: exact``) is refused up front. (On the fast
     path, the default now, it holds ~10 MB a sequence and is admitted where the machine's calibrated speed fits
     it in the deadline, so whether it is refused depends on the machine.)"""
-    proc, url = start_uvicorn(ROOT / "checkpoints", "--precision", "bf16")
-    try:
-        body = {"model": "text", "ordering": "top_prob", "num_samples": 138, "steps": 621, "adaptive_path": "exact"}
-        r = httpx.post(url + "/generate", json=body, timeout=60)
-        assert r.status_code == 422, r.text
-        detail = r.json()["detail"][0]
-        assert detail["loc"] == ["body", "num_samples"] and "at most" in detail["msg"]
-        fit = int(re.search(r"at most (\d+)", detail["msg"]).group(1))
-        assert 1 <= fit < 138
-        assert httpx.get(url + "/health").status_code == 200
-        ok = httpx.post(url + "/generate", json={"model": "qm9", "num_samples": 4, "steps": 8, "seed": 0}, timeout=60)
-        assert ok.status_code == 200 and len(ok.json()["samples"]) == 4
-        # the third bundled family: MOSES, its TT answering by default, rank 1 on request, molecule fields
-        for ask, name in (({}, "moses-tt-r8"), ({"decomposition": "none"}, "moses-none-r1")):
-            r = httpx.post(url + "/generate", json={"model": "moses", "num_samples": 3, "steps": 8, "seed": 0, **ask},
-                           timeout=60)
-            assert r.status_code == 200 and r.json()["checkpoint"] == name, r.text
-            samples = r.json()["samples"]
-            assert len(samples) == 3 and all(isinstance(s["valid"], bool) for s in samples)
-            assert all((s["canonical"] is not None) == s["valid"] for s in samples)
-    finally:
-        _stop(proc)
+    body = {"model": "text", "ordering": "top_prob", "num_samples": 138, "steps": 621, "adaptive_path": "exact"}
+    r = httpx.post(bundled + "/generate", json=body, timeout=60)
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"][0]
+    assert detail["loc"] == ["body", "num_samples"] and "at most" in detail["msg"]
+    fit = int(re.search(r"at most (\d+)", detail["msg"]).group(1))
+    assert 1 <= fit < 138
+    assert httpx.get(bundled + "/health").status_code == 200
+    ok = httpx.post(bundled + "/generate", json={"model": "qm9", "num_samples": 4, "steps": 8, "seed": 0}, timeout=60)
+    assert ok.status_code == 200 and len(ok.json()["samples"]) == 4
+    # the third bundled family: MOSES, its TT answering by default, rank 1 on request, molecule fields
+    for ask, name in (({}, "moses-tt-r8"), ({"decomposition": "none"}, "moses-none-r1")):
+        r = httpx.post(bundled + "/generate", json={"model": "moses", "num_samples": 3, "steps": 8, "seed": 0, **ask},
+                       timeout=60)
+        assert r.status_code == 200 and r.json()["checkpoint"] == name, r.text
+        samples = r.json()["samples"]
+        assert len(samples) == 3 and all(isinstance(s["valid"], bool) for s in samples)
+        assert all((s["canonical"] is not None) == s["valid"] for s in samples)
 
 
-def test_compute_admission_names_the_largest_num_samples_and_that_one_fits(checkpoints):
+def test_compute_admission_names_the_largest_num_samples_and_that_one_fits(server):
     """The exact chain rule's 256 entropy-ordered samples on the tiny TT: a deadline that fits some but not all of
     them is refused, naming the largest num_samples its estimate fits; that request is admitted, and its answer
     (or, where this machine runs slower than it was timed, the deadline's 504) is not a refusal. The deadline is
     found from what the server itself says (halved while it answers, doubled while not even one sequence fits),
     so no machine is too slow or too fast for the test. Admission estimates the compute; it does not promise it
     (no wall-clock assertion: a shared machine's timings are not the server's)."""
-    proc, url = start_uvicorn(checkpoints)
-    try:
-        body = dict(model="qm9", ordering="entropy", steps=64, seed=0, adaptive_path="exact")
-        deadline = 0.2
-        for _ in range(12):
-            r = httpx.post(url + "/generate", json=dict(body, num_samples=256, timeout_s=deadline), timeout=120)
-            field = r.json()["detail"][0]["loc"][-1] if r.status_code == 422 else None
-            if field == "num_samples":
-                break
-            deadline = deadline / 2 if r.status_code in (200, 504) else deadline * 2  # fits all / not even one
-        assert field == "num_samples", r.text
-        fit = int(re.search(r"at most (\d+)", r.json()["detail"][0]["msg"]).group(1))
-        assert 1 <= fit < 256
-        ok = httpx.post(url + "/generate", json=dict(body, num_samples=fit, timeout_s=deadline), timeout=120)
-        assert ok.status_code in (200, 504), ok.text  # admitted: not a 422; a 504 is the deadline enforced
-        assert ok.status_code == 504 or len(ok.json()["samples"]) == fit
-        assert metric(httpx.get(url + "/metrics").text, "ttcore_too_large_total", 'field="num_samples"') >= 1
-    finally:
-        _stop(proc)
+    body = dict(model="qm9", ordering="entropy", steps=64, seed=0, adaptive_path="exact")
+    deadline = 0.2
+    for _ in range(12):
+        r = httpx.post(server + "/generate", json=dict(body, num_samples=256, timeout_s=deadline), timeout=120)
+        field = r.json()["detail"][0]["loc"][-1] if r.status_code == 422 else None
+        if field == "num_samples":
+            break
+        deadline = deadline / 2 if r.status_code in (200, 504) else deadline * 2  # fits all / not even one
+    assert field == "num_samples", r.text
+    fit = int(re.search(r"at most (\d+)", r.json()["detail"][0]["msg"]).group(1))
+    assert 1 <= fit < 256
+    ok = httpx.post(server + "/generate", json=dict(body, num_samples=fit, timeout_s=deadline), timeout=120)
+    assert ok.status_code in (200, 504), ok.text  # admitted: not a 422; a 504 is the deadline enforced
+    assert ok.status_code == 504 or len(ok.json()["samples"]) == fit
+    assert metric(httpx.get(server + "/metrics").text, "ttcore_too_large_total", 'field="num_samples"') >= 1
 
 
-def test_the_reviews_admission_probe_is_refused_up_front_and_its_hints_are_served(checkpoints):
+def test_an_admission_probe_after_traffic_is_refused_up_front_and_its_hints_are_served(server):
     """The review, after ordinary traffic: ``{"model": "qm9", "num_samples": 256, "steps": 1024, "timeout_s": 1}``
     answered 504 after 1.4 s and a 422's own "use at most 20 steps" 504 after 8.4 s (``chooser_outputs``: see
     test_admission). Each is now a 422 up front, and the setting its hint names is served (200). (The first probe's
     deadline is 0.25 s here: this machine draws the 256 in 0.4 s; the second's is 0.6 of
     what admission says one sequence takes.)"""
-    proc, url = start_uvicorn(checkpoints)
-    try:
-        for seed in range(3):  # ordinary traffic first: the estimates are the measured requests' now
-            assert httpx.post(url + "/generate", json=dict(model="qm9", num_samples=8, steps=8, seed=seed),
-                              timeout=60).status_code == 200
-        tt = next(m for m in httpx.get(url + "/models").json()["models"] if m["checkpoint"] == "qm9-tt-r2")
-        one = tt["length"] * (tt["estimated_step_overhead_seconds"]["predetermined_step"]
-                              + tt["estimated_seconds"]["predetermined_step"])  # one sequence, one step a position
-        probes = [(dict(model="qm9", num_samples=256, steps=1024, timeout_s=0.25), "num_samples"),  # 0.4 s here
-                  (dict(model="qm9", num_samples=1, steps=1024, timeout_s=round(0.6 * one, 4)), "steps")]
-        for body, field in probes:
-            r = httpx.post(url + "/generate", json=dict(body, seed=0), timeout=120)
-            assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", field], (body, r.text)
-            msg = r.json()["detail"][0]["msg"]
-            fit = int(re.search(r"at most (\d+)", msg).group(1))
-            ok = httpx.post(url + "/generate", json=dict(body, seed=0, **{field: fit}), timeout=120)
-            assert ok.status_code == 200, (body, msg, ok.text)
-        assert httpx.get(url + "/health").status_code == 200
-    finally:
-        _stop(proc)
+    for seed in range(3):  # ordinary traffic first: the estimates are the measured requests' now
+        assert httpx.post(server + "/generate", json=dict(model="qm9", num_samples=8, steps=8, seed=seed),
+                          timeout=60).status_code == 200
+    tt = next(m for m in httpx.get(server + "/models").json()["models"] if m["checkpoint"] == "qm9-tt-r2")
+    one = tt["length"] * (tt["estimated_step_overhead_seconds"]["predetermined_step"]
+                          + tt["estimated_seconds"]["predetermined_step"])  # one sequence, one step a position
+    probes = [(dict(model="qm9", num_samples=256, steps=1024, timeout_s=0.25), "num_samples"),  # 0.4 s here
+              (dict(model="qm9", num_samples=1, steps=1024, timeout_s=round(0.6 * one, 4)), "steps")]
+    for body, field in probes:
+        r = httpx.post(server + "/generate", json=dict(body, seed=0), timeout=120)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", field], (body, r.text)
+        msg = r.json()["detail"][0]["msg"]
+        fit = int(re.search(r"at most (\d+)", msg).group(1))
+        ok = httpx.post(server + "/generate", json=dict(body, seed=0, **{field: fit}), timeout=120)
+        assert ok.status_code == 200, (body, msg, ok.text)
+    assert httpx.get(server + "/health").status_code == 200
 
 
 def test_memory_budget_micro_batches_large_requests(checkpoints):
@@ -169,27 +165,24 @@ def test_deadlines_answer_504_and_end_streams_with_a_timeout_event(checkpoints):
         _stop(proc)
 
 
-def test_a_non_streaming_client_that_gives_up_cancels_its_work(checkpoints):
-    proc, url = start_uvicorn(checkpoints)
-    try:
-        with pytest.raises(httpx.TimeoutException):
-            httpx.post(url + "/generate", json=dict(model="text", num_samples=256, steps=1000, ordering="entropy"),
-                       timeout=0.3)  # about 1 s of work here (fast path, fp32, one thread; idle steps skipped)
-        assert _until(lambda: metric(httpx.get(url + "/metrics").text, "ttcore_cancelled_total") == 1, 10)
+def test_a_non_streaming_client_that_gives_up_cancels_its_work(server):
+    cancelled = metric(httpx.get(server + "/metrics").text, "ttcore_cancelled_total")
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(server + "/generate", json=dict(model="text", num_samples=256, steps=1000, ordering="entropy"),
+                   timeout=0.3)  # about 1 s of work here (fast path, fp32, one thread; idle steps skipped)
+    assert _until(lambda: metric(httpx.get(server + "/metrics").text, "ttcore_cancelled_total") == cancelled + 1, 10)
 
-        def forwards() -> tuple[float, float]:  # (forward passes, sequences in them) of the text model
-            text = httpx.get(url + "/metrics").text
-            return tuple(metric(text, f"ttcore_forward_batch_samples_{part}", 'model="text"')
-                         for part in ("count", "sum"))
+    def forwards() -> tuple[float, float]:  # (forward passes, sequences in them) of the text model
+        text = httpx.get(server + "/metrics").text
+        return tuple(metric(text, f"ttcore_forward_batch_samples_{part}", 'model="text"')
+                     for part in ("count", "sum"))
 
-        before = forwards()
-        small = httpx.post(url + "/generate", json=dict(model="text", num_samples=1, steps=4), timeout=60)
-        passes, sequences = (a - b for a, b in zip(forwards(), before))
-        # nothing abandoned is left ahead of it or beside it: its 4 passes carried its one sequence each (counted,
-        # not timed: the abandoned 256 sequences would be in them, or in passes of their own)
-        assert small.status_code == 200 and passes == sequences == 4, (passes, sequences)
-    finally:
-        _stop(proc)
+    before = forwards()
+    small = httpx.post(server + "/generate", json=dict(model="text", num_samples=1, steps=4), timeout=60)
+    passes, sequences = (a - b for a, b in zip(forwards(), before))
+    # nothing abandoned is left ahead of it or beside it: its 4 passes carried its one sequence each (counted,
+    # not timed: the abandoned 256 sequences would be in them, or in passes of their own)
+    assert small.status_code == 200 and passes == sequences == 4, (passes, sequences)
 
 
 def test_a_stream_nobody_reads_is_cancelled_after_a_bounded_backlog(tmp_path):
@@ -357,37 +350,32 @@ def test_a_stream_above_the_stream_limit_is_refused_and_the_estimate_bounds_what
         _stop(proc)
 
 
-def test_the_reviews_streams_stay_under_the_stream_limit_on_every_route():
+def test_streams_stay_under_the_stream_limit_on_every_route(bundled):
     """The review, on the bundled checkpoints and the default 16 MB limit: a 119-byte /generate (256 molecules,
     1,024 steps, step tokens, valid_only) streamed 114.8 MB against its own 7.4 MB estimate, and /v1 (never
     estimated) 67 MB, because every idle step (more steps than positions) sent an event. Idle steps now send
     nothing, /v1's streams are estimated as /generate's, and every byte is counted: each is refused up front or
     stays under the limit, counted on a real server; /v1 refuses what /generate refuses."""
-    root = Path(__file__).resolve().parents[2]
-    proc, url = start_uvicorn(root / "checkpoints", "--precision", "bf16")
     limit = 16 * 2**20
 
     def streamed(path: str, body: dict) -> tuple[int, int, bytes]:
-        with httpx.stream("POST", url + path, json=body, timeout=600) as r:
+        with httpx.stream("POST", bundled + path, json=body, timeout=600) as r:
             data = b"".join(r.iter_bytes())
         return r.status_code, len(data), data
 
-    try:
-        status, size, data = streamed("/generate", {"model": "qm9", "num_samples": 256, "steps": 1024, "stream": True,
-                                                    "step_tokens": True, "valid_only": True, "seed": 0})
-        assert status == 200 and size <= limit and b"event: done" in data, (status, size)
-        assert data.count(b"event: step") <= 4 * 22  # at most one event per position, in at most 4 rounds
-        status, size, data = streamed("/v1/completions", {"model": "qm9-tt-r16", "n": 256, "steps": 1024,
-                                                          "stream": True, "seed": 0})
-        assert status == 200 and size <= limit and data.endswith(b"data: [DONE]\n\n"), (status, size)
-        text = {"model": "text", "num_samples": 256, "steps": 100, "stream": True}
-        r = httpx.post(url + "/generate", json=text, timeout=60)
-        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "num_samples"], r.text
-        v1 = httpx.post(url + "/v1/completions", json={"model": "text", "n": 256, "steps": 100, "stream": True},
-                        timeout=60)
-        assert v1.status_code == 400 and v1.json()["error"]["param"] == "n", v1.text
-    finally:
-        _stop(proc)
+    status, size, data = streamed("/generate", {"model": "qm9", "num_samples": 256, "steps": 1024, "stream": True,
+                                                "step_tokens": True, "valid_only": True, "seed": 0})
+    assert status == 200 and size <= limit and b"event: done" in data, (status, size)
+    assert data.count(b"event: step") <= 4 * 22  # at most one event per position, in at most 4 rounds
+    status, size, data = streamed("/v1/completions", {"model": "qm9-tt-r16", "n": 256, "steps": 1024,
+                                                      "stream": True, "seed": 0})
+    assert status == 200 and size <= limit and data.endswith(b"data: [DONE]\n\n"), (status, size)
+    text = {"model": "text", "num_samples": 256, "steps": 100, "stream": True}
+    r = httpx.post(bundled + "/generate", json=text, timeout=60)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "num_samples"], r.text
+    v1 = httpx.post(bundled + "/v1/completions", json={"model": "text", "n": 256, "steps": 100, "stream": True},
+                    timeout=60)
+    assert v1.status_code == 400 and v1.json()["error"]["param"] == "n", v1.text
 
 
 def test_score_requests_hold_an_engine_slot_under_the_request_limit(checkpoints):
