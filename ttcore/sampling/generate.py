@@ -35,19 +35,17 @@ class StepState:
 
 
 class GenerationRun:
-    """One generation request: its sampler (``SamplerConfig``), its random streams and the partially unmasked
-    sequences. ``seed``: the key of the run's counter-based streams (nonnegative, < 2^63; None: a random one);
-    ``prompt`` [l] or [b, l]: known tokens, [MASK] elsewhere; ``max_rows_per_pass``: micro-batches of
-    sequences bound a step's memory (the choice and the draw; not the backbone call); ``constraint``: a
-    ``ttcore.constraints.TokenDFA`` every sequence must be accepted by: each step draws from the model's joint
-    restricted to its language (``constrained_step``), so the finished sequences are accepted (raises
-    ``ConstraintError`` when no accepted sequence agrees with the prompt); ``kv_cache``: the steps of a kind that
-    holds a cache compute only the positions they draw at, from the keys and values of the earlier ones (an
-    autoregressive model's one position, ``ttcore.models.kv_cache``; a block diffusion model's current block,
-    ``ttcore.models.block_cache``; the same tokens, up to float rounding), else the sequence each step;
-    ``stop_token`` (a kind that ``stops``, unconstrained): a sequence whose block just completed holds it is
-    finished there, every later position set to it (text's end-of-text: variable length, as BD3-LM samples),
-    its earlier tokens those of the run without it."""
+    """One generation request: its sampler, its random streams and its partially unmasked sequences.
+
+    - ``seed``: the key of the run's counter-based streams (0 <= seed < 2^63; None: a random one);
+    - ``prompt`` [l] or [b, l]: known tokens, [MASK] elsewhere;
+    - ``max_rows_per_pass``: micro-batches that bound a step's memory (the choice and the draw, not the backbone);
+    - ``constraint`` (``TokenDFA``): each step draws from the joint restricted to its language, so every finished
+      sequence is accepted (``ConstraintError`` when no accepted sequence agrees with the prompt);
+    - ``kv_cache``: a kind that holds a cache computes only the positions it draws, from the earlier ones' keys
+      and values (``ModelKind.cached_features``; the same tokens up to float rounding);
+    - ``stop_token`` (a kind that ``stops``, unconstrained): a sequence is finished at the block that completes
+      holding it, every later position set to it (text's end-of-text)."""
 
     def __init__(self, model, num_samples: int, steps: int, config: SamplerConfig | None = None, *,
                  seed: int | None = None, prompt: torch.Tensor | None = None,
@@ -265,21 +263,15 @@ def _draw_groups(batch: _Batch, parts: list, counts: torch.Tensor, need: list[bo
 
 @torch.inference_mode()
 def batch_step(model, runs: list[GenerationRun], forward=None) -> BatchStep:
-    """One denoising step of several runs of ``model``: ONE backbone call over the sequences of every run
-    whose step unmasks anything, then, for each group of runs with equal sampler settings, one ``counts``,
-    one ``choose`` and one ``draw`` over all the group's sequences (in micro-batches of at most the smallest
-    ``max_rows_per_pass`` of the group). A sequence's tokens depend only on its own features and its own
-    streams, so every run gets the tokens it would get alone, up to float rounding: a kernel's blocking
-    depends on the batch's size (features 1e-5 apart at 2 vs 4 rows of a tiny model), which moves a draw only
-    when a uniform falls within that of a boundary. The exact chain rule (``Step.adaptive``: exact adaptive
-    orderings and EB, the reference) still steps each run apart: its picks compare float32 marginals and EB's
-    bound, which such rounding flips far more often. The work dispatched grows with the number of distinct
-    settings and exact-chain-rule runs, not of runs; per run it is two views of the batch's results. This is the
-    loop body of the service's continuous batching; run it under ``model.compute_context()``. ``forward``: the
-    backbone call (a ``graphs.ForwardGraphs``: padded to a bucket, CUDA graphs); None: ``model.features``. The
-    runs with ``kv_cache`` of a kind that holds one take the kind's own calls instead, eager
-    (``ModelKind.cached_features``: an autoregressive model's prefill of the runs without a cache and one position
-    of the others; a block diffusion model's current blocks, one call)."""
+    """One denoising step of several runs of ``model``: one backbone call over every sequence whose step unmasks
+    anything, then per group of runs with equal settings one ``counts``, ``choose`` and ``draw`` (micro-batched at
+    the group's smallest ``max_rows_per_pass``).
+
+    A sequence's tokens depend only on its features and its streams, so a run gets what it would get alone, up to
+    float rounding of batch-size-dependent kernels; exact chain-rule runs (``Step.adaptive``) step apart, since
+    their picks compare float32 marginals. ``forward``: the backbone call (``graphs.ForwardGraphs``; None:
+    ``model.features``); runs with a ``kv_cache`` take their kind's ``cached_features``. Run it under
+    ``model.compute_context()``."""
     t0 = time.perf_counter()
     batch = _Batch(runs)
     parts, counts = _groups(model, batch)
