@@ -83,16 +83,18 @@ def plan(model, speed: Speed, *, num_samples: int, steps: int, config: SamplerCo
         chain = speed.chain_seconds(n) if adaptive else 0.0
         return k * step + chain, step + chain * math.ceil(l / k) / l  # a step makes <= ceil(l/k) picks
 
+    def within(whole: float, step: float, margin: float = 1.0) -> bool:  # the margin: the deadline's
+        return whole * WALL_HEADROOM * margin <= timeout_s and step <= step_limit_s
+
     def fits(n: int, k: int, margin: float = 1.0) -> bool:
-        whole, step = estimate(n, k)
-        return whole * WALL_HEADROOM * margin <= timeout_s and step <= step_limit_s  # the margin: the deadline's
+        return within(*estimate(n, k), margin)
 
     def hinted(n: int, k: int) -> bool:  # what a refusal names: admitted with HINT_MARGIN to spare (where any is)
         return fits(n, k, HINT_MARGIN)
 
     seconds, step_seconds = estimate(num_samples, steps)
     micro = rows if rows < num_samples else None
-    if fits(num_samples, steps):
+    if within(seconds, step_seconds):
         return Plan(micro, seconds, step_seconds)
     fit = _largest(lambda n: hinted(n, steps), num_samples) or _largest(lambda n: fits(n, steps), num_samples)
     if fit >= 1:
