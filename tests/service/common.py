@@ -11,11 +11,11 @@ from ttcore.models import load_for_inference
 from ttcore.sampling import GenerationRun
 
 
-def stream_events(url: str, body: dict, timeout: float = 120) -> list[tuple[float, str, dict]]:
-    """POST with stream: true; (in flight, event, payload) as each event arrives, where in flight is the server's
-    count of admitted, unfinished requests (``ttcore_queue_depth``) read as the event arrived: a step event that
-    arrives while its request still runs was sent as it happened, not buffered to the end."""
-    out = []
+def stream_events(url: str, body: dict, timeout: float = 120) -> list[tuple[float | None, str, dict]]:
+    """POST with stream: true; (in flight, event, payload) as each event arrives. In flight, on the first step
+    event only (None on the others): the server's count of admitted, unfinished requests (``ttcore_queue_depth``)
+    read as it arrived; >= 1 means it was sent while its request ran, not buffered to the end."""
+    out, probed = [], False
     with httpx.stream("POST", url + "/generate", json=dict(body, stream=True), timeout=timeout) as r:
         assert r.status_code == 200, r.read()
         assert r.headers["content-type"].startswith("text/event-stream")
@@ -24,7 +24,10 @@ def stream_events(url: str, body: dict, timeout: float = 120) -> list[tuple[floa
             if line.startswith("event: "):
                 event = line[7:]
             elif line.startswith("data: "):
-                depth = metric(httpx.get(url + "/metrics", timeout=timeout).text, "ttcore_queue_depth")
+                depth = None
+                if event == "step" and not probed:
+                    probed = True
+                    depth = metric(httpx.get(url + "/metrics", timeout=timeout).text, "ttcore_queue_depth")
                 out.append((depth, event, json.loads(line[6:])))
     return out
 
