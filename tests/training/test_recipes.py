@@ -436,9 +436,10 @@ def test_a_non_finite_loss_stops_the_run_with_a_clear_error_and_writes_nothing_a
     assert (out / "model.safetensors").read_bytes() == before
 
 
-def test_ar_recipe_trains_resumes_exactly_and_exports(tmp_path):
+def test_ar_recipe_trains_resumes_exactly_and_exports(tmp_path, checkpoints):
     """training/train_ar.py at its smallest: the AR objective falls, the checkpoint is causal with the rank-1 head and
-    an exact validation line; a resumed run continues to the same weights as one straight run; export keeps it."""
+    an exact validation line; a resumed run continues to the same weights as one straight run; export keeps it;
+    --base starts from a full-sequence checkpoint (its size and vocabulary) and refuses a joint one."""
     from ttcore.kinds.autoregressive import ar_log_prob
 
     common = ["--config", "tiny", "--data", SAMPLE, "--quiet", "--set", "val_every=10", "total_steps=20"]
@@ -462,6 +463,16 @@ def test_ar_recipe_trains_resumes_exactly_and_exports(tmp_path):
     export = _run(ROOT / "training" / "export.py", "--src", tmp_path / "a", "--out", tmp_path / "exported")
     assert export.wait(timeout=300) == 0, stderr_tail(export)
     assert load_checkpoint(tmp_path / "exported")[0].cfg.dit.causal
+    started = _run(ROOT / "training" / "train_ar.py", "--base", checkpoints / "qm9-base", "--out", tmp_path / "c",
+                   "--max-steps", 2, *common)
+    assert started.wait(timeout=300) == 0, stderr_tail(started)
+    base, base_tok, _ = load_checkpoint(checkpoints / "qm9-base")
+    ar, ar_tok, _ = load_checkpoint(tmp_path / "c")
+    assert ar.cfg.dit.causal and ar.cfg.kind.name == "autoregressive" and ar_tok.vocab == base_tok.vocab
+    assert ar.cfg.dit.hidden_dim == base.cfg.dit.hidden_dim and ar.cfg.dit.length == base.cfg.dit.length
+    joint = _run(ROOT / "training" / "train_ar.py", "--base", checkpoints / "qm9-tt-r2", "--out", tmp_path / "d",
+                 "--max-steps", 2, *common)
+    assert joint.wait(timeout=300) != 0 and "an autoregressive model has a rank-1 head" in stderr_tail(joint)
 
 
 def test_block_recipe_trains_a_block_model_that_finetunes_to_tt_and_generates(tmp_path, checkpoints):

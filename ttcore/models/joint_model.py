@@ -130,6 +130,21 @@ class JointModel(nn.Module):
         model.load_state_dict(self.state_dict())
         return model
 
+    def as_autoregressive(self) -> "JointModel":
+        """An autoregressive model (``ttcore.kinds.autoregressive``) started from this masked diffusion model's
+        weights (backbone and head): the same blocks with causal attention and inputs shifted right, a starting
+        point for ``ar_loss`` at a block model's budget. Refuses what cannot be one: a joint head (the AR head is
+        the next-token softmax), a latent, a pretrained backbone, a block model."""
+        if self.format.joint_head:
+            raise ValueError(f"an autoregressive model has a rank-1 head, got decomposition {self.cfg.decomposition!r}")
+        if self.cfg.backbone is not None or self.latent_dim:
+            raise ValueError("an autoregressive model is the DiT without a latent: this model has a pretrained "
+                             "backbone or a VADD latent")
+        dit = replace(self.cfg.dit, causal=True)
+        model = type(self)(replace(self.cfg, dit=dit, extra=dict(self.cfg.extra))).to(next(self.parameters()))
+        model.load_state_dict(self.state_dict())
+        return model
+
     @property
     def latent_dim(self) -> int:
         """The VADD latent's dimension (0: no latent, an MDLM-style model)."""
