@@ -346,6 +346,7 @@ def _molecule_rows(args, path: Path, training: set[str] | None, reference, one_m
         kw = {"eb_gamma": gamma} if gamma is not None else {"ordering": ordering, "contraction": contraction,
                                                              "schedule": schedule}
         kw.update(joint=joint, temperature=temperature, adaptive_path=path_kind)
+        kw.update(model.cfg.kind.request_defaults() if model is not None else {})  # a block model's sampler
         key = (ordering, gamma, contraction, joint, temperature, path_kind,  # K >= l only adds idle steps
                count_schedule(described["length"], steps, schedule) if gamma is None else steps)
         if key not in done:  # the same counts and seeds give the same run: computed once
