@@ -37,7 +37,7 @@ def _structured_output_curls() -> list[str]:
 
 def test_the_readme_quick_start_runs_on_the_bundled_checkpoints(capfd):
     curls, python = _quick_start()
-    assert len(curls) == 3 and "localhost:8000" in curls[0] and "127.0.0.1:8000" in python
+    assert len(curls) == 4 and "localhost:8000" in curls[0] and "127.0.0.1:8000" in python
     proc, url = start_uvicorn(ROOT / "checkpoints", "--precision", "bf16")
     try:
         port = url.rsplit(":", 1)[1]
@@ -50,6 +50,11 @@ def test_the_readme_quick_start_runs_on_the_bundled_checkpoints(capfd):
         grammar = subprocess.run(shlex.split(curls[2].replace("localhost:8000", f"localhost:{port}")),
                                  capture_output=True, text=True, timeout=300)
         assert grammar.returncode == 0 and '"samples"' in grammar.stdout, grammar.stdout[-500:]
+        blocks = subprocess.run(shlex.split(curls[3].replace("localhost:8000", f"localhost:{port}")),
+                                capture_output=True, text=True, timeout=120)
+        answer = json.loads(blocks.stdout)  # the bundled block checkpoint, one step a block
+        assert blocks.returncode == 0 and answer["checkpoint"] == "qm9-b2-tt-r8" and answer["steps"] == 11, answer
+        assert len(answer["samples"]) == 4
         for command in _structured_output_curls():  # the structured-output page's requests, as written
             done = subprocess.run(["bash", "-c", command.replace("localhost:8000", f"localhost:{port}")],
                                   capture_output=True, text=True, timeout=300)
