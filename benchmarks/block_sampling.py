@@ -3,7 +3,8 @@ run (untrained weights of one shape: the cost does not depend on them).
 
     python benchmarks/block_sampling.py            # l = 128, blocks of 4 and 16, TT r = 4, 64 sequences
     python benchmarks/block_sampling.py --smoke    # l = 16, blocks of 4, 4 sequences: seconds (the tests run it)
-    python benchmarks/block_sampling.py --shape qm9 --samples 1 64   # QM9's served shape: l = 24, b = 4, TT r = 8
+    python benchmarks/block_sampling.py --shape qm9 --samples 1 64   # QM9's b = 4 shape: l = 24, TT r = 8
+    python benchmarks/block_sampling.py --shape qm9-b2 --samples 1 64   # the bundled block checkpoint's: l = 22, b = 2
 
 For each block size b and steps a block k it times one generation of n sequences, K = k l / b steps in all:
 - ``cached``: the batched loop the service runs (``sampler: blocks``) over the key-value cache of the committed
@@ -27,6 +28,7 @@ SHAPES = {  # length, vocabulary, block sizes, TT rank, (width, layers, heads, c
     "smoke": (16, 8, [4], 2, (32, 1, 4, 64), [1, 2]),
     "default": (128, 64, [4, 16], 4, (256, 4, 4, 64), [1, 4]),
     "qm9": (24, 31, [4], 8, (256, 6, 8, 128), [1, 2, 4]),  # the QM9 block checkpoints' (training/train_blocks.py)
+    "qm9-b2": (22, 31, [2], 8, (256, 6, 8, 128), [1, 2]),  # the bundled checkpoints/qm9-b2-tt-r8's
 }
 
 

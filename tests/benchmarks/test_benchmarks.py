@@ -38,6 +38,9 @@ def test_block_sampling_smoke():
     qm9 = _bench(ROOT / "benchmarks" / "block_sampling.py", "--shape", "qm9", "--samples", 1, "--reps", 1)
     rows = [line for line in qm9.splitlines() if re.match(r"\s+4\s+[124]\s+(6|12|24) \|", line)]
     assert len(rows) == 3 and "l = 24" in qm9, qm9  # the docs page's shape, at batch 1
+    b2 = _bench(ROOT / "benchmarks" / "block_sampling.py", "--shape", "qm9-b2", "--samples", 1, "--reps", 1)
+    rows = [line for line in b2.splitlines() if re.match(r"\s+2\s+[12]\s+(11|22) \|", line)]
+    assert len(rows) == 2 and "l = 22" in b2, b2  # the bundled block checkpoint's shape
 
 
 def test_sampling_overhead_smoke():
