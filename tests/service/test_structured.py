@@ -113,10 +113,11 @@ def test_every_bundled_checkpoint_generates_inside_its_constraint_through_both_a
         for info in httpx.get(url + "/models").json()["models"]:
             name = info["checkpoint"]
             constraint = {"grammar": "smiles"} if info["grammars"] else {"regex": "[a-z]+( [a-z]+)?\\."}
-            gen = httpx.post(url + "/generate", json={"checkpoint": name, "num_samples": 2, "steps": 2, "seed": 0,
+            steps = info["default_steps"] if info["block_size"] else 2  # a block model's steps are k per block
+            gen = httpx.post(url + "/generate", json={"checkpoint": name, "num_samples": 2, "steps": steps, "seed": 0,
                                                       **constraint}, timeout=300)
             v1 = httpx.post(url + "/v1/completions", json={"model": name, "prompt": "", "n": 2, "seed": 0,
-                                                           "steps": 2, **constraint}, timeout=300)
+                                                           "steps": steps, **constraint}, timeout=300)
             assert gen.status_code == 200 and v1.status_code == 200, (name, gen.text[:300], v1.text[:300])
             texts = [s["text"] for s in gen.json()["samples"]] + [c["text"] for c in v1.json()["choices"]]
             if "regex" in constraint:
