@@ -104,7 +104,8 @@ def main():
     for label, k, kw in plan:
         for path, (model, tok) in models.items():  # K-major: a run cut short leaves whole comparisons
             stem = samples_dir / path.name / setting_slug(label) if samples_dir else None
-            got = sample_setting(model, tok, args, label, k, kw, stem, deadline)
+            got = sample_setting(model, tok, args, label, k, {**kw, **model.cfg.kind.request_defaults()}, stem,
+                                 deadline)  # a block model drawn by its kind's sampler
             if got is None:
                 print(f"stopped at {args.max_minutes:g} minutes before {path.name} {label}: "
                       f"{len(drawn)} of {len(paths) * len(plan)} settings drawn")
