@@ -550,7 +550,7 @@ def test_a_refusal_at_the_request_limit_says_when_to_retry_and_the_slot_frees(ch
         long = threading.Thread(target=lambda: httpx.post(url + "/generate", json=dict(
             model="qm9", num_samples=256, steps=400, ordering="entropy"), timeout=300))  # 400 > l: idle steps too
         long.start()
-        deadline = time.time() + 30
+        deadline = time.time() + 120  # a hang guard: the long request has drawn two steps
         while metric(httpx.get(url + "/metrics").text, "ttcore_tokens_generated_total") < 256 * 2:
             assert time.time() < deadline
             time.sleep(0.05)

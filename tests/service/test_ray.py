@@ -39,8 +39,10 @@ def test_ray_serve_streams_and_validates(ray_server, checkpoints):
 
 def test_a_killed_replica_ends_its_stream_with_an_error_event_and_is_replaced(ray_server):
     """SIGKILL the model replica mid-stream: the ingress ends the client's stream with `event: error`
-    (code replica_failed, the job's id) within seconds, Serve starts a new replica, and a new request
-    succeeds within 30 s."""
+    (code replica_failed, the job's id) before the client's read timeout, Serve starts a new replica, and a new
+    request succeeds on it. How soon the replacement answers is the machine's speed, not the subject: a fresh
+    replica loads its checkpoints, which took over 30 s on two cores beside a training run, so the wait below is
+    a hang guard (180 s), not a promise."""
     (pid,) = replica_pids()
     events, data = [], []
     with httpx.stream("POST", ray_server + "/generate", json=dict(model="text", num_samples=64, steps=1000,
@@ -56,7 +58,7 @@ def test_a_killed_replica_ends_its_stream_with_an_error_event_and_is_replaced(ra
     # ended by the ingress's error event, not by the client's read timeout (30 s, the hang guard)
     assert events[-1] == "error" and "done" not in events, events[-3:]
     assert data[-1]["code"] == "replica_failed" and data[-1]["id"] == data[0]["id"]
-    deadline = time.time() + 30
+    deadline = time.time() + 180  # a hang guard (the docstring)
     while True:
         try:
             r = httpx.post(ray_server + "/generate", json=dict(num_samples=1, steps=2), timeout=10)
@@ -64,7 +66,7 @@ def test_a_killed_replica_ends_its_stream_with_an_error_event_and_is_replaced(ra
                 break
         except httpx.HTTPError:
             pass
-        assert time.time() < deadline, "no replica answered within 30 s of the kill"
+        assert time.time() < deadline, "no replica answered within 180 s of the kill"
         time.sleep(0.5)
     assert replica_pids() and pid not in replica_pids()
 
