@@ -34,11 +34,15 @@ from ttcore.models import load_for_inference
 # the metrics (RDKit, ChemNet) are imported where they are measured: --sample-only runs where RDKit is not
 
 
-def settings(steps: list[int], gammas: list[float], eb_max_steps: int,
-             adaptive_path: str = "exact") -> list[tuple[str, int, dict]]:
+def settings(steps: list[int], gammas: list[float], eb_max_steps: int, adaptive_path: str = "exact",
+             rank_one_view: bool = False) -> list[tuple[str, int, dict]]:
     """(label, K, generate's keyword arguments): random order at each K, then EB-Sampler at each gamma, by
-    the exact chain rule or on the fast path (the service's default; the label says ``fast``)."""
+    the exact chain rule or on the fast path (the service's default; the label says ``fast``). With
+    ``rank_one_view``, a CP / TT checkpoint also in random order drawing each position from its exact marginal
+    (``joint: false``: the same network without its joint)."""
     out = [(f"random K={k}", k, {"ordering": "random"}) for k in steps]
+    out += [(f"random K={k} rank-1 view", k, {"ordering": "random", "joint": False})
+            for k in steps if rank_one_view]
     fast = " fast" if adaptive_path == "fast" else ""
     out += [(f"EB gamma={g:g}{fast}", eb_max_steps, {"eb_gamma": g, "adaptive_path": adaptive_path})
             for g in gammas]
@@ -93,6 +97,8 @@ def main():
     ap.add_argument("--samples-dir", help="keep each setting's molecules here, and reuse those already here")
     ap.add_argument("--sample-only", action="store_true", help="sample into --samples-dir and stop (no metrics)")
     ap.add_argument("--max-minutes", type=float, help="start no sampling batch after this many minutes")
+    ap.add_argument("--rank-one-view", action="store_true",
+                    help="also draw each CP / TT checkpoint's rank-1 view (its exact marginals) at each K")
     args = ap.parse_args()
     if args.sample_only != (args.out is None) or (args.sample_only and not args.samples_dir):
         ap.error("give --out (the table), or --sample-only with --samples-dir")
@@ -100,19 +106,22 @@ def main():
     samples_dir = Path(args.samples_dir) if args.samples_dir else None
     paths = checkpoint_dirs(args.checkpoints)
     models = {path: load_for_inference(path, args.device, args.precision)[:2] for path in paths}
-    plan, drawn = settings(args.steps, args.eb_gammas, args.eb_max_steps, args.adaptive_path), {}
-    for label, k, kw in plan:
-        for path, (model, tok) in models.items():  # K-major: a run cut short leaves whole comparisons
-            stem = samples_dir / path.name / setting_slug(label) if samples_dir else None
-            got = sample_setting(model, tok, args, label, k, {**kw, **model.cfg.kind.request_defaults()}, stem,
-                                 deadline)  # a block model drawn by its kind's sampler
-            if got is None:
-                print(f"stopped at {args.max_minutes:g} minutes before {path.name} {label}: "
-                      f"{len(drawn)} of {len(paths) * len(plan)} settings drawn")
-                return 3
-            drawn[path, label] = got
-            print(f"{path.name:>16} {label:>14}: {args.samples} samples, {got['avg_steps']:.1f} steps, "
-                  f"{got['seconds']:.1f} s" + (" (kept from an earlier run)" if got.get("kept") else ""), flush=True)
+    plan = settings(args.steps, args.eb_gammas, args.eb_max_steps, args.adaptive_path, args.rank_one_view)
+    asked = [(path, setting) for setting in plan for path in paths  # K-major: a run cut short leaves whole
+             if setting[2].get("joint", True) or models[path][0].format.joint_head]  # comparisons; views of joints
+    drawn = {}
+    for path, (label, k, kw) in asked:
+        model, tok = models[path]
+        stem = samples_dir / path.name / setting_slug(label) if samples_dir else None
+        got = sample_setting(model, tok, args, label, k, {**kw, **model.cfg.kind.request_defaults()}, stem,
+                             deadline)  # a block model drawn by its kind's sampler
+        if got is None:
+            print(f"stopped at {args.max_minutes:g} minutes before {path.name} {label}: "
+                  f"{len(drawn)} of {len(asked)} settings drawn")
+            return 3
+        drawn[path, label] = got
+        print(f"{path.name:>16} {label:>14}: {args.samples} samples, {got['avg_steps']:.1f} steps, "
+              f"{got['seconds']:.1f} s" + (" (kept from an earlier run)" if got.get("kept") else ""), flush=True)
     if args.sample_only:
         return 0
     from ttcore.metrics.distribution import Reference
@@ -130,6 +139,8 @@ def main():
     rows = []
     for path, (model, _) in models.items():
         for label, k, _ in plan:
+            if (path, label) not in drawn:  # a rank-1 view of a rank-1 checkpoint
+                continue
             got = drawn[path, label]
             row = {"checkpoint": path.name, "decomposition": model.cfg.decomposition, "rank": model.cfg.rank,
                    "sampler": label, "steps": k, "avg_steps": got["avg_steps"], "seconds": got["seconds"],

@@ -72,7 +72,8 @@ def test_device_blocks_rehearsal(tmp_path):
     n = json.loads((back / "moses-b4-tt" / "config.json").read_text())["model"]["dit"]["length"] // 4
     _run("training/evaluate_moses.py", "--checkpoints", back / "moses-b4-base", back / "moses-b4-tt",
          "--samples-dir", samples / "moses", "--samples", 8, "--batch", 8, "--steps", n, 2 * n, 4 * n,
-         "--eb-gammas", "--reference-limit", 50, "--out", tmp_path / "moses", env=env)
+         "--eb-gammas", "--reference-limit", 50, "--rank-one-view", "--out", tmp_path / "moses", env=env)
     rows = json.loads((tmp_path / "moses" / "moses.json").read_text())
-    assert [(r["checkpoint"], r["steps"]) for r in rows] == [
-        (c, k) for c in ("moses-b4-base", "moses-b4-tt") for k in (n, 2 * n, 4 * n)]
+    ks = (n, 2 * n, 4 * n)  # the TT's rank-1 view drawn here (the lease drew its joint rows only); the base has none
+    assert [(r["checkpoint"], r["sampler"]) for r in rows] == [("moses-b4-base", f"random K={k}") for k in ks] + [
+        ("moses-b4-tt", f"random K={k}") for k in ks] + [("moses-b4-tt", f"random K={k} rank-1 view") for k in ks]
