@@ -76,4 +76,4 @@ def test_device_blocks_rehearsal(tmp_path):
     rows = json.loads((tmp_path / "moses" / "moses.json").read_text())
     ks = (n, 2 * n, 4 * n)  # the TT's rank-1 view drawn here (the lease drew its joint rows only); the base has none
     assert [(r["checkpoint"], r["sampler"]) for r in rows] == [("moses-b4-base", f"random K={k}") for k in ks] + [
-        ("moses-b4-tt", f"random K={k}") for k in ks] + [("moses-b4-tt", f"random K={k} rank-1 view") for k in ks]
+        ("moses-b4-tt", f"random K={k}{view}") for k in ks for view in ("", " rank-1 view")]
