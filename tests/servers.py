@@ -2,6 +2,7 @@
 
 import contextlib
 import os
+import random
 import shlex
 import shutil
 import socket
@@ -26,9 +27,24 @@ TINY = ROOT / "training" / "configs" / "tiny.yaml"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port below the kernel's ephemeral range and above Ray's worker ports (10002-19999).
+
+    A port the kernel hands out (bind to 0) is free now but is itself an ephemeral port: between this call and the
+    server's bind, any process that opens a connection or binds to 0 may take it. Ray starts a dozen processes that
+    do exactly that, and CI once saw Serve's proxy fail with "Failed to bind to address '127.0.0.1:46641'". A port
+    outside the ephemeral range is only taken by an explicit bind."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0]) \
+        if Path("/proc/sys/net/ipv4/ip_local_port_range").exists() else 32768
+    rng = random.Random()  # not the tests' seeded global generator: two runs at once must not pick alike
+    for _ in range(200):
+        port = rng.randrange(20000, max(low, 20001))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000..ephemeral range")
 
 
 def wait_ready(url: str, timeout: float = 120, proc: subprocess.Popen | None = None) -> None:

@@ -3,7 +3,6 @@
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -14,6 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
+from servers import free_port
 
 from ttcore.losses import mdlm_loss
 from ttcore.models import DiTConfig, JointModel, ModelConfig
@@ -21,12 +21,6 @@ from ttcore.parallel import Workers
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "tests" / "data" / "qm9_sample.txt"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _averaged_gradient(rank: int, world: int, port: int, out: str) -> None:
@@ -50,7 +44,7 @@ def _averaged_gradient(rank: int, world: int, port: int, out: str) -> None:
 def test_averaged_shares_give_the_full_batch_gradient(tmp_path):
     """Two processes, each with half of a batch of 8: after the all-reduce both hold the gradient of the mean
     loss over the whole batch, as one process computes it, and a parameter no process reached has none."""
-    mp.spawn(_averaged_gradient, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_averaged_gradient, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     torch.manual_seed(0)
     model = torch.nn.Linear(5, 3)
     x, y = torch.randn(8, 5, generator=torch.Generator().manual_seed(1)), torch.randn(8, 3)
@@ -100,7 +94,7 @@ def test_data_parallel_mdlm_loss_gives_the_single_process_gradient(tmp_path, mar
     shares hold 11 and 6 masked tokens: after the all-reduce each holds the gradient one process computes on the
     whole batch (the global per-token mean). A mean of the two per-share means is 7% off here, so this fails
     if any term is normalized by a share's own count."""
-    mp.spawn(_real_loss_gradient, args=(2, _free_port(), str(tmp_path), marginal_weight), nprocs=2, join=True)
+    mp.spawn(_real_loss_gradient, args=(2, free_port(), str(tmp_path), marginal_weight), nprocs=2, join=True)
     model, x0, t, mask = _tt_batch()
     whole = mdlm_loss(model, x0, V, t=t, mask=mask, marginal_weight=marginal_weight)
     assert whole["lc"] > 0  # the TT's L_C term is part of what is compared
