@@ -103,7 +103,7 @@ def evaluate_sequences(args, out: Path, section) -> None:
         model, tok, _ = load_for_inference(path, args.device, args.precision)
         for ordering, steps in itertools.product(args.orderings, args.steps):
             res = run_setting(model, tok, args.samples, steps, args.batch, args.seed, args.memory_mb,
-                              ordering=ordering)
+                              ordering=ordering, **model.cfg.kind.request_defaults())  # a block model's sampler
             texts = res["texts"]
             row = {"checkpoint": path.name, "decomposition": model.cfg.decomposition, "rank": model.cfg.rank,
                    "ordering": ordering, "steps": steps, "avg_steps": res["avg_steps"], "samples": len(texts),
@@ -135,7 +135,7 @@ def evaluate_text(args, out: Path, section) -> None:
         for joint, (sampler, path_kind), steps in itertools.product(views, samplers, args.steps):
             if not joint and (sampler != "random" or path_kind != "exact"):
                 continue  # the rank-1 view: random order
-            kw = _sampler_kw(sampler)
+            kw = {**_sampler_kw(sampler), **model.cfg.kind.request_defaults()}  # a block model's sampler
             res = run_setting(model, tok, args.samples, steps, args.batch, args.seed, args.memory_mb, joint=joint,
                               adaptive_path=path_kind, **kw)
             texts = res["texts"]

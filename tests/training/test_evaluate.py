@@ -96,6 +96,20 @@ def test_evaluate_text_writes_genppl(tmp_path):
         ("b", "eb=0.5", "exact"), ("b", "top_prob", "exact"), ("tt", "eb=0.5", "exact"), ("tt", "eb=0.5", "fast"),
         ("tt", "top_prob", "exact"), ("tt", "top_prob", "fast")]
     assert "tt top_prob fast |" in third.stdout and all(1 < r["genppl"] < 1e7 for r in adaptive)
+    # a block TT (b = 8, from the TT) is drawn by its kind's sampler, block by block: its joint and its rank-1 view
+    blk = subprocess.run([sys.executable, "training/train_blocks.py", "--config", "tiny", "--base", str(tmp_path / "tt"),
+                          "--block-size", "8", "--out", str(tmp_path / "blk"), "--max-steps", "2", "--quiet", *small],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert blk.returncode == 0, blk.stderr[-2000:]
+    fourth = subprocess.run([sys.executable, "training/evaluate.py", "--data", "text", "--checkpoints",
+                             str(tmp_path / "blk"), "--out", str(tmp_path / "res4"), "--samples", "4", "--batch", "4",
+                             "--steps", "4", "8", "--precision", "fp32", "--rank-one-view"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert fourth.returncode == 0, fourth.stderr[-3000:]
+    blocks = json.loads((tmp_path / "res4" / "text_results.json").read_text())
+    assert [(r["joint"], r["steps"]) for r in blocks] == [(True, 4), (True, 8), (False, 4), (False, 8)]
+    assert [r["avg_steps"] for r in blocks] == [4, 8, 4, 8]  # 4 blocks of 8: one step a block, then two
+    assert all(1 < r["genppl"] < 1e7 for r in blocks)
 
 
 def test_count_schedule_identifies_runs_that_only_differ_by_idle_steps():
