@@ -38,7 +38,7 @@ def _structured_output_curls() -> list[str]:
 def test_the_readme_quick_start_runs_on_the_bundled_checkpoints(capfd):
     curls, python = _quick_start()
     assert len(curls) == 4 and "localhost:8000" in curls[0] and "127.0.0.1:8000" in python
-    proc, url = start_uvicorn(ROOT / "checkpoints", "--precision", "bf16")
+    proc, url = start_uvicorn(ROOT / "checkpoints", "--precision", "auto")  # `bash dev.sh run`'s default
     try:
         port = url.rsplit(":", 1)[1]
         qm9 = subprocess.run(shlex.split(curls[0].replace("localhost:8000", f"localhost:{port}")),

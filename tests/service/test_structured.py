@@ -101,14 +101,14 @@ def test_a_completion_cut_by_max_tokens_is_refused_with_a_constraint(server):
 
 
 def test_every_bundled_checkpoint_generates_inside_its_constraint_through_both_apis():
-    """The bundled checkpoints as served (bf16): each SMILES one with its grammar, the text one with a regex, on
+    """The bundled checkpoints as served (precision auto, the default): each SMILES one with its grammar, the text one with a regex, on
     /generate and on /v1/completions."""
     from pathlib import Path
 
     from servers import start_uvicorn
 
     root = Path(__file__).resolve().parents[2] / "checkpoints"
-    proc, url = start_uvicorn(root, "--precision", "bf16")
+    proc, url = start_uvicorn(root, "--precision", "auto")
     try:
         for info in httpx.get(url + "/models").json()["models"]:
             name = info["checkpoint"]
