@@ -33,8 +33,8 @@ def free_port() -> int:
     server's bind, any process that opens a connection or binds to 0 may take it. Ray starts a dozen processes that
     do exactly that, and CI once saw Serve's proxy fail with "Failed to bind to address '127.0.0.1:46641'". A port
     outside the ephemeral range is only taken by an explicit bind."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0]) \
-        if Path("/proc/sys/net/ipv4/ip_local_port_range").exists() else 32768
+    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    low = int(ephemeral.read_text().split()[0]) if ephemeral.exists() else 32768  # Linux's default floor
     rng = random.Random()  # not the tests' seeded global generator: two runs at once must not pick alike
     for _ in range(200):
         port = rng.randrange(20000, max(low, 20001))
