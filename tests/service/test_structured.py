@@ -101,8 +101,8 @@ def test_a_completion_cut_by_max_tokens_is_refused_with_a_constraint(server):
 
 
 def test_every_bundled_checkpoint_generates_inside_its_constraint_through_both_apis():
-    """The bundled checkpoints as served (precision auto, the default): each SMILES one with its grammar, the text one with a regex, on
-    /generate and on /v1/completions."""
+    """The bundled checkpoints as served (precision auto, the default): each SMILES one with its grammar, the text
+    one with a regex, on /generate and on /v1/completions."""
     from pathlib import Path
 
     from servers import start_uvicorn

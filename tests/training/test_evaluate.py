@@ -97,8 +97,9 @@ def test_evaluate_text_writes_genppl(tmp_path):
         ("tt", "top_prob", "exact"), ("tt", "top_prob", "fast")]
     assert "tt top_prob fast |" in third.stdout and all(1 < r["genppl"] < 1e7 for r in adaptive)
     # a block TT (b = 8, from the TT) is drawn by its kind's sampler, block by block: its joint and its rank-1 view
-    blk = subprocess.run([sys.executable, "training/train_blocks.py", "--config", "tiny", "--base", str(tmp_path / "tt"),
-                          "--block-size", "8", "--out", str(tmp_path / "blk"), "--max-steps", "2", "--quiet", *small],
+    blk = subprocess.run([sys.executable, "training/train_blocks.py", "--config", "tiny",
+                          "--base", str(tmp_path / "tt"), "--block-size", "8", "--out", str(tmp_path / "blk"),
+                          "--max-steps", "2", "--quiet", *small],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert blk.returncode == 0, blk.stderr[-2000:]
     fourth = subprocess.run([sys.executable, "training/evaluate.py", "--data", "text", "--checkpoints",
