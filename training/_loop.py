@@ -21,6 +21,7 @@ from tqdm import tqdm
 from ttcore.flops import device_peak, mfu, train_flops_per_token
 from ttcore.losses import forward_mask, mdlm_loss, sample_times, vadd_loss
 from ttcore.models import JointModel, load_train_state, save_checkpoint
+from ttcore.models.precision import resolve_precision
 from ttcore.parallel import Workers
 from ttcore.recipes import (
     RESEED_STRIDE,
@@ -109,6 +110,7 @@ class _Run:
         self.workers = workers = Workers.from_env(device)
         workers.check_batch(cfg.batch_size)
         self.device = device = workers.device(device)
+        cfg.precision = resolve_precision(cfg.precision, device)  # auto: what this device runs natively
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)

@@ -55,6 +55,22 @@ def test_tiny_model_loss_drops(tmp_path):
     assert "- throughput: " in (tmp_path / "ck" / "model_card.md").read_text()
 
 
+def test_a_run_at_precision_auto_trains_in_what_its_device_runs_natively_and_records_it(tmp_path):
+    """precision auto (the default and the configs' value): bf16 where the CPU has AVX512-BF16 / AMX, fp32
+    elsewhere; the saved config and the card name the precision the run trained in, never auto."""
+    from ttcore.models import resolve_precision
+
+    cfg = load_config(TINY, ["threads=1", "precision=auto", "val_every=1000"])
+    model, tok, train, val = _sample_model(**{k: getattr(cfg.model, k) for k in cfg.model.BACKBONE})
+    fit(model, tok, train, val, cfg, tmp_path / "ck", max_steps=2, quiet=True)
+    saved = json.loads((tmp_path / "ck" / "train_state" / "state.json").read_text())["config"]["precision"]
+    assert saved == resolve_precision("auto", "cpu") in ("bf16", "fp32")
+    assert f'"precision": "{saved}"' in (tmp_path / "ck" / "model_card.md").read_text()
+    assert TrainConfig().precision == "auto"
+    with pytest.raises(ValueError, match="precision must be one of auto, fp32, bf16, got 'fp16'"):
+        load_config(TINY, ["precision=fp16"])
+
+
 def test_a_run_stopped_by_its_wall_clock_says_so(tmp_path):
     """The review: "equal budget" fine-tunes bounded by --max-minutes got 177 and 95 steps on a shared machine.
     The budget is steps; a run the wall clock (a safety stop) ends early records it in its state and card."""

@@ -10,6 +10,7 @@ import yaml
 
 from ttcore.data.section import DataSection, coerce_numbers
 from ttcore.models import DiTConfig
+from ttcore.models.precision import PRECISIONS
 
 
 def _dit_config(self, tokenizer) -> DiTConfig:
@@ -54,7 +55,10 @@ class TrainConfig:
     eps: float = 1e-3  # the smallest time t a step draws, t ~ U[eps, 1] (a block model's: each block's)
     # run
     seed: int = 0
-    precision: str = "bf16"  # bf16 autocast for matmuls; losses and normalizers stay float32
+    # bf16 autocast for matmuls (losses and normalizers stay float32), fp32, or auto: bf16 where the device runs
+    # it natively (CUDA; a CPU with AVX512-BF16 / AMX), fp32 elsewhere (emulated bf16 trained ~5x slower here).
+    # A run resolves auto on its device and records the precision it trained in.
+    precision: str = "auto"
     compile: bool = False  # torch.compile the backbone (fixed shapes [b, l]; heads see dynamic m)
     grad_accum: int = 1  # micro-batches per step: batch_size is the step's batch, run in this many pieces
     activation_checkpointing: bool = False  # recompute the backbone's activations in backward (less memory)
@@ -81,6 +85,8 @@ class TrainConfig:
             self.data = DataSection.from_value(self.data)
         coerce_numbers(self)
         coerce_numbers(self.model, "model.")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.grad_accum < 1 or self.batch_size % self.grad_accum:
             raise ValueError(f"grad_accum must be >= 1 and divide batch_size ({self.batch_size}), "
                              f"got {self.grad_accum}")
