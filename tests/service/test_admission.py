@@ -2,6 +2,7 @@
 that are themselves settings the rule admits."""
 
 import itertools
+import math
 import re
 from pathlib import Path
 
@@ -253,10 +254,11 @@ def test_every_hint_is_a_setting_that_is_admitted(adaptive):
     assert checked > 20
 
 
-def test_a_text_eb_request_of_64_samples_and_16_steps_is_admitted_on_the_default_budget():
-    """The bundled text TT, calibrated on this machine: EB-Sampler with the default fast adaptive path fits the
-    server's defaults (memory budget, deadline, step limit) in one pass; by the exact chain rule the same
-    request needs micro-batches of full cores (its estimate is the chain rule's)."""
+def test_a_text_eb_request_of_64_samples_and_16_steps_is_admitted_on_the_default_memory_budget():
+    """The bundled text TT: EB-Sampler with the default fast adaptive path runs 64 rows in one pass within the
+    server's default memory budget; by the exact chain rule the same request needs micro-batches and more time
+    (its estimate is the chain rule's). Memory and work, not this machine's speed: the deadline and the step
+    limit are left open here (the deadline rule has its own tests above, on timings given to it)."""
     from pathlib import Path
 
     from service.config import ServiceArgs
@@ -265,18 +267,15 @@ def test_a_text_eb_request_of_64_samples_and_16_steps_is_admitted_on_the_default
 
     model, _, _ = load_for_inference(Path(__file__).resolve().parents[2] / "checkpoints" / "text-tt-r4", "cpu", "auto")
     speed, args = calibrate(model), ServiceArgs()
-    limits = dict(num_samples=64, steps=16, timeout_s=args.max_timeout_s, memory_budget=args.memory_budget_mb << 20,
-                  step_limit_s=args.stall_s / 2)
+    limits = dict(num_samples=64, steps=16, timeout_s=math.inf, memory_budget=args.memory_budget_mb << 20,
+                  step_limit_s=math.inf)
     fast = GenerateRequest(model="text", sampler="eb", num_samples=64, steps=16).to_sampler_config()
     assert fast.adaptive_path == "fast" and fast.work_kind(model.cfg) == "chooser_step"
     admitted = plan(model, speed, config=fast, **limits)
-    assert admitted.max_rows_per_pass is None and admitted.seconds <= args.max_timeout_s
+    assert admitted.max_rows_per_pass is None and 0 < admitted.seconds < math.inf
     exact = GenerateRequest(model="text", sampler="eb", num_samples=64, steps=16, adaptive_path="exact")
-    try:
-        slow = plan(model, speed, config=exact.to_sampler_config(), **limits)
-        assert slow.max_rows_per_pass is not None and slow.seconds > admitted.seconds
-    except TooLarge as e:  # on a slow machine the chain rule does not fit at all
-        assert e.field in ("num_samples", "steps", "timeout_s")
+    slow = plan(model, speed, config=exact.to_sampler_config(), **limits)
+    assert slow.max_rows_per_pass is not None and slow.seconds > admitted.seconds
 
 
 def test_a_stream_is_refused_above_the_stream_limit_naming_what_to_lower():
