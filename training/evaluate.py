@@ -75,6 +75,7 @@ from _tables import (
 )
 
 from ttcore.decompositions import get_decomposition
+from ttcore.errors import InvalidSampler
 from ttcore.metrics import get_metrics_kind  # molecule_metrics (RDKit) only where molecules are measured
 from ttcore.models import load_for_inference
 from ttcore.recipes import TrainConfig
@@ -356,7 +357,12 @@ def _molecule_rows(args, path: Path, training: set[str] | None, reference, one_m
             stem = samples_dir / path.name / setting_slug(label) if samples_dir else None
             draw = None if args.from_samples else partial(run_setting, model, tok, args.samples, steps, args.batch,
                                                           args.seed, args.memory_mb, deadline, **kw)
-            res = kept_or_drawn(stem, want, draw, device=args.device, batch=args.batch, checkpoint=described)
+            try:
+                res = kept_or_drawn(stem, want, draw, device=args.device, batch=args.batch, checkpoint=described)
+            except InvalidSampler as e:  # a setting its kind does not take (EB or K = 128 on a block model)
+                print(f"{path.name:>16} {label:>20}: skipped, {model.cfg.kind.description} refuses it "
+                      f"({e.field}: {e})", flush=True)
+                continue
             if res is None:
                 return None
             m = None

@@ -47,6 +47,26 @@ def test_evaluate_writes_results(checkpoints, tmp_path):
     assert "validity % / uniqueness % / novelty %, ordering top_prob" in done.stdout
 
 
+def test_a_block_checkpoints_molecules_are_drawn_by_its_sampler_and_what_it_refuses_is_skipped(checkpoints, tmp_path):
+    """evaluate.py on a block TT: K = one step a block and two are its sampler's rows (joint and rank-1 view);
+    EB-Sampler, which a block model does not take, is a line saying so, not a crash (the default EB lines
+    asked for K = 128 and stopped the whole evaluation)."""
+    from servers import make_block_checkpoint
+
+    blocks = make_block_checkpoint(tmp_path / "ck" / "qm9-blocks", checkpoints / "qm9-base", block_size=2)
+    n = json.loads((blocks / "config.json").read_text())["model"]["dit"]["length"] // 2
+    out = tmp_path / "results"
+    cmd = [sys.executable, "training/evaluate.py", "--checkpoints", str(blocks), "--out", str(out), "--samples",
+           "16", "--batch", "16", "--steps", str(n), str(2 * n), "--orderings", "random", "--eb-gammas", "0.5",
+           "--rank-one-view", "--data", str(ROOT / "tests" / "data" / "qm9_sample.txt"), "--precision", "fp32"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads((out / "results.json").read_text())
+    assert sorted((r["joint"], r["steps"], r["avg_steps"]) for r in rows) == [
+        (False, n, n), (False, 2 * n, 2 * n), (True, n, n), (True, 2 * n, 2 * n)]
+    assert "EB gamma=0.5: skipped, a block diffusion model refuses it (steps: " in done.stdout
+
+
 def test_evaluate_text_writes_genppl(tmp_path):
     """A tiny text model and its TT fine-tune, judged by the packaged SmolLM2: files written, GenPPL finite and
     > 1; the TT checkpoint's rank-1 view (joint: false) is a line of its own."""
