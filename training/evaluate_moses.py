@@ -29,6 +29,7 @@ from _report import checkpoint_dirs, kept_or_drawn, run_setting, setting_slug, t
 
 from ttcore.data import moses_files, read_sequences
 from ttcore.data.qm9 import default_cache_dir
+from ttcore.errors import InvalidSampler
 from ttcore.models import load_for_inference
 
 # the metrics (RDKit, ChemNet) are imported where they are measured: --sample-only runs where RDKit is not
@@ -114,8 +115,13 @@ def main():
     for path, (label, k, kw) in asked:
         model, tok = models[path]
         stem = samples_dir / path.name / setting_slug(label) if samples_dir else None
-        got = sample_setting(model, tok, args, label, k, {**kw, **model.cfg.kind.request_defaults()}, stem,
-                             deadline)  # a block model drawn by its kind's sampler
+        try:
+            got = sample_setting(model, tok, args, label, k, {**kw, **model.cfg.kind.request_defaults()}, stem,
+                                 deadline)  # a block model drawn by its kind's sampler
+        except InvalidSampler as e:  # a setting its kind does not take (EB or K = 128 on a block model)
+            print(f"{path.name:>16} {label:>14}: skipped, {model.cfg.kind.description} refuses it ({e.field}: {e})",
+                  flush=True)
+            continue
         if got is None:
             print(f"stopped at {args.max_minutes:g} minutes before {path.name} {label}: "
                   f"{len(drawn)} of {len(asked)} settings drawn")

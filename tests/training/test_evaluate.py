@@ -65,6 +65,12 @@ def test_a_block_checkpoints_molecules_are_drawn_by_its_sampler_and_what_it_refu
     assert sorted((r["joint"], r["steps"], r["avg_steps"]) for r in rows) == [
         (False, n, n), (False, 2 * n, 2 * n), (True, n, n), (True, 2 * n, 2 * n)]
     assert "EB gamma=0.5: skipped, a block diffusion model refuses it (steps: " in done.stdout
+    moses = subprocess.run([sys.executable, "training/evaluate_moses.py", "--checkpoints", str(blocks), "--samples",
+                            "8", "--batch", "8", "--steps", str(n), "--eb-gammas", "0.5", "--samples-dir",
+                            str(tmp_path / "kept"), "--sample-only", "--precision", "fp32"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=600)  # evaluate_moses.py the same way
+    assert moses.returncode == 0, moses.stderr[-3000:]
+    assert f"random K={n}: 8 samples" in moses.stdout and "EB gamma=0.5: skipped" in moses.stdout
 
 
 def test_evaluate_text_writes_genppl(tmp_path):
