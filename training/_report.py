@@ -66,6 +66,12 @@ def run_setting(model, tok, n: int, steps: int, batch: int, seed: int, memory_mb
             "avg_steps": sum(per_sample_steps) / len(per_sample_steps), "seconds": time.time() - t0}
 
 
+def refused_line(name: str, label: str, model, error) -> str:
+    """What an evaluation prints for a setting ``model``'s kind refuses (``InvalidSampler`` ``error``: EB-Sampler's
+    K = 128 on a block model) instead of stopping every other setting."""
+    return f"{name:>16} {label:>20}: skipped, {model.cfg.kind.description} refuses it ({error.field}: {error})"
+
+
 def setting_slug(label: str) -> str:
     """A sampler setting's label as a file name: ``random K=4`` -> random-K4, ``EB gamma=0.5 fast`` ->
     EB-gamma0.5-fast (dots kept: names are built by concatenation, never by suffix)."""

@@ -54,6 +54,7 @@ from _report import (
     kept_or_drawn,
     lines,
     pyplot,
+    refused_line,
     run_setting,
     save_plot,
     series,
@@ -360,8 +361,7 @@ def _molecule_rows(args, path: Path, training: set[str] | None, reference, one_m
             try:
                 res = kept_or_drawn(stem, want, draw, device=args.device, batch=args.batch, checkpoint=described)
             except InvalidSampler as e:  # a setting its kind does not take (EB or K = 128 on a block model)
-                print(f"{path.name:>16} {label:>20}: skipped, {model.cfg.kind.description} refuses it "
-                      f"({e.field}: {e})", flush=True)
+                print(refused_line(path.name, label, model, e), flush=True)
                 continue
             if res is None:
                 return None

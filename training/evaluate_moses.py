@@ -25,7 +25,7 @@ import time
 from functools import partial
 from pathlib import Path
 
-from _report import checkpoint_dirs, kept_or_drawn, run_setting, setting_slug, this_command, write_rows
+from _report import checkpoint_dirs, kept_or_drawn, refused_line, run_setting, setting_slug, this_command, write_rows
 
 from ttcore.data import moses_files, read_sequences
 from ttcore.data.qm9 import default_cache_dir
@@ -119,8 +119,7 @@ def main():
             got = sample_setting(model, tok, args, label, k, {**kw, **model.cfg.kind.request_defaults()}, stem,
                                  deadline)  # a block model drawn by its kind's sampler
         except InvalidSampler as e:  # a setting its kind does not take (EB or K = 128 on a block model)
-            print(f"{path.name:>16} {label:>14}: skipped, {model.cfg.kind.description} refuses it ({e.field}: {e})",
-                  flush=True)
+            print(refused_line(path.name, label, model, e), flush=True)
             continue
         if got is None:
             print(f"stopped at {args.max_minutes:g} minutes before {path.name} {label}: "
