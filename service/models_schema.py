@@ -19,7 +19,8 @@ class ModelInfo(BaseModel):
         "block by default; asked for by `checkpoint` only).")
     block_size: int = Field(0, description="A block diffusion checkpoint's tokens per block (0: not one): `steps` is "
                                            "k times its length / block_size blocks, 1 <= k <= block_size (k steps "
-                                           "a block; k = 1: each block one exact joint draw).")
+                                           "a block; k = 1: each block one exact joint draw), or with "
+                                           "`block_eb_gamma` (EB inside each block) a cap of at least the blocks.")
     default_steps: int | None = Field(None, description="The steps a request that sets none gets here (a block "
                                                         "model's blocks, an AR model's length, a distilled "
                                                         "checkpoint's own count); null: the API's default.")

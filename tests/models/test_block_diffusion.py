@@ -7,6 +7,7 @@ import itertools
 import pytest
 import torch
 from scipy.stats import chisquare
+from tiny import tiny_block_model as _model
 
 from ttcore.errors import InvalidSampler
 from ttcore.kinds import BLOCK_DIFFUSION
@@ -24,17 +25,6 @@ def _draw(model, n: int, k: int, seed: int, prompt=None, kv_cache: bool = True) 
     blocks = model.cfg.dit.length // model.cfg.dit.block_size
     run = generate(model, n, k * blocks, seed=seed, sampler="blocks", prompt=prompt, kv_cache=kv_cache)
     return list(run)[-1].tokens
-
-
-def _model(decomposition="tt", rank=2, v=3, length=4, block=2, seed=0) -> JointModel:
-    torch.manual_seed(seed)
-    dit = DiTConfig(vocab_size=v + 1, out_vocab=v, length=length, hidden_dim=32, cond_dim=16, n_blocks=2, n_heads=2,
-                    block_size=block)
-    model = JointModel(ModelConfig(dit, decomposition, rank, "1layer"))
-    with torch.no_grad():  # away from the initialization's symmetric joint
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    return model.eval()
 
 
 def test_the_masks_are_their_definitions():
@@ -204,13 +194,15 @@ def test_a_prompt_conditions_the_draw_as_the_exact_score_says(kv_cache):
     assert refused.value.field == "prompt"
 
 
-@pytest.mark.parametrize("decomposition,rank", [("none", 1), ("cp", 3), ("tt", 2)])
+@pytest.mark.parametrize("decomposition,rank,settings", [("none", 1, {}), ("cp", 3, {}), ("tt", 2, {}),
+                                                         ("tt", 2, {"block_eb_gamma": 1e6, "steps": 4})])
 def test_a_constrained_block_step_draws_each_block_from_its_joint_restricted_to_what_can_still_be_accepted(
-        decomposition, rank):
+        decomposition, rank, settings):
     """A language over 3 tokens (the first is not 0, the number of 2s is even): at k = 1 each block is drawn from
     its joint restricted to the block completions some accepted sequence continues (block 0: x0 != 0; block 1:
     the parity fixed), so the law is p(b0) f(b0) / sum f p  x  p(b1 | b0) 1_L / sum_L p(b1 | b0); chi-square of
-    20,000 draws of the batched loop against it, every draw accepted."""
+    20,000 draws of the batched loop against it, every draw accepted. EB inside the block with an unbounded budget
+    (up to 4 steps) takes each block whole: the same law."""
     from ttcore.constraints import TokenDFA
 
     model = _model(decomposition, rank)
@@ -222,7 +214,9 @@ def test_a_constrained_block_step_draws_each_block_from_its_joint_restricted_to_
     ok = accepted.view(9, 9).double()
     p_b0 = joint.sum(1) * (ok.sum(1) > 0)
     law = (p_b0 / p_b0.sum())[:, None] * (joint * ok) / (joint * ok).sum(1, keepdim=True).clamp_min(1e-300)
-    drawn = list(generate(model, N_DRAWS, 2, seed=4, sampler="blocks", constraint=dfa))[-1].tokens
+    settings = dict(settings)
+    drawn = list(generate(model, N_DRAWS, settings.pop("steps", 2), seed=4, sampler="blocks", constraint=dfa,
+                          **settings))[-1].tokens
     index = (drawn * torch.tensor([27, 9, 3, 1])).sum(1)
     assert bool(accepted[index].all())
     counts = torch.bincount(index, minlength=81).double()
@@ -283,10 +277,7 @@ def test_the_rank_one_view_draws_each_block_position_from_its_exact_marginal():
     """``joint: false`` on ``sampler: blocks`` at k = 1: block 0's two positions independent, each from its exact
     marginal, block 1's likewise given block 0 (the marginals summed from exp(block_score) over all 81 sequences);
     a chi-square against that law holds, and against the joint's law (the default) it fails."""
-    model = _model("tt", 3)
-    with torch.no_grad():  # a sharper head: a block's joint 0.13 in total variation from its marginals' product
-        for name, param in model.named_parameters():
-            param.mul_(3 if name.startswith("head.") else 1)
+    model = _model("tt", 3, head_scale=3)  # a sharper head: a block's joint 0.13 in TV from its marginals' product
     every = torch.tensor(list(itertools.product(range(3), repeat=4)))
     p = block_log_prob(model, every).exp().detach().double().reshape(3, 3, 3, 3)
     p = p / p.sum()
@@ -319,7 +310,8 @@ def test_the_kind_claims_block_models_and_refuses_the_full_sequence_loop():
     assert model.cfg.kind is BLOCK_DIFFUSION and model.cfg.kind.base(model.cfg) == "bd3lm"
     with pytest.raises(InvalidSampler, match="sampler blocks"):
         list(generate(model, 2, 2, seed=0))
-    for settings, field in (({"steps": 3}, "steps"), ({"steps": 6}, "steps"), ({"ordering": "top_prob"}, "ordering"),
+    for settings, field in (({"steps": 3}, "steps"), ({"steps": 6}, "steps"),
+                            ({"steps": 1, "block_eb_gamma": 0.5}, "steps"),
                             ({"prompt": torch.tensor([3, 3, 0, 3])}, "prompt")):
         steps = settings.pop("steps", 2)
         with pytest.raises(InvalidSampler) as e:
@@ -377,9 +369,13 @@ def test_a_run_over_the_cache_draws_what_it_draws_without_one(precision):
 
     model = _model(length=8).double() if precision == "fp32" else _model(length=8)
     model.precision = precision
-    for steps, prompt in ((4, None), (8, torch.tensor([1, 2, 0, 3, 3, 3, 3, 3])), (4, torch.tensor([1] + [3] * 7))):
-        runs = [GenerationRun(model, 5, steps, SamplerConfig(sampler="blocks"), seed=3, prompt=prompt,
-                              kv_cache=cached) for cached in (True, False)]
+    eb = {"block_eb_gamma": 0.3, "sampler": "blocks"}  # rows of one run at different blocks
+    for steps, prompt, settings in ((4, None, {}), (8, torch.tensor([1, 2, 0, 3, 3, 3, 3, 3]), {}),
+                                    (4, torch.tensor([1] + [3] * 7), {}), (8, None, {"ordering": "margin"}),
+                                    (8, None, eb), (6, torch.tensor([1] + [3] * 7), eb)):
+        config = SamplerConfig(**{"sampler": "blocks", **settings})
+        runs = [GenerationRun(model, 5, steps, config, seed=3, prompt=prompt, kv_cache=cached)
+                for cached in (True, False)]
         with model.compute_context():
             while not runs[0].done:
                 for run in runs:
@@ -457,3 +453,22 @@ def test_admission_counts_what_the_block_cache_holds():
     held = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in cache.layers) // 3
     assert cost.kv_cache_row_bytes(model.cfg, copies=1) == held > 0
     assert cost.forward_row_bytes(model.cfg) == cost.FORWARD_BYTES_PER_TOKEN_WIDTH * 8 * 32 + 2 * held
+
+
+def test_constrained_runs_at_different_blocks_step_together():
+    """Two constrained runs with the same settings, one two blocks ahead, stepped together (one group, as the
+    service steps requests): each gets the tokens it gets alone, every sequence in the language (a row's automaton
+    is started by its own committed blocks only, not by positions of a later block that another row has reached)."""
+    from ttcore.constraints import TokenDFA
+    from ttcore.sampling import GenerationRun, SamplerConfig, batch_step
+
+    model = _model("tt", 2, length=8)
+    delta = torch.tensor([[-1, 1, 2], [1, 1, 2], [2, 2, 1]])
+    dfa = TokenDFA.of_tokens(delta, torch.tensor([False, True, False]))
+    runs = [GenerationRun(model, 3, 4, SamplerConfig(sampler="blocks"), seed=s, constraint=dfa) for s in (1, 2)]
+    alone = [list(generate(model, 3, 4, seed=s, sampler="blocks", constraint=dfa))[-1].tokens for s in (1, 2)]
+    runs[0].step(), runs[0].step()
+    while not all(r.done for r in runs):
+        batch_step(model, [r for r in runs if not r.done])
+    assert all(torch.equal(r.tokens, a) for r, a in zip(runs, alone))
+    assert all(bool(((r.tokens[:, 0] != 0) & ((r.tokens == 2).sum(1) % 2 == 0)).all()) for r in runs)

@@ -42,3 +42,20 @@ def run_together(model, runs: list) -> list:
         for run, state in zip(live, batch_step(model, live).states):
             final[id(run)] = state
     return [final[id(run)] for run in runs]
+
+
+def tiny_block_model(decomposition: str = "tt", rank: int = 2, v: int = 3, length: int = 4, block: int = 2,
+                     seed: int = 0, head_scale: float = 1.0) -> JointModel:
+    """A tiny block diffusion model (``DiTConfig.block_size``) of ``decomposition`` and ``rank`` with every weight
+    perturbed by 0.1 * N(0, 1) (away from the initialization's symmetric joint), the head's then times
+    ``head_scale`` (> 1: sharper joints), eval mode."""
+    torch.manual_seed(seed)
+    dit = DiTConfig(vocab_size=v + 1, out_vocab=v, length=length, hidden_dim=32, cond_dim=16, n_blocks=2, n_heads=2,
+                    block_size=block)
+    model = JointModel(ModelConfig(dit, decomposition, rank, "1layer"))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+        for p in model.head.parameters():
+            p.mul_(head_scale)
+    return model.eval()

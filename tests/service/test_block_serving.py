@@ -65,17 +65,43 @@ def test_a_block_request_gets_its_own_tokens_beside_others(block_server):
 
     url, tok, _ = block_server
     body = {"checkpoint": "qm9-b2-tt", "num_samples": 4, "seed": 7}
-    alone = httpx.post(url + "/generate", json=body, timeout=60).json()["samples"]
+    eb = {"checkpoint": "qm9-b2-tt", "num_samples": 4, "seed": 8, "block_eb_gamma": 0.5, "steps": tok.length}
+    alone = [httpx.post(url + "/generate", json=b, timeout=60).json()["samples"] for b in (body, eb)]
     other = {"checkpoint": "qm9-b2-tt", "num_samples": 3, "steps": tok.length}  # two steps a block
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    with concurrent.futures.ThreadPoolExecutor(5) as pool:
         futures = [pool.submit(httpx.post, url + "/generate", json=b, timeout=60)
-                   for b in [dict(other, seed=1), body, dict(other, seed=2), dict(other, seed=3)]]
+                   for b in [dict(other, seed=1), body, dict(other, seed=2), eb, dict(other, seed=3)]]
         answers = [f.result() for f in futures]
     assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
-    assert [s["text"] for s in answers[1].json()["samples"]] == [s["text"] for s in alone]
+    assert [s["text"] for s in answers[1].json()["samples"]] == [s["text"] for s in alone[0]]
+    assert [s["text"] for s in answers[3].json()["samples"]] == [s["text"] for s in alone[1]]
 
 
-@pytest.mark.parametrize("extra,field", [({"steps": 7}, "steps"), ({"ordering": "top_prob"}, "ordering"),
+def test_eb_and_adaptive_orderings_inside_a_block_are_served(block_server):
+    """``block_eb_gamma`` (EB-Sampler inside each block, ``steps`` its cap) and ``ordering: top_prob`` at two steps
+    a block: every position drawn; EB's steps at least the blocks and at most the cap, and streamed, each step's
+    tokens of a sequence inside one block, the blocks in order."""
+    url, tok, _ = block_server
+    blocks = tok.length // 2
+    body = {"checkpoint": "qm9-b2-tt", "num_samples": 3, "seed": 4, "block_eb_gamma": 0.5, "steps": tok.length}
+    r = httpx.post(url + "/generate", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert blocks <= answer["steps"] <= tok.length and sum(answer["tokens_per_step"]) == 3 * tok.length
+    with httpx.stream("POST", url + "/generate", json=dict(body, stream=True), timeout=60) as s:
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
+    steps = [e["committed"] for e in events if "committed" in e]
+    for row in range(3):
+        blocks_drawn = [{p // 2 for p in step[row]} for step in steps if step[row]]
+        assert all(len(b) == 1 for b in blocks_drawn) and [min(b) for b in blocks_drawn] == sorted(
+            min(b) for b in blocks_drawn)
+    adaptive = httpx.post(url + "/generate", json={"checkpoint": "qm9-b2-tt", "num_samples": 3, "seed": 4,
+                                                   "ordering": "top_prob", "steps": tok.length}, timeout=60)
+    assert adaptive.status_code == 200 and adaptive.json()["tokens_per_step"] == [3] * tok.length, adaptive.text
+
+
+@pytest.mark.parametrize("extra,field", [({"steps": 7}, "steps"), ({"steps": 3, "block_eb_gamma": 0.5}, "steps"),
+                                         ({"block_eb_gamma": -1}, "block_eb_gamma"),
                                          ({"prompt": "[MASK][MASK]C"}, "prompt"),
                                          ({"sampler": "fixed"}, "sampler"), ({"schedule": "cosine"}, "schedule"),
                                          ({"joint": False, "regex": "C+"}, "joint")])
@@ -101,12 +127,15 @@ def test_a_prompt_is_prefilled_and_its_first_masked_block_drawn_given_it(block_s
 
 def test_a_grammar_constrains_every_block(block_server):
     """``grammar: smiles`` (and a regex) on a block checkpoint: each block drawn from its joint restricted to what
-    the language can still accept, so every sample is in it, at one and two steps a block."""
+    the language can still accept, so every sample is in it, at one and two steps a block, by EB inside the block
+    and by an adaptive ordering."""
     from servers import assert_in_language
 
     url, tok, _ = block_server
     assert_in_language(url, "qm9-b2-tt", tok, ({"grammar": "smiles"}, {"grammar": "smiles", "steps": tok.length},
-                                              {"regex": "C+(O|N)C*"}), 16, 0)
+                                              {"regex": "C+(O|N)C*"},
+                                              {"grammar": "smiles", "block_eb_gamma": 0.5, "steps": tok.length},
+                                              {"grammar": "smiles", "ordering": "margin", "steps": tok.length}), 16, 0)
 
 
 def test_score_gives_a_block_models_exact_likelihood(block_server):

@@ -51,12 +51,11 @@ class BlockDiffusion(ModelKind):
         return dict(settings, sampler="blocks"), self.default_steps(cfg), True
 
     def cached_features(self, model, runs: list, sizes: list[int], x: torch.Tensor) -> tuple[torch.Tensor, list]:
-        """Every run's current block over its cache of the committed blocks, one backbone call for all
+        """Every row's current block over its run's cache of the committed blocks, one backbone call for all
         (``ttcore.models.block_cache.cached_block_features``)."""
         from ttcore.models.block_cache import cached_block_features
 
-        ends = [run.sampler.prefix_needed(run) for run in runs]
-        return cached_block_features(model, [run.kv for run in runs], sizes, x, ends)
+        return cached_block_features(model, [run.kv for run in runs], sizes, x)
 
     def cache_row_bytes(self, cfg, copies: int = 2) -> int:
         """Every layer's keys and values at every position and the pad's, float32 (an upper bound under bf16),

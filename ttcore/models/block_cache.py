@@ -57,13 +57,22 @@ def block_step_features(model, cache: KVCache, x: torch.Tensor, end: torch.Tenso
     return h[:, :l]
 
 
-def cached_block_features(model, caches: list[KVCache | None], sizes: list[int], x: torch.Tensor,
-                          ends: list[int]) -> tuple[torch.Tensor, list[KVCache]]:
+def current_block_end(masked: torch.Tensor, size: int, filled: torch.Tensor) -> torch.Tensor:
+    """[b]: where each row's current block ends, the first block holding a [MASK] of ``masked`` [b, l] (a block
+    model's rows: those before it committed, those after it wholly masked); a finished row's is the block at
+    ``filled`` [b] (what its cache holds up to), which the step computes again and commits nothing to."""
+    held = masked.view(masked.shape[0], -1, size).any(2)  # [b, blocks]
+    return torch.where(held.any(1), (held.long().argmax(1) + 1) * size, filled + size)
+
+
+def cached_block_features(model, caches: list[KVCache | None], sizes: list[int], x: torch.Tensor
+                          ) -> tuple[torch.Tensor, list[KVCache]]:
     """The features a step of several block diffusion runs reads, in one backbone call: x [B, l] their rows in
-    order, ``sizes`` each run's count, ``caches`` each run's cache (None: a new one), ``ends`` each run's current
-    block end (``BlockStep.prefix_needed``). -> (features [B, l, d], each run's cache after the step)."""
+    order, ``sizes`` each run's count, ``caches`` each run's cache (None: a new one); each row's current block is
+    its own (``current_block_end``: rows of one run may be at different blocks, as EB's are).
+    -> (features [B, l, d], each run's cache after the step)."""
     caches = [c if c is not None else empty_cache(model, n, x.device) for c, n in zip(caches, sizes)]
     cache = KVCache.cat(caches)
-    end = torch.repeat_interleave(torch.tensor(ends, device=x.device), torch.tensor(sizes, device=x.device))
-    h = block_step_features(model, cache, x, end)
+    dit = model.cfg.dit
+    h = block_step_features(model, cache, x, current_block_end(x == dit.mask_id, dit.block_size, cache.filled))
     return h, cache.split(sizes)

@@ -71,8 +71,8 @@ def block_automaton(automata: Automata, tokens: torch.Tensor, start: torch.Tenso
     rows = torch.arange(b, device=delta.device)
     q = torch.zeros(b, dtype=torch.long, device=delta.device)
     for i in range(int(start.max())):  # the prefix's state (it is feasible: the run's draws kept it so)
-        on = i < start
-        nxt = delta[rows, q.clamp_min(0), token_class[rows, tokens[:, i].clamp_min(0)]]
+        on = i < start  # rows whose block starts later (a row's position i past its start may be a [MASK])
+        nxt = delta[rows, q.clamp_min(0), token_class[rows, torch.where(on, tokens[:, i], 0).clamp_min(0)]]
         q = torch.where(on, nxt, q)
     left = tokens.shape[1] - start - size  # [b] positions after the block
     to = torch.where(delta < 0, q_n, delta)  # [b, Q, C]

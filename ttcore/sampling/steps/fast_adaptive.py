@@ -141,7 +141,6 @@ class FastAdaptiveStep(ConfiguredStep):
         """This step's set T [b, l] bool: the best-scored masked positions by the chooser's marginals (the
         ``counts`` best, or EB's prefix where the count is -1)."""
         c = self.config
-        b, l = tokens.shape
         if rows.automaton is not None:  # the exact marginals of the constrained joint
             x_cond = torch.where(masked, torch.full_like(tokens, -1), tokens)
             marg = constrained_joint(rows.model, h, tokens, masked, rows.temperature, rows.automaton
@@ -150,15 +149,24 @@ class FastAdaptiveStep(ConfiguredStep):
             marg = chooser_marginals(rows.model, h, masked, rows.temperature, self.settings.chooser_outputs,
                                      c.contraction)
         score_fn = ADAPTIVE[c.ordering] if c.eb_gamma is None else eb_score(c.eb_proxy)
-        score = torch.full((b, l), -float("inf"), dtype=torch.float64, device=tokens.device)
-        score[masked] = score_fn(marg).double()
-        order = score.argsort(dim=-1, descending=True, stable=True)  # [b, l]
-        rank = order.argsort(dim=-1, stable=True)
-        if c.eb_gamma is not None:  # EB (-1 counts: not a last step): the largest prefix within the budget, >= 1
-            ent = torch.zeros((b, l), dtype=torch.float64, device=tokens.device)
-            ent[masked] = entropy(marg).double()
-            ent = torch.gather(ent, 1, order)  # [b, l] in rank order
-            ok = eb_accepts(torch.where(torch.gather(masked, 1, order), ent, torch.zeros_like(ent)), c.eb_gamma)
-            counts = torch.where(counts < 0, ok.cumprod(-1).sum(-1).clamp(min=1), counts)
-        k = torch.minimum(counts, masked.sum(1))
-        return (rank < k[:, None]) & masked
+        return choice_by_marginals(marg, masked, counts, score_fn, c.eb_gamma)
+
+
+def choice_by_marginals(marg: torch.Tensor, masked: torch.Tensor, counts: torch.Tensor, score_fn,
+                        eb_gamma: float | None) -> torch.Tensor:
+    """A step's set T [b, l] bool chosen by the marginals ``marg`` [m, v] of the ``masked`` [b, l] positions
+    (row-major): the ``counts`` [b] best by ``score_fn``, or where a count is -1 EB's largest prefix by it whose
+    entropies satisfy sum H - max H <= ``eb_gamma`` (at least one)."""
+    b, l = masked.shape
+    score = torch.full((b, l), -float("inf"), dtype=torch.float64, device=masked.device)
+    score[masked] = score_fn(marg).double()
+    order = score.argsort(dim=-1, descending=True, stable=True)  # [b, l]
+    rank = order.argsort(dim=-1, stable=True)
+    if eb_gamma is not None:  # EB (-1 counts: not a last step): the largest prefix within the budget, >= 1
+        ent = torch.zeros((b, l), dtype=torch.float64, device=masked.device)
+        ent[masked] = entropy(marg).double()
+        ent = torch.gather(ent, 1, order)  # [b, l] in rank order
+        ok = eb_accepts(torch.where(torch.gather(masked, 1, order), ent, torch.zeros_like(ent)), eb_gamma)
+        counts = torch.where(counts < 0, ok.cumprod(-1).sum(-1).clamp(min=1), counts)
+    k = torch.minimum(counts, masked.sum(1))
+    return (rank < k[:, None]) & masked
