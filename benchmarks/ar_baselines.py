@@ -12,7 +12,7 @@ over the rank-1 diffusion checkpoint paired with it.
     python benchmarks/ar_baselines.py quality --diffusion checkpoints/qm9-tt-r16 --ar runs/qm9-ar --samples 1024 \
         --steps 2 4 8 22 --joint-edlm [--edlm-candidates 2 4] --fcd
     python benchmarks/ar_baselines.py quality --diffusion runs/qm9-b4-r1 runs/qm9-b4-tt-r8 --ar runs/qm9-ar24 \
-        --samples 1024 --block-steps 1 2 4 --nll --fcd
+        --samples 1024 --block-steps 1 2 4 --block-eb 0.1 0.5 --nll --fcd
     python benchmarks/ar_baselines.py quality --diffusion DIR/qm9-base DIR/qm9-tt-r2 --ar DIR/qm9-ar --samples 8 \
         --steps 2 [--dcd-chunks 1 2] [--joint-edlm --edlm-candidates 2 3]                              # smoke
     python benchmarks/ar_baselines.py speed --diffusion DIR/text-base --steps 4 --samples 2 --batch 2  # smoke
@@ -23,10 +23,13 @@ paired to it; for each joint checkpoint (CP, TT) its joint step; and the AR chec
 length). Validity (one molecule), uniqueness, novelty and, with ``--fcd``, FCD to the family's held-out split.
 ``--dcd-chunks 1 2 4`` adds DCD's rows at those chunk sizes (chunks of adjacent positions in random order);
 A block diffusion checkpoint (``training/train_blocks.py``) has a row per k in ``--block-steps`` (k steps a block,
-``sampler: blocks``; K = k x its blocks). ``--nll`` adds each exact likelihood (the AR model's, a block model's at
-one step a block: ``ModelKind.exact_nll``) on the whole held-out split, nats per position; ``--grammar`` the block
-rows again under the SMILES grammar; ``--rank-one-view`` a joint block checkpoint's rows again with ``joint: false``
-(each position of a block from its exact marginal: the same network without the joint draw).
+``sampler: blocks``; K = k x its blocks), and with ``--block-eb`` a row per budget of EB-Sampler inside each block
+(``block_eb_gamma``; K its length, the cap). Every row says the steps a sample took on average (the steps that
+committed any of its tokens: K, or fewer when EB decides or a step unmasks nothing). ``--nll`` adds each exact
+likelihood (the AR model's, a block model's at one step a block: ``ModelKind.exact_nll``) on the whole held-out
+split, nats per position; ``--grammar`` the block rows again under the SMILES grammar; ``--rank-one-view`` a
+joint block checkpoint's rows again with ``joint: false`` (each position of a block from its exact marginal: the
+same network without the joint draw).
 ``--joint-edlm`` EDLM's rows over each CP / TT checkpoint, whose joint is then EDLM's proposal (``--edlm-candidates
 2 4``: a row per k).
 ``--http`` asks an embedded server (links to the checkpoints in a temporary folder; the service pairs the AR
@@ -40,6 +43,7 @@ SEDD, rank-1 models).
 """
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -55,13 +59,14 @@ sys.path.insert(0, str(ROOT / "training"))
 
 def _rows(diffusion, ar, ar_name: str, steps: list[int], dcd_chunks: list[int] = (1,),
           joint_edlm: bool = False, edlm_candidates: list[int] = (2,), block_steps: list[int] = (1,),
-          grammar: bool = False, rank_one_view: bool = False) -> list[tuple]:
+          grammar: bool = False, rank_one_view: bool = False, block_eb: list[float] = ()) -> list[tuple]:
     """(label, checkpoint name, model, K, settings) of every cell; DCD once per chunk size (``dcd_chunk``);
     ``joint_edlm``: EDLM over each joint checkpoint too (its joint as the proposal), once per candidate count
     in ``edlm_candidates``; a block diffusion checkpoint at k steps a block for each k in ``block_steps`` (K = k
     times its blocks, ``sampler: blocks``) instead of ``steps``, with ``grammar`` again under the SMILES
     grammar, with ``rank_one_view`` again (a joint head's) with ``joint: false``, each position of a block from its
-    exact marginal."""
+    exact marginal, and for each budget in ``block_eb`` with EB-Sampler inside each block (``block_eb_gamma``; K:
+    the cap, its length)."""
     cells = []
     for name, model in diffusion:
         size = model.cfg.dit.block_size
@@ -73,6 +78,8 @@ def _rows(diffusion, ar, ar_name: str, steps: list[int], dcd_chunks: list[int] =
             for suffix, extra in ((s, e) for s, e in variants.items() if e is not None):
                 cells += [(f"block b={size} k={k} {head}{suffix} ({name})", name, model, k * blocks,
                            {"sampler": "blocks", **extra}) for k in block_steps if k <= size]
+                cells += [(f"block b={size} EB {g:g} {head}{suffix} ({name})", name, model, model.cfg.dit.length,
+                           {"sampler": "blocks", "block_eb_gamma": g, **extra}) for g in block_eb]
         elif model.format.joint_head:
             head = f"{model.cfg.decomposition.upper()} r={model.cfg.rank}"
             cells += [(f"{head} ({name})", name, model, k, {}) for k in steps]
@@ -102,18 +109,32 @@ def _served(args) -> tuple:
     return _start(ROOT, root, args.precision)
 
 
-def _over_http(url: str, name: str, n: int, k: int, batch: int, seed: int, settings: dict) -> tuple[list, float]:
+def _over_http(url: str, name: str, n: int, k: int, batch: int, seed: int, settings: dict
+               ) -> tuple[list, float, float]:
     """``n`` samples of checkpoint ``name`` from ``/generate``, in requests of ``batch`` seeded as ``run_setting``
-    seeds its batches (seed + offset) -> (texts, seconds)."""
-    texts, t0 = [], time.perf_counter()
+    seeds its batches (seed + offset) -> (texts, seconds, the mean steps a sample took: the steps that committed
+    any of its tokens). A run whose samples take steps of their own (EB inside a block) is streamed, each step
+    event saying what each sample committed; another's samples all commit in the steps that commit anything."""
+    texts, steps, t0 = [], [], time.perf_counter()
     for s in range(0, n, batch):
         body = {"checkpoint": name, "num_samples": min(batch, n - s), "steps": k, "seed": seed + s,
                 "timeout_s": 600, **settings}
-        r = httpx.post(url + "/generate", json=body, timeout=900)
-        if r.status_code != 200:
-            raise SystemExit(f"{body}: {r.status_code} {r.text[:300]}")
-        texts += [sample["text"] for sample in r.json()["samples"]]
-    return texts, time.perf_counter() - t0
+        if "block_eb_gamma" in settings:
+            with httpx.stream("POST", url + "/generate", json=dict(body, stream=True), timeout=900) as r:
+                events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+            if r.status_code != 200 or "samples" not in events[-1]:
+                raise SystemExit(f"{body}: {r.status_code} {events[-1] if events else ''}")
+            answer = events[-1]
+            steps += [sum(bool(e["committed"][i]) for e in events if "committed" in e)
+                      for i in range(body["num_samples"])]
+        else:
+            r = httpx.post(url + "/generate", json=body, timeout=900)
+            if r.status_code != 200:
+                raise SystemExit(f"{body}: {r.status_code} {r.text[:300]}")
+            answer = r.json()
+            steps += [sum(t > 0 for t in answer["tokens_per_step"])] * body["num_samples"]
+        texts += [sample["text"] for sample in answer["samples"]]
+    return texts, time.perf_counter() - t0, sum(steps) / len(steps)
 
 
 def quality(args) -> None:
@@ -130,7 +151,7 @@ def quality(args) -> None:
     for _, model in diffusion:
         if ar is not None and kind_of(model.cfg).takes_companion and (args.joint_edlm or not model.format.joint_head):
             pair(model, ar)
-    ds = dataset(TrainConfig(data=data_section(None, Path(args.diffusion[0]))))
+    ds = dataset(TrainConfig(data=data_section(args.data, Path(args.diffusion[0]))))
     training = set(ds.train)
     reference = None
     if args.fcd:
@@ -138,13 +159,13 @@ def quality(args) -> None:
 
         reference = Reference(next(iter(ds.references.values())), "cpu")
     proc, url = _served(args) if args.http else (None, None)
-    print(f"{'method':>44} | {'K':>3} | {'valid %':>7} | {'unique %':>8} | {'novel %':>7} | {'FCD':>6} | {'s':>6}"
-          + (" (through HTTP)" if args.http else " (in process)"))
+    print(f"{'method':>50} | {'K':>3} | {'steps / seq':>11} | {'valid %':>7} | {'unique %':>8} | {'novel %':>7} | "
+          f"{'FCD':>6} | {'s':>6}" + (" (through HTTP)" if args.http else " (in process)"))
     try:
         for label, name, model, k, settings in _rows(diffusion, ar, Path(args.ar).name if args.ar else "",
                                                      args.steps, args.dcd_chunks, args.joint_edlm,
                                                      args.edlm_candidates, args.block_steps, args.grammar,
-                                                     args.rank_one_view):
+                                                     args.rank_one_view, args.block_eb):
             _cell(args, label, name, model, k, settings, tok, url, training, reference)
         if args.nll:
             _nll_rows(args, diffusion, ar, ds)
@@ -167,14 +188,15 @@ def _cell(args, label, name, model, k, settings, tok, url, training, reference) 
             settings = dict(settings, constraint=smiles_dfa(tok.pieces(range(tok.vocab_size)), tok.pad_id))
             del settings["grammar"]
         res = run_setting(model, tok, args.samples, k, args.batch or 256, args.seed, **settings)
-        texts, seconds = res["texts"], res["seconds"]
+        texts, seconds, steps = res["texts"], res["seconds"], res["avg_steps"]
     else:
-        texts, seconds = _over_http(url, name, args.samples, k, min(args.batch or 256, 256), args.seed, settings)
+        texts, seconds, steps = _over_http(url, name, args.samples, k, min(args.batch or 256, 256), args.seed,
+                                           settings)
     m = molecule_metrics(texts, training)
     fcd = reference.compare(texts).get("fcd") if reference is not None else None
     fcd = float("nan") if fcd is None else fcd  # none asked, or fewer than two valid molecules
     pct = lambda x: f"{100 * x:.1f}" if x is not None else "-"  # noqa: E731 (none valid: no uniqueness)
-    print(f"{label:>44} | {k:>3} | {pct(m['validity']):>7} | {pct(m['uniqueness']):>8} | "
+    print(f"{label:>50} | {k:>3} | {steps:>11.2f} | {pct(m['validity']):>7} | {pct(m['uniqueness']):>8} | "
           f"{pct(m['novelty']):>7} | {fcd:>6.3f} | {seconds:>6.0f}", flush=True)
 
 
@@ -270,6 +292,11 @@ def main():
                     help="quality: EDLM over each CP / TT checkpoint too, its joint as the proposal")
     ap.add_argument("--edlm-candidates", type=int, nargs="+", default=[2],
                     help="quality, with --joint-edlm: EDLM's k over the joint checkpoints (one row each)")
+    ap.add_argument("--data", help="quality: the data that novelty, FCD and the likelihood are measured against (a "
+                                   "corpus: qm9, moses; or a file); default: the first --diffusion checkpoint's")
+    ap.add_argument("--block-eb", type=float, nargs="+", default=[],
+                    help="quality: a block checkpoint's rows with EB-Sampler inside each block at these budgets "
+                         "(block_eb_gamma; K its length, the cap)")
     ap.add_argument("--block-steps", type=int, nargs="+", default=[1],
                     help="quality: a block diffusion checkpoint's k steps a block (a row each; k <= its block size)")
     ap.add_argument("--grammar", action="store_true", help="quality: each block checkpoint's rows again under the "

@@ -255,18 +255,26 @@ def test_ar_baselines_smoke(checkpoints, tmp_path):
 
 
 def test_ar_baselines_block_rows_smoke(checkpoints, tmp_path):
-    """A block diffusion checkpoint's rows (k steps a block, K = k x blocks) beside the AR model's, and the exact
-    -log p(x) on the held-out split of both (each a finite positive number of nats per position)."""
+    """A block diffusion checkpoint's rows (k steps a block, K = k x blocks; EB inside each block, K its length and
+    its steps a sample between the blocks and K, in process and through HTTP) beside the AR model's, and the exact
+    -log p(x) on the held-out split of both (each a finite positive number of nats per position), against the
+    data ``--data`` names."""
     from servers import make_ar_checkpoint, make_block_checkpoint
 
     ar = make_ar_checkpoint(tmp_path / "qm9-ar", checkpoints / "qm9-base")
     block = make_block_checkpoint(tmp_path / "qm9-b2-tt", checkpoints / "qm9-base")
     out = _bench(ROOT / "benchmarks" / "ar_baselines.py", "quality", "--diffusion", block, "--ar", ar, "--samples", 8,
-                 "--block-steps", 1, 2, 3, "--nll", "--grammar", "--rank-one-view", "--precision", "fp32", timeout=900)
+                 "--block-steps", 1, 2, 3, "--block-eb", 0.5, "--nll", "--grammar", "--rank-one-view", "--precision",
+                 "fp32", "--data", ROOT / "tests" / "data" / "qm9_sample.txt", timeout=900)
     rows = re.findall(r"^\s*(block b=2 k=\d) TT r=2 \(qm9-b2-tt\) \|\s+(\d+) \|", out, re.M)
-    assert len(re.findall(r"TT r=2 \+ grammar \(qm9-b2-tt\) \|", out)) == 2, out
-    assert len(re.findall(r"TT r=2 rank-1 view \(qm9-b2-tt\) \|", out)) == 2, out
     length = json.loads((block / "config.json").read_text())["model"]["dit"]["length"]
+    served = _bench(ROOT / "benchmarks" / "ar_baselines.py", "quality", "--diffusion", block, "--samples", 4,
+                    "--block-steps", 1, "--block-eb", 0.5, "--precision", "fp32", "--http", timeout=900)
+    for text in (out, served):
+        eb = re.findall(r"^\s*block b=2 EB 0.5 TT r=2 \(qm9-b2-tt\) \|\s+(\d+) \|\s+([\d.]+) \|", text, re.M)
+        assert len(eb) == 1 and int(eb[0][0]) == length and length // 2 <= float(eb[0][1]) <= length, text
+    assert len(re.findall(r"TT r=2 \+ grammar \(qm9-b2-tt\) \|", out)) == 3, out  # k = 1, 2 and EB
+    assert len(re.findall(r"TT r=2 rank-1 view \(qm9-b2-tt\) \|", out)) == 3, out
     assert rows == [("block b=2 k=1", str(length // 2)), ("block b=2 k=2", str(length))], out  # k = 3 > b: no row
     nll = dict(re.findall(r"^\s*(qm9-b2-tt|qm9-ar) \| ([\d.]+) \(length", out, re.M))
     assert set(nll) == {"qm9-b2-tt", "qm9-ar"} and all(0 < float(v) < 5 for v in nll.values()), out
