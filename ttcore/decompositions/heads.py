@@ -96,7 +96,7 @@ class ComponentHead(OutputHead):
         if self.keeps_base and base is None:
             raise ValueError(f"a {kind} head applies the base head W to each output: it needs W")
         super().__init__(rank, base if self.keeps_base else None)
-        self.e, self.kind = e, kind
+        self.e, self.kind, self.out_vocab = e, kind, out_vocab
         self.gather_max_outputs = GATHER_MAX_OUTPUTS
         if self.keeps_base:
             self.mix = nn.Linear(hidden_dim, e * hidden_dim, bias=False)  # W~
