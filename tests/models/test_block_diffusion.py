@@ -14,7 +14,7 @@ from ttcore.kinds import BLOCK_DIFFUSION
 from ttcore.losses import block_diffusion_loss, mdlm_loss
 from ttcore.models import DiTConfig, JointModel, ModelConfig
 from ttcore.models.block_attention import block_causal_mask, training_features, training_mask
-from ttcore.sampling import generate
+from ttcore.sampling import SamplerConfig, generate
 from ttcore.sampling.blocks import block_counts, block_log_prob, block_score, scorable
 
 N_DRAWS = 20_000  # a block step's law against enumeration: chi-square on this many draws
@@ -317,6 +317,9 @@ def test_the_kind_claims_block_models_and_refuses_the_full_sequence_loop():
         with pytest.raises(InvalidSampler) as e:
             list(generate(model, 2, steps, seed=0, sampler="blocks", **settings))
         assert e.value.field == field, e.value
+    with pytest.raises(InvalidSampler, match="sampler blocks") as e:  # a block setting on another sampler
+        SamplerConfig(block_eb_gamma=0.5)
+    assert e.value.field == "block_eb_gamma"
     with pytest.raises(ValueError, match="divide the length"):
         DiTConfig(vocab_size=4, out_vocab=3, length=6, block_size=4)
     loss = block_diffusion_loss(model.train(), torch.randint(0, 3, (4, 4)), 3,

@@ -43,6 +43,11 @@ class BlockSettings(StepSettings):
               "the model's blocks; a block whose deadline comes takes all it has left. Unset: `steps` / blocks even "
               "steps a block.", ge=0, le=1e6)
 
+    def check(self, config) -> None:
+        if self.block_eb_gamma is not None and config.sampler != "blocks":
+            raise InvalidSampler("block_eb_gamma", "block_eb_gamma applies to sampler blocks (a block diffusion "
+                                                   "model's), not to the sampler these settings select")
+
 
 def check_block_run(config, steps: int, tokens: torch.Tensor, mask_id: int, size: int) -> None:
     """Refuse (``InvalidSampler`` naming the field) what a block diffusion run of ``sampler: blocks`` cannot be
