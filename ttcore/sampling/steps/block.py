@@ -90,9 +90,12 @@ class BlockStep(ConfiguredStep):
     def __init__(self, config):
         super().__init__(config)
         self.eb_gamma = self.settings.block_eb_gamma
-        ranks = self.eb_gamma is not None or config.ordering in ADAPTIVE  # not the run's predetermined order
-        self.score_fn = None if not ranks else eb_score(config.eb_proxy) if self.eb_gamma is not None else \
-            ADAPTIVE[config.ordering]
+        self.score_fn = None  # what ranks the block's masked positions (None: the run's predetermined order)
+        if self.eb_gamma is not None:
+            self.score_fn = eb_score(config.eb_proxy)
+        elif config.ordering in ADAPTIVE:
+            self.score_fn = ADAPTIVE[config.ordering]
+        ranks = self.score_fn is not None
         self.adaptive = ranks and config.joint and config.adaptive_path == "exact"  # the chain rule in the block
         self.chooses = ranks and not self.adaptive  # the block joint's marginals choose, then one joint draw
 
