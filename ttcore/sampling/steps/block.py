@@ -3,7 +3,8 @@ diffusion model's run denoises one block at a time given the blocks before it (`
 each step drawing some of the block's masked positions jointly from the format's joint over the block's masked
 positions. Which, and how many a step:
 - k even steps a block (K = k x blocks, the default): the run's predetermined order inside the block, or an
-  adaptive ordering's best by the block joint's exact marginals (``adaptive_path: fast``, then one joint draw of
+  adaptive ordering's best by the exact marginals of the block joint the step draws from (a TT's other masked
+  positions summed as ``contraction`` says; ``adaptive_path: fast``, then one joint draw of
   the chosen set) or by the exact chain rule (``exact``, re-ranking after each pick); k = 1 is one exact joint
   draw a block, whose law is ``ttcore.sampling.blocks.block_log_prob``'s, whatever the ordering.
 - EB-Sampler inside the block (``block_eb_gamma``): a step takes the largest prefix of the block's masked
