@@ -22,10 +22,10 @@ def _pos(h):
 
 
 class _ExplicitHead:
-    """Outputs e of each position, from a table ``logits_of(h) -> [n, E, v]``."""
+    """Outputs e of each position over ``out_vocab`` values, from a table ``logits_of(h) -> [n, E, v]``."""
 
-    def __init__(self, rank: int, e: int, logits_of):
-        self.rank, self.e, self.logits_of = rank, e, logits_of
+    def __init__(self, rank: int, e: int, out_vocab: int, logits_of):
+        self.rank, self.e, self.out_vocab, self.logits_of = rank, e, out_vocab, logits_of
 
     def component_logits(self, h):
         return self.logits_of(h)
@@ -65,7 +65,7 @@ class ExplicitTT(_Explicit):
         l, v, r, _ = cores.shape
         super().__init__(v, l, "tt", r)
         self.cores = cores
-        head = _ExplicitHead(r, r * r, lambda h: cores[_pos(h)].log().permute(0, 2, 3, 1).reshape(len(h), r * r, v))
+        head = _ExplicitHead(r, r * r, v, lambda h: cores[_pos(h)].log().permute(0, 2, 3, 1).reshape(len(h), r * r, v))
         head.core_logits = lambda h: cores[_pos(h)].log()  # [n, v, r, r]
         head.contracted_cores = lambda h: cores[_pos(h)].sum(1)
         head.contracted_logits = lambda h: cores[_pos(h)].sum(1).log()
@@ -77,7 +77,7 @@ class ExplicitCP(_Explicit):
         l, r, v = factors.shape
         super().__init__(v, l, "cp", r)
         self.weights, self.factors = weights, factors
-        head = _ExplicitHead(r, r, lambda h: factors[_pos(h)].log())
+        head = _ExplicitHead(r, r, v, lambda h: factors[_pos(h)].log())
         head.weight_logits = lambda h: weights.log().expand(h.shape[0], -1)
         self.head = head
 
@@ -90,7 +90,7 @@ class PerfectMarginals(_Explicit):
         super().__init__(v, l, "none", 1)
         self.seqs = torch.tensor(list(itertools.product(range(v), repeat=l)))  # [v^l, l]
         self.p, self.v = p, v
-        self.head = _ExplicitHead(1, 1, lambda h: self._logits(h).unsqueeze(1))
+        self.head = _ExplicitHead(1, 1, v, lambda h: self._logits(h).unsqueeze(1))
 
     def conditional_marginals(self, x):  # [b, l] -> [b, l, v]
         known = x < self.v

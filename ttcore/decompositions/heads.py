@@ -37,10 +37,11 @@ GATHER_MAX_OUTPUTS = 8192  # select_logits: all E outputs then gather, up to thi
 
 
 class OutputHead(nn.Module):
-    """What every format's head answers: ``e`` outputs per position, any of them by index. ``base``: the
-    model's W (None for a 1-layer joint head, which replaces it)."""
+    """What every format's head answers: ``e`` outputs per position over ``out_vocab`` values, any of them by
+    index. ``base``: the model's W (None for a 1-layer joint head, which replaces it)."""
 
     e: int
+    out_vocab: int
     per_sequence: tuple[str, ...] = ()  # submodules run once per sequence, not per masked position (FLOP counts)
 
     def __init__(self, rank: int, base: nn.Linear | None):
@@ -73,6 +74,7 @@ class BaseHead(OutputHead):
 
     def __init__(self, base: nn.Linear):
         super().__init__(1, base)
+        self.out_vocab = base.out_features
 
     def select_logits(self, h, start, count):
         return self.base(h).unsqueeze(1)
