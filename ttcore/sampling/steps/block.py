@@ -172,12 +172,12 @@ class BlockStep(ConfiguredStep):
         return at, hb, tokens.gather(1, at), masked.gather(1, at), automaton
 
     def choose(self, rows, h, tokens, masked, counts):
-        at, hb, xb, mb, automaton = self._block(rows, h, tokens, masked)
         if self.score_fn is None:  # the run's predetermined order
-            inside = torch.zeros_like(masked).scatter_(1, at, True)
+            inside = torch.zeros_like(masked).scatter_(1, self._where(rows, masked.sum(1)), True)
             return top_k_mask(rows.plan, masked & inside, counts)
         if self.adaptive:
             return None  # the chain rule picks as it draws
+        at, hb, xb, mb, automaton = self._block(rows, h, tokens, masked)
         model, temperature = rows.model, rows.temperature
         if automaton is not None:  # the exact marginals of the block's constrained joint
             x_cond = torch.where(mb, torch.full_like(xb, -1), xb)
