@@ -27,11 +27,11 @@ CONTRACTIONS = ("head", "exact")  # how masked positions outside a step's set ar
 EXACT_VALUES = 1 << 24  # full-core values an exact-contraction pass holds at once (float64: 128 MB): its positions
 
 
-def exact_chunk(head) -> int:
-    """Positions per exact-contraction pass: as many of the head's V x r x r cores as ``EXACT_VALUES`` holds (at
-    least one): 8,456 positions of QM9's TT r = 8 (V = 31), 128 of text's r = 4 (V = 8,192); a fixed 64 positions
-    made thousands of passes of a few kilobytes each at QM9's size."""
-    return max(1, EXACT_VALUES // (head.e * head.out_vocab))
+def exact_chunk(values: int) -> int:
+    """Positions per exact-contraction pass of cores of ``values`` = V x r x r each: as many as ``EXACT_VALUES``
+    holds (at least one): 8,456 positions of QM9's TT r = 8 (V = 31), 128 of text's r = 4 (V = 8,192); a fixed 64
+    positions made thousands of passes of a few kilobytes each at QM9's size."""
+    return max(1, EXACT_VALUES // values)
 
 
 def tt_selected_log_cores(core_logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -123,7 +123,7 @@ def exact_contracted_cores(head, h: torch.Tensor, temperature, rows: torch.Tenso
     """sum_x G_j(x) (Eq. 16 with j outside S) from the head's V x r x r outputs, in float64, chunked over
     positions; at T != 1 the tempered train's sum_x G_j(x)^(1/T) (``tempered_log_cores``: up to a factor per
     position), no longer row-stochastic. h [n, d] -> [n, r, r]."""
-    n = exact_chunk(head)
+    n = exact_chunk(head.e * head.out_vocab)
     if is_one(temperature):
         return torch.cat([core_rows64(head, h[s:s + n], 1.0).sum(2) for s in range(0, len(h), n)])
     return torch.cat([tempered_log_cores(head, h[s:s + n], temperature, None if rows is None else rows[s:s + n]
@@ -148,7 +148,7 @@ def tt_tempered_marginals(head, h: torch.Tensor, masked: torch.Tensor, chosen: t
     left, right = tt_messages(tempered_sums(head, h, masked, temperature))
     left, right, hc, rc = left[chosen], right[chosen], h[chosen], entry_rows(temperature, chosen)
     marg = None
-    n = exact_chunk(head)
+    n = exact_chunk(head.e * head.out_vocab)
     for s in range(0, len(hc), n):
         cores = tempered_log_cores(head, hc[s:s + n], temperature,
                                    None if rc is None else rc[s:s + n]).exp()  # [n, j, x, k]
@@ -183,7 +183,7 @@ def tt_chosen_marginals(head, h: torch.Tensor, masked: torch.Tensor, chosen: tor
         contracted[by_head] = head.contracted_cores(h[by_head]).to(contracted.dtype)
     pi = tt_state_marginals(contracted)[chosen]  # [m, r]
     hc, rc, marg = h[chosen], entry_rows(temperature, chosen), None  # marg: filled chunk by chunk, one [m, v] alive
-    n = exact_chunk(head)
+    n = exact_chunk(head.e * head.out_vocab)
     for s in range(0, len(pi), n):
         cores = core_rows64(head, hc[s:s + n], temperature, None if rc is None else rc[s:s + n])  # [n, j, x, k]
         marg = pi.new_empty(len(pi), cores.shape[2]) if marg is None else marg
@@ -265,7 +265,7 @@ class TTDecomposition:
 
     def summing_values(self, rank: int, out_vocab: int) -> int:
         """One chunk of full cores (``exact_chunk``): ``EXACT_VALUES``, or one position's if more."""
-        return max(1, EXACT_VALUES // (out_vocab * rank * rank)) * out_vocab * rank * rank
+        return exact_chunk(out_vocab * rank * rank) * out_vocab * rank * rank
 
     def outputs_per_position(self, rank: int) -> int:
         return rank * rank

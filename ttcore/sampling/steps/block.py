@@ -21,15 +21,16 @@ from dataclasses import dataclass
 import torch
 
 from ttcore.errors import InvalidSampler
+from ttcore.models.block_cache import current_block_end
 
 from ..blocks import block_counts, scorable
-from ..constrained import block_automaton, constrained_joint, constrained_step
+from ..constrained import block_automaton, constrained_step
 from ..eb import eb_score
 from ..joint_step import marginal_step
 from ..orderings import ADAPTIVE, top_k_mask
 from .base import ConfiguredStep
 from .chain_rule import chain_rule_step
-from .fast_adaptive import choice_by_marginals
+from .fast_adaptive import choice_by_marginals, constrained_marginals
 from .settings import StepSettings, setting
 
 
@@ -143,8 +144,8 @@ class BlockStep(ConfiguredStep):
         size = run.model.cfg.dit.block_size
         blocks = run.tokens.shape[1] // size
         if self.eb_gamma is not None:
-            todo = -(-(run.tokens == run.mask_id).sum(1) // size)
-            return int(blocks - todo[todo > 0].min()) * size + size if bool((todo > 0).any()) else size
+            masked = run.tokens == run.mask_id
+            return int(current_block_end(masked, size, torch.zeros_like(masked[:, 0], dtype=torch.long)).max())
         return (run.step_index // (run.steps // blocks) + 1) * size
 
     def active_steps(self, run) -> list[int] | None:
@@ -180,8 +181,7 @@ class BlockStep(ConfiguredStep):
         at, hb, xb, mb, automaton = self._block(rows, h, tokens, masked)
         model, temperature = rows.model, rows.temperature
         if automaton is not None:  # the exact marginals of the block's constrained joint
-            x_cond = torch.where(mb, torch.full_like(xb, -1), xb)
-            marg = constrained_joint(model, hb, xb, mb, temperature, automaton).marginals(x_cond)[mb]
+            marg = constrained_marginals(model, hb, xb, mb, temperature, automaton)
         else:  # the exact marginals of the joint the block's draw draws from
             marg = model.format.marginals_at(model.head, hb, mb, mb, temperature, self.config.contraction)
         chosen = choice_by_marginals(marg.float(), mb, counts, self.score_fn, self.eb_gamma)

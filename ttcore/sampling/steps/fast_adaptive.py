@@ -141,15 +141,21 @@ class FastAdaptiveStep(ConfiguredStep):
         """This step's set T [b, l] bool: the best-scored masked positions by the chooser's marginals (the
         ``counts`` best, or EB's prefix where the count is -1)."""
         c = self.config
-        if rows.automaton is not None:  # the exact marginals of the constrained joint
-            x_cond = torch.where(masked, torch.full_like(tokens, -1), tokens)
-            marg = constrained_joint(rows.model, h, tokens, masked, rows.temperature, rows.automaton
-                                     ).marginals(x_cond)[masked].float()
+        if rows.automaton is not None:
+            marg = constrained_marginals(rows.model, h, tokens, masked, rows.temperature, rows.automaton)
         else:
             marg = chooser_marginals(rows.model, h, masked, rows.temperature, self.settings.chooser_outputs,
                                      c.contraction)
         score_fn = ADAPTIVE[c.ordering] if c.eb_gamma is None else eb_score(c.eb_proxy)
         return choice_by_marginals(marg, masked, counts, score_fn, c.eb_gamma)
+
+
+def constrained_marginals(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, temperature,
+                          automaton) -> torch.Tensor:
+    """The exact marginals of the constrained joint (``constrained.constrained_joint``) at the masked positions,
+    float32. -> [m, v], row-major over ``masked``."""
+    x_cond = torch.where(masked, torch.full_like(x, -1), x)
+    return constrained_joint(model, h, x, masked, temperature, automaton).marginals(x_cond)[masked].float()
 
 
 def choice_by_marginals(marg: torch.Tensor, masked: torch.Tensor, counts: torch.Tensor, score_fn,
