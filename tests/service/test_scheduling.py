@@ -61,8 +61,10 @@ def test_score_is_admitted_interleaved_with_generation_cancelled_and_keeps_healt
     from servers import start_uvicorn
 
     root = ROOT
-    # precision auto: forced bf16 on a CPU without it makes one ELBO piece take tens of seconds under load
-    proc, url = start_uvicorn(root / "checkpoints", "--stall-s", "4")
+    # precision auto: forced bf16 on a CPU without it makes one ELBO piece take tens of seconds under load.
+    # The step limit (half of --stall-s) is 10 s: CI's second test worker made a piece of 4 sequences take 2.06 s
+    # and a 2 s limit refused the long score; the test counts pieces, so the limit need only admit them
+    proc, url = start_uvicorn(root / "checkpoints", "--stall-s", "20")
     try:
         big = {"model": "text", "sequences": ["The Congress shall"] * 64, "mode": "elbo", "num_mc": 64,
                "timeout_s": 5}
