@@ -424,11 +424,14 @@ def test_gradient_accumulation_and_activation_checkpointing_train_the_same_weigh
 
     one = trained("one")
     moved = max((p - q).abs().max().item() for p, q in zip(one.values(), trained("zero", "lr=0").values()))
+    # float rounding: sums in another order move a weight by some ulps of its size in each of the 4 steps (CI's
+    # AVX-512 CPU: 5.96e-7 at 3.0e-3 moved); the per-piece-means bug moves it by a share of `moved` itself
+    ulp = torch.finfo(torch.float32).eps * max(p.abs().max().item() for p in one.values())
     for name, overrides in (("accum", ["grad_accum=3"]), ("ckpt", ["activation_checkpointing=true"]),
                             ("both", ["grad_accum=2", "activation_checkpointing=true"])):
         other = trained(name, *overrides)
         gap = max((one[n] - other[n]).abs().max().item() for n in one)
-        assert gap < 1e-4 * moved, (name, gap, moved)
+        assert gap < 1e-4 * moved + 8 * 4 * ulp, (name, gap, moved, ulp)
     with pytest.raises(ValueError, match="grad_accum must be >= 1 and divide batch_size"):
         load_config(TINY, ["batch_size=12", "grad_accum=5"])
 
