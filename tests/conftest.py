@@ -6,8 +6,10 @@ import torch
 from servers import make_checkpoints  # importable: pyproject's pytest pythonpath
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # dev.sh's workers share the cores: one intra-op thread each, or
-    # their thread pools oversubscribe the machine (a calibration then timed a text step at 500 s, not 5)
+    # their thread pools oversubscribe the machine (a calibration then timed a text step at 500 s, not 5); the
+    # commands a test starts (benchmarks, recipes, servers) inherit one OpenMP thread each for the same reason
     torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")
