@@ -13,5 +13,5 @@ for f in .lease/cache/qm9-*.gz; do [ -e "$f" ] && gunzip -c "$f" > "$TTCORE_CACH
 for d in .lease/cache/split-*; do [ -d "$d" ] && cp -r "$d" "$TTCORE_CACHE/"; done
 [ -d .lease/moses ] && export TTCORE_MOSES_DIR=${TTCORE_MOSES_DIR:-$PWD/.lease/moses}
 SMALL=()
-if [ "${SMOKE:-0}" = 1 ]; then STEPS=2; SMALL=(val_batches=1 warmup_steps=1); fi
+if [ "${SMOKE:-0}" = 1 ]; then STEPS=2; SMALL=(val_batches=1 warmup_steps=1 batch_size=32); fi
 mkdir -p "$RUNS"

@@ -125,12 +125,18 @@ def test_moses_is_a_corpus():
 
 
 @pytest.mark.slow
-def test_qm9_with_its_own_length_is_read_from_the_package():
-    """A packaged corpus with settings its cache does not cover (here a length) is read from the package."""
+def test_qm9_with_its_own_length_is_read_from_the_package_once(tmp_path, monkeypatch):
+    """A packaged corpus with settings its own cache does not cover (here a length; a fine-tune sets its base's)
+    is read from the package, then its tokenized split from the split cache (keyed by the package's files)."""
+    import numpy as np
+
+    monkeypatch.setenv("TTCORE_CACHE", str(tmp_path / "cache"))
     ds = load_dataset(DataSection(source="qm9", length=12))
     assert ds.tokenizer.length == 12 and ds.dropped["train"]["longer than the length (data.length)"] > 0
     assert len(ds.train) > 1000
     assert all(len(ds.tokenizer.tokenize(s)) <= 12 for s in ds.train[:500])
+    again = load_dataset(DataSection(source="qm9", length=12))
+    assert again.from_cache and again.train == ds.train and np.array_equal(again.val_tokens, ds.val_tokens)
 
 
 

@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 from servers import spawn, stderr_tail
 
 from ttcore.data import SmilesDataset
+from ttcore.data.qm9 import default_cache_dir
 from ttcore.models import DiTConfig, JointModel, ModelConfig, load_checkpoint, read_train_config
 from ttcore.recipes import TrainConfig, evaluate_loss, load_config
 
@@ -377,7 +378,7 @@ def test_the_gpu_lease_continuation_script_runs_at_smoke_size(tmp_path):
     """training/device_continue.sh (documented for GPU leases) at its rehearsal size on CPU: both served QM9
     fine-tunes continued 2 steps each, exported, and brought back as the split tar."""
     env = dict(os.environ, SMOKE="1", OUT=str(tmp_path / "out"), PYTHON=sys.executable, RUNS=str(tmp_path / "runs"),
-               TTCORE_CACHE=str(tmp_path / "cache"))
+               TTCORE_CACHE=str(default_cache_dir()))  # the suite's: QM9's tokenized split read once
     done = subprocess.run(["bash", str(ROOT / "training" / "device_continue.sh")], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
@@ -392,7 +393,7 @@ def test_the_gpu_lease_rank_script_runs_at_smoke_size(tmp_path):
     """training/device_rank.sh (the rank rows' GPU lease) at its rehearsal size on CPU: TT r=32, CP r=256 and
     a continued TT fine-tune 2 steps each side by side, exported, and brought back as the split tar."""
     env = dict(os.environ, SMOKE="1", OUT=str(tmp_path / "out"), PYTHON=sys.executable, RUNS=str(tmp_path / "runs"),
-               TTCORE_CACHE=str(tmp_path / "cache"), BASE="checkpoints/qm9-none-r1", CONT="checkpoints/qm9-tt-r16",
+               TTCORE_CACHE=str(default_cache_dir()), BASE="checkpoints/qm9-none-r1", CONT="checkpoints/qm9-tt-r16",
                CONT_RANK="16")
     done = subprocess.run(["bash", str(ROOT / "training" / "device_rank.sh")], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .qm9 import SmilesDataset, load_qm9
+from .qm9 import SmilesDataset, load_qm9, qm9_csv_paths
 
 if TYPE_CHECKING:  # annotations only: the section imports this module
     from .section import DataSection
@@ -84,7 +84,7 @@ def _moses_references() -> dict[str, list[str]]:
 
 CORPORA = {
     "qm9": Corpus("smiles", "QM9: 133,885 small organic molecules (<= 9 heavy atoms), canonical SMILES",
-                  sequences=_qm9_sequences, load=_qm9_cached),
+                  sequences=_qm9_sequences, load=_qm9_cached, files=qm9_csv_paths),
     "moses": Corpus("smiles", "MOSES: 1.9M drug-like molecules from ZINC, with the benchmark's train / test / "
                               "scaffold-test splits",
                     sequences=lambda: read_sequences(moses_files()["train"]), references=_moses_references,

@@ -57,7 +57,10 @@ def _source_files(section: DataSection, corpus: Corpus | None) -> list[Path] | N
     if corpus is None:
         paths = [Path(section.source)]
     elif corpus.files is not None:
-        paths = corpus.files()
+        try:
+            paths = corpus.files()
+        except FileNotFoundError:  # its package is absent: reading the corpus says so
+            return None
     else:
         return None
     paths += [Path(p) for p in (section.val, section.test) if p is not None]

@@ -56,17 +56,20 @@ def converted_judge(gguf: Path, cache_dir: str | Path | None = None) -> Path:
     tmp = root / f".judge-{digest}.tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    kw = {"gguf_file": gguf.name}
-    AutoTokenizer.from_pretrained(gguf.parent, **kw).save_pretrained(tmp)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kw)
-    # transformers will not save a model read from GGUF; its weights are float32 here: the config and weights
-    model.config.__dict__.pop("quantization_config", None)  # it names the GGUF file, absent from the copy
-    model.config.save_pretrained(tmp)
-    save_model(model, str(tmp / "model.safetensors"))  # tied weights once, as transformers writes them
     try:
+        kw = {"gguf_file": gguf.name}
+        AutoTokenizer.from_pretrained(gguf.parent, **kw).save_pretrained(tmp)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kw)
+        # transformers will not save a model read from GGUF; its weights are float32 here: the config and weights
+        model.config.__dict__.pop("quantization_config", None)  # it names the GGUF file, absent from the copy
+        model.config.save_pretrained(tmp)
+        save_model(model, str(tmp / "model.safetensors"))  # tied weights once, as transformers writes them
         tmp.rename(final)
-    except OSError:  # another process put it in place first: theirs is the same conversion
-        shutil.rmtree(tmp, ignore_errors=True)
+    except OSError:  # another process put its copy in place first (the same conversion): that one serves
+        if not (final / "config.json").is_file():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # a conversion cut off leaves nothing behind
     return final
 
 
