@@ -1,7 +1,7 @@
 # Sourced by the lease scripts (device_continue.sh, device_rank.sh, device_moses.sh) after they set LOG, STEPS
 # and RUNS: the log under $OUT, the QM9 cache and tokenized splits (split-*) from .lease/cache, the MOSES files
 # from .lease/moses, and the
-# rehearsal size (SMOKE=1: 2 steps, 1 batch).
+# rehearsal size (SMOKE=1: 2 steps of 32 sequences, 1 validation batch).
 OUT=${OUT:?set OUT}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
