@@ -23,9 +23,10 @@ paired to it; for each joint checkpoint (CP, TT) its joint step; and the AR chec
 length). Validity (one molecule), uniqueness, novelty and, with ``--fcd``, FCD to the family's held-out split.
 ``--dcd-chunks 1 2 4`` adds DCD's rows at those chunk sizes (chunks of adjacent positions in random order);
 A block diffusion checkpoint (``training/train_blocks.py``) has a row per k in ``--block-steps`` (k steps a block,
-``sampler: blocks``; K = k x its blocks), and with ``--block-eb`` a row per budget of EB-Sampler inside each block
-(``block_eb_gamma``; K its length, the cap). Every row says the steps a sample took on average (the steps that
-committed any of its tokens: K, or fewer when EB decides or a step unmasks nothing). ``--nll`` adds each exact
+``sampler: blocks``; K = k x its blocks; at k >= 2 one per ordering inside a block in ``--block-orderings``), and
+with ``--block-eb`` a row per budget of EB-Sampler inside each block (``block_eb_gamma``; K its length, the cap).
+Every row says the steps a sample took on average (the steps that committed any of its tokens: K, or fewer when EB
+decides or a step unmasks nothing). ``--nll`` adds each exact
 likelihood (the AR model's, a block model's at one step a block: ``ModelKind.exact_nll``) on the whole held-out
 split, nats per position; ``--grammar`` the block rows again under the SMILES grammar; ``--rank-one-view`` a
 joint block checkpoint's rows again with ``joint: false`` (each position of a block from its exact marginal: the
@@ -53,20 +54,24 @@ from pathlib import Path
 import httpx
 import torch
 
+from ttcore.sampling import ADAPTIVE, PREDETERMINED
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "training"))
 
 
 def _rows(diffusion, ar, ar_name: str, steps: list[int], dcd_chunks: list[int] = (1,),
           joint_edlm: bool = False, edlm_candidates: list[int] = (2,), block_steps: list[int] = (1,),
-          grammar: bool = False, rank_one_view: bool = False, block_eb: list[float] = ()) -> list[tuple]:
+          grammar: bool = False, rank_one_view: bool = False, block_eb: list[float] = (),
+          block_orderings: list[str] = ("random",)) -> list[tuple]:
     """(label, checkpoint name, model, K, settings) of every cell; DCD once per chunk size (``dcd_chunk``);
     ``joint_edlm``: EDLM over each joint checkpoint too (its joint as the proposal), once per candidate count
     in ``edlm_candidates``; a block diffusion checkpoint at k steps a block for each k in ``block_steps`` (K = k
     times its blocks, ``sampler: blocks``) instead of ``steps``, with ``grammar`` again under the SMILES
     grammar, with ``rank_one_view`` again (a joint head's) with ``joint: false``, each position of a block from its
     exact marginal, and for each budget in ``block_eb`` with EB-Sampler inside each block (``block_eb_gamma``; K:
-    the cap, its length)."""
+    the cap, its length); at k >= 2 once per ordering in ``block_orderings`` (inside each block; at k = 1 every
+    ordering draws the whole block in one step, one law: its row once)."""
     cells = []
     for name, model in diffusion:
         size = model.cfg.dit.block_size
@@ -76,8 +81,11 @@ def _rows(diffusion, ar, ar_name: str, steps: list[int], dcd_chunks: list[int] =
             variants = {"": {}, " + grammar": {"grammar": "smiles"} if grammar else None,
                         " rank-1 view": {"joint": False} if rank_one_view and model.format.joint_head else None}
             for suffix, extra in ((s, e) for s, e in variants.items() if e is not None):
-                cells += [(f"block b={size} k={k} {head}{suffix} ({name})", name, model, k * blocks,
-                           {"sampler": "blocks", **extra}) for k in block_steps if k <= size]
+                orders = [(k, o) for k in block_steps if k <= size for o in block_orderings
+                          if k > 1 or o == block_orderings[0]]
+                cells += [(f"block b={size} k={k}{'' if o == 'random' else ' ' + o} {head}{suffix} ({name})", name,
+                           model, k * blocks, {"sampler": "blocks", **({} if o == "random" else {"ordering": o}),
+                                               **extra}) for k, o in orders]
                 cells += [(f"block b={size} EB {g:g} {head}{suffix} ({name})", name, model, model.cfg.dit.length,
                            {"sampler": "blocks", "block_eb_gamma": g, **extra}) for g in block_eb]
         elif model.format.joint_head:
@@ -165,7 +173,7 @@ def quality(args) -> None:
         for label, name, model, k, settings in _rows(diffusion, ar, Path(args.ar).name if args.ar else "",
                                                      args.steps, args.dcd_chunks, args.joint_edlm,
                                                      args.edlm_candidates, args.block_steps, args.grammar,
-                                                     args.rank_one_view, args.block_eb):
+                                                     args.rank_one_view, args.block_eb, args.block_orderings):
             _cell(args, label, name, model, k, settings, tok, url, training, reference)
         if args.nll:
             _nll_rows(args, diffusion, ar, ds)
@@ -299,6 +307,9 @@ def main():
                          "(block_eb_gamma; K its length, the cap)")
     ap.add_argument("--block-steps", type=int, nargs="+", default=[1],
                     help="quality: a block diffusion checkpoint's k steps a block (a row each; k <= its block size)")
+    ap.add_argument("--block-orderings", nargs="+", default=["random"], choices=sorted({*PREDETERMINED, *ADAPTIVE}),
+                    help="quality: a block checkpoint's rows at k >= 2 steps a block once per ordering inside the "
+                         "block (top_prob, margin, entropy: adaptive; left_to_right)")
     ap.add_argument("--grammar", action="store_true", help="quality: each block checkpoint's rows again under the "
                                                            "SMILES grammar (grammar: smiles)")
     ap.add_argument("--rank-one-view", action="store_true", help="quality: each joint block checkpoint's rows again "

@@ -255,10 +255,10 @@ def test_ar_baselines_smoke(checkpoints, tmp_path):
 
 
 def test_ar_baselines_block_rows_smoke(checkpoints, tmp_path):
-    """A block diffusion checkpoint's rows (k steps a block, K = k x blocks; EB inside each block, K its length and
-    its steps a sample between the blocks and K, in process and through HTTP) beside the AR model's, and the exact
-    -log p(x) on the held-out split of both (each a finite positive number of nats per position), against the
-    data ``--data`` names."""
+    """A block diffusion checkpoint's rows (k steps a block, K = k x blocks, an adaptive order inside a block a row of
+    its own; EB inside each block, K its length and its steps a sample between the blocks and K, in process and
+    through HTTP) beside the AR model's, and the exact -log p(x) on the held-out split of both (each a finite
+    positive number of nats per position), against the data ``--data`` names."""
     from servers import make_ar_checkpoint, make_block_checkpoint
 
     ar = make_ar_checkpoint(tmp_path / "qm9-ar", checkpoints / "qm9-base")
@@ -269,7 +269,12 @@ def test_ar_baselines_block_rows_smoke(checkpoints, tmp_path):
     rows = re.findall(r"^\s*(block b=2 k=\d) TT r=2 \(qm9-b2-tt\) \|\s+(\d+) \|", out, re.M)
     length = json.loads((block / "config.json").read_text())["model"]["dit"]["length"]
     served = _bench(ROOT / "benchmarks" / "ar_baselines.py", "quality", "--diffusion", block, "--samples", 4,
-                    "--block-steps", 1, "--block-eb", 0.5, "--precision", "fp32", "--http", timeout=900)
+                    "--block-steps", 1, 2, "--block-orderings", "random", "top_prob", "--block-eb", 0.5, "--precision",
+                    "fp32", "--http", timeout=900)
+    # an adaptive order inside a block at k = 2 is a row of its own; at k = 1 one step draws the block: one row
+    ordered = re.findall(r"^\s*(block b=2 k=\d[ a-z_]*) TT r=2 \(qm9-b2-tt\) \|\s+(\d+) \|", served, re.M)
+    assert ordered == [("block b=2 k=1", str(length // 2)), ("block b=2 k=2", str(length)),
+                       ("block b=2 k=2 top_prob", str(length))], served
     for text in (out, served):
         eb = re.findall(r"^\s*block b=2 EB 0.5 TT r=2 \(qm9-b2-tt\) \|\s+(\d+) \|\s+([\d.]+) \|", text, re.M)
         assert len(eb) == 1 and int(eb[0][0]) == length and length // 2 <= float(eb[0][1]) <= length, text
