@@ -14,9 +14,10 @@ from pathlib import Path
 import torch
 
 from ttcore.data import CORPORA, DataSection
+from ttcore.errors import InvalidSampler
 from ttcore.models import read_train_config
 from ttcore.recipes import TrainConfig, public_command
-from ttcore.sampling import cost, generate, unmask_counts
+from ttcore.sampling import SamplerConfig, cost, generate, unmask_counts
 from ttcore.sampling.schedules import SCHEDULES
 
 
@@ -64,6 +65,23 @@ def run_setting(model, tok, n: int, steps: int, batch: int, seed: int, memory_mb
         per_sample_steps += active.sum(0).tolist()
     return {"texts": [tok.decode(row) for row in ids], "ids": ids,
             "avg_steps": sum(per_sample_steps) / len(per_sample_steps), "seconds": time.time() - t0}
+
+
+def sampler_settings(sampler: str) -> dict:
+    """A ``--text-samplers`` entry as ``generate``'s settings: an ordering, ``eb=GAMMA`` (EB-Sampler) or
+    ``block_eb=GAMMA`` (EB-Sampler inside each block of a block model)."""
+    name, _, gamma = sampler.partition("=")
+    return {f"{name}_gamma": float(gamma)} if gamma else {"ordering": sampler}
+
+
+def path_matters(**settings) -> bool:
+    """Whether ``adaptive_path`` changes how steps with these settings are drawn (the sampler config's step
+    class decides: adaptive orderings and EB on the joint have a fast path); settings refused are drawn by
+    neither (one line says so)."""
+    try:
+        return SamplerConfig(**settings, adaptive_path="fast").step.chooses
+    except InvalidSampler:
+        return False
 
 
 def refused_line(name: str, label: str, model, error) -> str:

@@ -53,9 +53,11 @@ from _report import (
     data_section,
     kept_or_drawn,
     lines,
+    path_matters,
     pyplot,
     refused_line,
     run_setting,
+    sampler_settings,
     save_plot,
     series,
     setting_slug,
@@ -80,19 +82,8 @@ from ttcore.errors import InvalidSampler
 from ttcore.metrics import get_metrics_kind  # molecule_metrics (RDKit) only where molecules are measured
 from ttcore.models import load_for_inference
 from ttcore.recipes import TrainConfig
-from ttcore.sampling import PREDETERMINED, SamplerConfig
+from ttcore.sampling import PREDETERMINED
 from ttcore.sampling.schedules import SCHEDULES
-
-
-def _sampler_kw(sampler: str) -> dict:
-    """A ``--text-samplers`` entry (an ordering, or eb=GAMMA) as ``generate``'s settings."""
-    return {"eb_gamma": float(sampler[3:])} if sampler.startswith("eb=") else {"ordering": sampler}
-
-
-def path_matters(**settings) -> bool:
-    """Whether ``adaptive_path`` changes how steps with these settings are drawn (the sampler config's step
-    class decides: adaptive orderings and EB on the joint have a fast path)."""
-    return SamplerConfig(**settings, adaptive_path="fast").step.chooses
 
 
 def evaluate_sequences(args, out: Path, section) -> None:
@@ -132,14 +123,18 @@ def evaluate_text(args, out: Path, section) -> None:
         has_view = model.format.joint_head  # a joint has a rank-1 view
         views = [True] if args.rank_one_view != "only" or not has_view else []
         views += [False] if args.rank_one_view and has_view else []
-        samplers = [(s, p) for s in args.text_samplers for p in args.adaptive_paths
-                    if p == "exact" or (has_view and path_matters(**_sampler_kw(s)))]  # rank 1: equal in law
+        defaults = model.cfg.kind.request_defaults()  # a block model's sampler
+        samplers = [(s, p) for s in args.text_samplers for p in args.adaptive_paths  # rank 1: equal in law
+                    if p == "exact" or (has_view and path_matters(**sampler_settings(s), **defaults))]
         for joint, (sampler, path_kind), steps in itertools.product(views, samplers, args.steps):
             if not joint and (sampler != "random" or path_kind != "exact"):
                 continue  # the rank-1 view: random order
-            kw = {**_sampler_kw(sampler), **model.cfg.kind.request_defaults()}  # a block model's sampler
-            res = run_setting(model, tok, args.samples, steps, args.batch, args.seed, args.memory_mb, joint=joint,
-                              adaptive_path=path_kind, **kw)
+            try:
+                res = run_setting(model, tok, args.samples, steps, args.batch, args.seed, args.memory_mb, joint=joint,
+                                  adaptive_path=path_kind, **{**sampler_settings(sampler), **defaults})
+            except InvalidSampler as e:  # a sampler its kind does not take (block_eb on a full-sequence model)
+                print(refused_line(path.name, f"{sampler} K={steps}", model, e), flush=True)
+                continue
             texts = res["texts"]
             row = {"checkpoint": path.name, "decomposition": model.cfg.decomposition, "rank": model.cfg.rank,
                    "joint": joint, "steps": steps, "sampler": sampler, "adaptive_path": path_kind,
@@ -193,7 +188,8 @@ def main():
     ap.add_argument("--adaptive-paths", nargs="+", default=["exact"], choices=["exact", "fast"],
                     help="adaptive orderings and EB by the exact chain rule and/or the fast path (a line each)")
     ap.add_argument("--text-samplers", nargs="+", default=["random"],
-                    help="text: samplers, a line each: an ordering (random, top_prob, margin, entropy) or eb=GAMMA")
+                    help="text: samplers, a line each: an ordering (random, top_prob, margin, entropy), eb=GAMMA, "
+                         "or block_eb=GAMMA (EB inside each block of a block model; K the cap)")
     ap.add_argument("--contractions", nargs="+", default=["head"], choices=["head", "exact"],
                     help="TT, predetermined orderings: sample with each contraction")
     ap.add_argument("--distribution", action="store_true",

@@ -114,7 +114,7 @@ def test_evaluate_text_writes_genppl(tmp_path):
     third = subprocess.run([sys.executable, "training/evaluate.py", "--data", "text", "--checkpoints",
                             str(tmp_path / "b"), str(tmp_path / "tt"), "--out", str(tmp_path / "res3"), "--samples",
                             "4", "--batch", "4", "--steps", "4", "--precision", "fp32", "--text-samplers", "top_prob",
-                            "eb=0.5", "--adaptive-paths", "exact", "fast"],
+                            "eb=0.5", "block_eb=0.5", "--adaptive-paths", "exact", "fast"],
                            cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert third.returncode == 0, third.stderr[-3000:]
     adaptive = json.loads((tmp_path / "res3" / "text_results.json").read_text())
@@ -122,6 +122,7 @@ def test_evaluate_text_writes_genppl(tmp_path):
         ("b", "eb=0.5", "exact"), ("b", "top_prob", "exact"), ("tt", "eb=0.5", "exact"), ("tt", "eb=0.5", "fast"),
         ("tt", "top_prob", "exact"), ("tt", "top_prob", "fast")]
     assert "tt top_prob fast |" in third.stdout and all(1 < r["genppl"] < 1e7 for r in adaptive)
+    assert third.stdout.count("block_eb=0.5 K=4: skipped") == 2, third.stdout  # EB inside a block: no blocks here
     # a block TT (b = 8, from the TT) is drawn by its kind's sampler, block by block: its joint and its rank-1 view
     blk = subprocess.run([sys.executable, "training/train_blocks.py", "--config", "tiny",
                           "--base", str(tmp_path / "tt"), "--block-size", "8", "--out", str(tmp_path / "blk"),
@@ -130,12 +131,17 @@ def test_evaluate_text_writes_genppl(tmp_path):
     assert blk.returncode == 0, blk.stderr[-2000:]
     fourth = subprocess.run([sys.executable, "training/evaluate.py", "--data", "text", "--checkpoints",
                              str(tmp_path / "blk"), "--out", str(tmp_path / "res4"), "--samples", "4", "--batch", "4",
-                             "--steps", "4", "8", "--precision", "fp32", "--rank-one-view"],
+                             "--steps", "4", "8", "--precision", "fp32", "--rank-one-view", "--text-samplers",
+                             "random", "block_eb=0.5"],
                             cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert fourth.returncode == 0, fourth.stderr[-3000:]
     blocks = json.loads((tmp_path / "res4" / "text_results.json").read_text())
-    assert [(r["joint"], r["steps"]) for r in blocks] == [(True, 4), (True, 8), (False, 4), (False, 8)]
-    assert [r["avg_steps"] for r in blocks] == [4, 8, 4, 8]  # 4 blocks of 8: one step a block, then two
+    assert [(r["joint"], r["sampler"], r["steps"]) for r in blocks] == [
+        (True, "random", 4), (True, "random", 8), (True, "block_eb=0.5", 4), (True, "block_eb=0.5", 8),
+        (False, "random", 4), (False, "random", 8)]
+    assert [r["avg_steps"] for r in blocks if r["sampler"] == "random"] == [4, 8, 4, 8]  # 4 blocks of 8: 1, 2 a block
+    eb = [r["avg_steps"] for r in blocks if r["sampler"] != "random"]  # EB: a step a block at least, K at most
+    assert eb[0] == 4 and 4 <= eb[1] <= 8, eb  # K = 4 blocks: the deadline takes each block in one step
     assert all(1 < r["genppl"] < 1e7 for r in blocks)
 
 
