@@ -30,7 +30,8 @@ decides or a step unmasks nothing). ``--nll`` adds each exact
 likelihood (the AR model's, a block model's at one step a block: ``ModelKind.exact_nll``) on the whole held-out
 split, nats per position; ``--grammar`` the block rows again under the SMILES grammar; ``--rank-one-view`` a
 joint block checkpoint's rows again with ``joint: false`` (each position of a block from its exact marginal: the
-same network without the joint draw).
+same network without the joint draw); ``--temperatures 1 0.8`` every row once per temperature (a TT's cores
+tempered one by one: a law of its own, not p(x)^(1/T); docs: concepts, temperature).
 ``--joint-edlm`` EDLM's rows over each CP / TT checkpoint, whose joint is then EDLM's proposal (``--edlm-candidates
 2 4``: a row per k).
 ``--http`` asks an embedded server (links to the checkpoints in a temporary folder; the service pairs the AR
@@ -174,7 +175,9 @@ def quality(args) -> None:
                                                      args.steps, args.dcd_chunks, args.joint_edlm,
                                                      args.edlm_candidates, args.block_steps, args.grammar,
                                                      args.rank_one_view, args.block_eb, args.block_orderings):
-            _cell(args, label, name, model, k, settings, tok, url, training, reference)
+            for t in args.temperatures:
+                tempered = (label, settings) if t == 1 else (f"{label} T={t:g}", {**settings, "temperature": t})
+                _cell(args, tempered[0], name, model, k, tempered[1], tok, url, training, reference)
         if args.nll:
             _nll_rows(args, diffusion, ar, ds)
     finally:
@@ -316,6 +319,9 @@ def main():
                                                                 "with joint: false (the rank-1 view of its joint)")
     ap.add_argument("--nll", action="store_true", help="quality: the exact -log p(x) per position on the held-out "
                                                        "split of each checkpoint with one (AR, block diffusion)")
+    ap.add_argument("--temperatures", type=float, nargs="+", default=[1.0],
+                    help="quality: every row once per temperature (the request's temperature: each core, or each "
+                         "marginal, tempered; docs: concepts, temperature)")
     ap.add_argument("--http", action="store_true", help="quality: through /generate of an embedded server (uvicorn, "
                                                         "one thread) instead of in process")
     args = ap.parse_args()

@@ -257,8 +257,9 @@ def test_ar_baselines_smoke(checkpoints, tmp_path):
 def test_ar_baselines_block_rows_smoke(checkpoints, tmp_path):
     """A block diffusion checkpoint's rows (k steps a block, K = k x blocks, an adaptive order inside a block a row of
     its own; EB inside each block, K its length and its steps a sample between the blocks and K, in process and
-    through HTTP) beside the AR model's, and the exact -log p(x) on the held-out split of both (each a finite
-    positive number of nats per position), against the data ``--data`` names."""
+    through HTTP; through HTTP every row again at each of ``--temperatures``) beside the AR model's, and the exact
+    -log p(x) on the held-out split of both (each a finite positive number of nats per position), against the data
+    ``--data`` names."""
     from servers import make_ar_checkpoint, make_block_checkpoint
 
     ar = make_ar_checkpoint(tmp_path / "qm9-ar", checkpoints / "qm9-base")
@@ -270,11 +271,14 @@ def test_ar_baselines_block_rows_smoke(checkpoints, tmp_path):
     length = json.loads((block / "config.json").read_text())["model"]["dit"]["length"]
     served = _bench(ROOT / "benchmarks" / "ar_baselines.py", "quality", "--diffusion", block, "--samples", 4,
                     "--block-steps", 1, 2, "--block-orderings", "random", "top_prob", "--block-eb", 0.5, "--precision",
-                    "fp32", "--http", timeout=900)
+                    "fp32", "--http", "--temperatures", 1, 0.5, timeout=900)
     # an adaptive order inside a block at k = 2 is a row of its own; at k = 1 one step draws the block: one row
     ordered = re.findall(r"^\s*(block b=2 k=\d[ a-z_]*) TT r=2 \(qm9-b2-tt\) \|\s+(\d+) \|", served, re.M)
     assert ordered == [("block b=2 k=1", str(length // 2)), ("block b=2 k=2", str(length)),
                        ("block b=2 k=2 top_prob", str(length))], served
+    tempered = re.findall(r"^\s*(block b=2 [^|]*) TT r=2 \(qm9-b2-tt\) T=0.5 \|\s+(\d+) \|", served, re.M)
+    assert [label for label, _ in tempered] == ["block b=2 k=1", "block b=2 k=2", "block b=2 k=2 top_prob",
+                                                "block b=2 EB 0.5"], served  # every row again at T = 0.5
     for text in (out, served):
         eb = re.findall(r"^\s*block b=2 EB 0.5 TT r=2 \(qm9-b2-tt\) \|\s+(\d+) \|\s+([\d.]+) \|", text, re.M)
         assert len(eb) == 1 and int(eb[0][0]) == length and length // 2 <= float(eb[0][1]) <= length, text

@@ -38,7 +38,8 @@ def block_step_features(model, cache: KVCache, x: torch.Tensor, end: torch.Tenso
     at ``end`` [b] (a multiple of the block size) and is the only one holding a [MASK] before it; ``cache`` holds
     each row's committed positions below its ``filled``. Runs positions ``filled`` .. ``end`` - 1 of every row in
     one call (rows with fewer padded to the trash position l), sets ``filled`` to the current block's start, and
-    returns the current block's features (zero at every other position)."""
+    returns the current block's features (zero at every other position); the committed positions run for their
+    keys and values only (the last layer skips their queries and MLP)."""
     b, l = x.shape
     size = model.cfg.dit.block_size
     start = end - size
@@ -48,13 +49,14 @@ def block_step_features(model, cache: KVCache, x: torch.Tensor, end: torch.Tenso
         raise ValueError("a block cache holds whole committed blocks before the current one")
     pos = cache.filled[:, None] + torch.arange(n, device=x.device)[None]  # [b, n]
     pos = torch.where(pos < end[:, None], pos, l)
-    y = model.backbone.decode(x.gather(1, pos.clamp_max(l - 1)), pos, cache.layers, cache.mods)
-    f = model.output_layer.features(y, cache.c)  # [b, n, d]
-    inside = (pos >= start[:, None]) & (pos < l)
-    h = f.new_zeros(b, l + 1, f.shape[-1])
-    h.scatter_(1, torch.where(inside, pos, l)[..., None].expand_as(f), f)
+    block = torch.arange(size, device=x.device)[None]
+    keep = (start - cache.filled)[:, None] + block  # [b, size]: the current block's place among the n
+    y = model.backbone.decode(x.gather(1, pos.clamp_max(l - 1)), pos, cache.layers, cache.mods, keep)
+    f = model.output_layer.features(y, cache.c)  # [b, size, d]
+    h = f.new_zeros(b, l, f.shape[-1])
+    h.scatter_(1, (start[:, None] + block)[..., None].expand_as(f), f)
     cache.filled = start
-    return h[:, :l]
+    return h
 
 
 def current_block_end(masked: torch.Tensor, size: int, filled: torch.Tensor) -> torch.Tensor:

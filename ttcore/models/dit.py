@@ -171,16 +171,21 @@ class DDiTBlock(nn.Module):
         return self.adaLN_modulation(c)[:, None].chunk(6, dim=2)
 
     def decode(self, x, rotary, mods, keys: torch.Tensor, values: torch.Tensor, pos: torch.Tensor,
-               seen: torch.Tensor):
+               seen: torch.Tensor, keep: torch.Tensor | None = None):
         """New positions over a key-value cache: x [b, n, d] at positions ``pos`` [b, n], ``rotary`` their rows
         [b, 1, n, hd], ``mods`` its ``modulations``. Their keys and values are written into ``keys`` / ``values``
         [b, h, L, hd] at ``pos`` (holding the earlier positions' from before) and each attends to the keys
         ``seen`` [b, 1, n, L] (bool) gives it, as ``forward``'s causal or block-causal attention does there
-        (``DiT.decode``). -> [b, n, d]."""
+        (``DiT.decode``). ``keep`` [b, m]: only these of the n run on past their keys and values (queries,
+        attention, MLP). -> [b, n, d] ([b, m, d] with ``keep``)."""
         q, k, v = self._qkv(x, rotary, mods)
         at = pos[:, None, :, None].expand_as(k)
         keys.scatter_(2, at, k.to(keys.dtype))
         values.scatter_(2, at, v.to(values.dtype))
+        if keep is not None:
+            x = x.gather(1, keep[..., None].expand(-1, -1, x.shape[-1]))
+            q = q.gather(2, keep[:, None, :, None].expand(-1, q.shape[1], -1, q.shape[-1]))
+            seen = seen.gather(2, keep[:, None, :, None].expand(-1, -1, -1, seen.shape[-1]))
         att = F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=seen)
         return self._residuals(x, att, mods)
 
@@ -249,23 +254,27 @@ class DiT(nn.Module):
                 x = block(x, rotary, c, kv, attn_mask)
         return x, c
 
-    def decode(self, inputs: torch.Tensor, pos: torch.Tensor, kv: list, mods: list) -> torch.Tensor:
+    def decode(self, inputs: torch.Tensor, pos: torch.Tensor, kv: list, mods: list,
+               keep: torch.Tensor | None = None) -> torch.Tensor:
         """Features of new positions over a key-value cache (``ttcore.models.kv_cache``, ``block_cache``):
         ``inputs`` [b, n] the tokens that positions ``pos`` [b, n] read (a causal model's: x^{pos-1}, the start
         token at 0; a block diffusion model's: x^{pos}), ``kv`` every block's (keys, values) [b, h, L, hd], which
         hold the earlier positions' and receive these; a position >= ``length`` is a pad, written at it (L must
         exceed it) and read by none of the others. ``mods``: every block's ``modulations`` of the model's
         conditioning (no time, no latent: the same for every sequence and step; [1, 1, d] each). Each position
-        attends to the positions before it (causal) or to the blocks up to its own (block-causal). -> [b, n, d]:
-        what ``forward`` computes there, given the same earlier tokens."""
+        attends to the positions before it (causal) or to the blocks up to its own (block-causal). ``keep`` [b, m]
+        (indices into n): the positions whose features are wanted; the others are run for their keys and values
+        only, so the last block skips their queries and MLP. -> [b, n, d] ([b, m, d] with ``keep``): what
+        ``forward`` computes there, given the same earlier tokens."""
         x = self.vocab_embed(inputs)  # [b, n, d]
         at = pos.clamp_max(self.cfg.length - 1)
         rotary = (self.rotary_cos[at][:, None], self.rotary_sin[at][:, None])
         size = self.cfg.block_size or 1  # causal: blocks of one position
         key_blocks = torch.arange(kv[0][0].shape[2], device=pos.device) // size
         seen = (key_blocks[None, None] <= (pos // size)[:, :, None])[:, None]  # [b, 1, n, L]: every layer's
-        for block, (keys, values), m in zip(self.blocks, kv, mods):
-            x = block.decode(x, rotary, m, keys, values, pos, seen)
+        last = len(self.blocks) - 1
+        for i, (block, (keys, values), m) in enumerate(zip(self.blocks, kv, mods)):
+            x = block.decode(x, rotary, m, keys, values, pos, seen, keep if i == last else None)
         return x
 
     def checkpointing_(self, on: bool = True) -> "DiT":
