@@ -232,6 +232,28 @@ def _nll_rows(args, diffusion, ar, ds) -> None:
             total = sum(float(kind.exact_nll(model, val[s:s + 256])) * len(val[s:s + 256])
                         for s in range(0, len(val), 256))
         print(f"{name:>44} | {total / len(val):.4f} (length {model.cfg.dit.length})", flush=True)
+        if model.cfg.dit.block_size > 1:  # the same network's other exact laws: one token a step, no joint draw
+            _block_laws(name, model, val)
+
+
+@torch.no_grad()
+def _block_laws(name, model, val) -> None:
+    """A block checkpoint's two other exact likelihoods on the held-out split, nats per position: b steps a block
+    left to right (``block_chain_log_prob``: each position's exact marginal given the block's earlier ones) and
+    its rank-1 view at one step a block (``joint: false``: each position's exact marginal given none of its
+    block). Beside the k = 1 joint's they say how much of what the network knows one joint draw carries."""
+    from ttcore.sampling.blocks import block_chain_log_prob, block_score
+
+    size, chain, view = model.cfg.dit.block_size, 0.0, 0.0
+    with model.compute_context():
+        for s in range(0, len(val), 256):
+            x = val[s:s + 256]
+            chain -= float(block_chain_log_prob(model, x).sum())
+            view -= float(block_score(model, x, torch.ones_like(x, dtype=torch.bool))[1].sum())
+    n = val.numel()
+    print(f"{name + f' k={size} left to right':>44} | {chain / n:.4f} (length {model.cfg.dit.length})")
+    if model.format.joint_head:
+        print(f"{name + ' rank-1 view':>44} | {view / n:.4f} (length {model.cfg.dit.length})", flush=True)
 
 
 def speed(args) -> None:

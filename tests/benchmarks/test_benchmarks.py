@@ -258,8 +258,8 @@ def test_ar_baselines_block_rows_smoke(checkpoints, tmp_path):
     """A block diffusion checkpoint's rows (k steps a block, K = k x blocks, an adaptive order inside a block a row of
     its own; EB inside each block, K its length and its steps a sample between the blocks and K, in process and
     through HTTP; through HTTP every row again at each of ``--temperatures``) beside the AR model's, and the exact
-    -log p(x) on the held-out split of both (each a finite positive number of nats per position), against the data
-    ``--data`` names."""
+    -log p(x) on the held-out split of both (each a finite positive number of nats per position; the block one's at
+    k = b left to right and of its rank-1 view too), against the data ``--data`` names."""
     from servers import make_ar_checkpoint, make_block_checkpoint
 
     ar = make_ar_checkpoint(tmp_path / "qm9-ar", checkpoints / "qm9-base")
@@ -287,6 +287,8 @@ def test_ar_baselines_block_rows_smoke(checkpoints, tmp_path):
     assert rows == [("block b=2 k=1", str(length // 2)), ("block b=2 k=2", str(length))], out  # k = 3 > b: no row
     nll = dict(re.findall(r"^\s*(qm9-b2-tt|qm9-ar) \| ([\d.]+) \(length", out, re.M))
     assert set(nll) == {"qm9-b2-tt", "qm9-ar"} and all(0 < float(v) < 5 for v in nll.values()), out
+    laws = dict(re.findall(r"^\s*qm9-b2-tt (k=2 left to right|rank-1 view) \| ([\d.]+) \(length", out, re.M))
+    assert set(laws) == {"k=2 left to right", "rank-1 view"} and all(0 < float(v) < 5 for v in laws.values()), out
 
 
 def test_rank_ceiling_smoke():

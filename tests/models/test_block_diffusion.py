@@ -15,7 +15,7 @@ from ttcore.losses import block_diffusion_loss, mdlm_loss
 from ttcore.models import DiTConfig, JointModel, ModelConfig
 from ttcore.models.block_attention import block_causal_mask, training_features, training_mask
 from ttcore.sampling import SamplerConfig, generate
-from ttcore.sampling.blocks import block_counts, block_log_prob, block_score, scorable
+from ttcore.sampling.blocks import block_chain_log_prob, block_counts, block_log_prob, block_score, scorable
 
 N_DRAWS = 20_000  # a block step's law against enumeration: chi-square on this many draws
 
@@ -162,6 +162,26 @@ def test_one_step_per_block_draws_the_exact_likelihoods_law(decomposition, rank)
     again = _draw(model, N_DRAWS, 1, seed=1)
     assert torch.equal(again, drawn)  # counter-based: the same seed, the same sequences
     assert torch.equal(_draw(model, 10, 1, seed=1), drawn[:10])  # whatever the batch
+
+
+@pytest.mark.parametrize("decomposition,rank", [("none", 1), ("cp", 3), ("tt", 2)])
+def test_one_token_a_step_left_to_right_draws_the_chain_likelihoods_law(decomposition, rank):
+    """``block_chain_log_prob`` sums to 1 over all 81 sequences, and 20,000 sequences drawn at b steps a block left
+    to right follow exp of it (chi-square); the k = 1 draws, another law, are rejected by the same test."""
+    model = _model(decomposition, rank)
+    every = torch.tensor(list(itertools.product(range(3), repeat=4)))
+    p = block_chain_log_prob(model, every).exp().detach()
+    assert abs(p.sum().item() - 1) < 1e-5
+    blocks = model.cfg.dit.length // model.cfg.dit.block_size
+    run = generate(model, N_DRAWS, 2 * blocks, seed=3, sampler="blocks", ordering="left_to_right")
+    counts = torch.bincount((list(run)[-1].tokens * torch.tensor([27, 9, 3, 1])).sum(1), minlength=81).double()
+    expected = p / p.sum() * N_DRAWS
+    big = expected >= 5
+    assert big.sum() >= 20, big.sum()
+    pool = lambda c: torch.cat([c[big], c[~big].sum()[None]]) if (~big).any() else c[big]  # noqa: E731
+    assert chisquare(pool(counts).numpy(), pool(expected).numpy()).pvalue > 1e-3
+    one = torch.bincount((_draw(model, N_DRAWS, 1, seed=3) * torch.tensor([27, 9, 3, 1])).sum(1), minlength=81)
+    assert chisquare(pool(one.double()).numpy(), pool(expected).numpy()).pvalue < 1e-6
 
 
 @pytest.mark.parametrize("kv_cache", [True, False])
@@ -438,6 +458,7 @@ def test_blocks_of_one_token_are_an_autoregressive_model():
             logp = torch.log_softmax(model.head_outputs(model.features(x_t), at).logits.double(), -1)
             direct += logp.gather(1, every[:, i:i + 1])[:, 0]
         assert torch.allclose(block_log_prob(model, every), direct, atol=1e-5)
+        assert torch.allclose(block_chain_log_prob(model, every), direct, atol=1e-5)  # one step a block is b steps
     drawn = _draw(model, N_DRAWS, 1, seed=2)
     counts = torch.bincount((drawn * torch.tensor([27, 9, 3, 1])).sum(1), minlength=81).double()
     assert chisquare(counts.numpy(), (direct.exp() / direct.exp().sum() * N_DRAWS).numpy()).pvalue > 1e-3

@@ -8,7 +8,9 @@ counts an even split of the block's masked positions over the k steps (``block_c
 cache of the committed blocks (``ttcore.models.block_cache``). At k = 1 a block is one exact joint draw of all b
 positions, so the law the sampler draws from is the model's own block chain, whose likelihood ``block_log_prob``
 computes exactly: log p(x) = sum_B log p(x_B | x_{<B}), every block's joint given the clean blocks before it, in
-one forward pass (``block_attention.training_features`` with every x_t token masked)."""
+one forward pass (``block_attention.training_features`` with every x_t token masked). At b steps a block left to
+right (one token a step, each the first masked position of its block) the law is the chain of the joint's exact
+marginals, and ``block_chain_log_prob`` computes its likelihood exactly too, in b passes."""
 
 import torch
 
@@ -58,3 +60,21 @@ def block_log_prob(model, x0: torch.Tensor) -> torch.Tensor:
     ``sampler: blocks`` at one step per block and temperature 1 (and, for TT, ``contraction`` irrelevant: every
     position of the block is drawn)."""
     return block_score(model, x0, torch.ones_like(x0, dtype=torch.bool))[0]
+
+
+def block_chain_log_prob(model, x0: torch.Tensor) -> torch.Tensor:
+    """log p(x0) [b] (float64) under ``sampler: blocks`` at b steps a block in left-to-right order and temperature
+    1: sum over blocks B and offsets i of log p(x0_{B,i} | x0_{B,<i}, x0_{<B}), the joint's exact marginal at the
+    first masked position of a block whose earlier positions are known (the masked ones after it sum out to 1 in
+    every format, so the head's contraction does not enter). b passes, one per offset i, every block at once."""
+    size, (b, l) = model.cfg.dit.block_size, x0.shape
+    offset = torch.arange(l, device=x0.device) % size
+    total = torch.zeros(b, dtype=torch.float64, device=x0.device)
+    for i in range(size):
+        mask = (offset >= i).expand(b, l)
+        h = training_features(model, torch.where(mask, torch.full_like(x0, model.cfg.dit.mask_id), x0), x0)
+        out = model.head_outputs(split_blocks(h, size), split_blocks(mask, size))
+        token = torch.zeros(x0.shape, dtype=torch.float64, device=x0.device)
+        token[mask] = out.marginal_log_probs(split_blocks(x0, size)).double()
+        total += token[:, offset == i].sum(1)
+    return total
