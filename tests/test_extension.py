@@ -1,13 +1,17 @@
-"""A new format, a new sampler, a new model kind, a new grammar and a new metrics kind are each one definition:
+"""A new format, a new sampler, a new model kind, a new grammar, a new metrics kind and a new distillation objective
+are each one definition:
 this file alone defines a toy format (a CP whose mixture weights are uniform, no weight head: neither CP- nor
 TT-shaped to the automaton), a toy sampler (right-to-left unmasking, drawn jointly, with a setting of its own and
 the cost it declares for it), a toy model kind (one-shot models: trained fully masked by the kind's own objective,
-generated in one step, answered only when named), a toy grammar and a toy metrics kind (a sample is valid when its
-length is even), registers them through their register functions, and runs them through the loss, a data
-section, the recipes' training loop, generation, admission and a real HTTP server, editing no other file."""
+generated in one step, answered only when named), a toy grammar, a toy metrics kind (a sample is valid when its
+length is even) and a toy distillation objective (half the joint one, named by ``distill.py --objective``),
+registers them through their register functions, and runs them through the loss, a data section, the recipes'
+training loop and distillation recipe, generation, admission and a real HTTP server, editing no other file."""
 
 import json
 import math
+import runpy
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -17,7 +21,7 @@ import pytest
 import torch
 import uvicorn
 from _loop import fit
-from servers import SAMPLE, free_port
+from servers import ROOT, SAMPLE, free_port
 
 from ttcore.constraints import Grammar, TokenDFA, register_grammar, unregister_grammar
 from ttcore.data import DataSection, SmilesDataset
@@ -29,6 +33,7 @@ from ttcore.decompositions import (
     register_decomposition,
     unregister_decomposition,
 )
+from ttcore.distill import Objective, joint_objective, register_objective, unregister_objective
 from ttcore.distributions import Site, sample_categorical, softmax64, uniforms
 from ttcore.errors import InvalidSampler
 from ttcore.kinds import Diffusion, register_kind, unregister_kind
@@ -150,6 +155,17 @@ EVEN = MetricsKind("even", "a sample is valid when its length is even", tokenize
                    check=lambda: _even_length)
 
 
+HALF_CALLS = []  # the batches the toy objective's loss ran on
+
+
+def half_objective(student, completion) -> dict:
+    """The toy distillation objective: half the joint one (the student's exact likelihood of the teacher's
+    completions), on the same completions."""
+    HALF_CALLS.append(len(completion.x_t))
+    out = joint_objective(student, completion)
+    return dict(out, loss=out["loss"] / 2)
+
+
 def carbons_dfa(pieces, pad_id):
     """The toy grammar: one or more carbon atoms (the piece ``C``), then the model's padding."""
     delta = torch.full((2, len(pieces)), -1, dtype=torch.long)
@@ -164,7 +180,9 @@ def registered():
     register_metrics_kind(EVEN)
     register_grammar("carbons", Grammar(carbons_dfa, ("smiles",)))
     register_kind(OneShot())
+    register_objective(Objective("half", half_objective, grows=False))
     yield
+    unregister_objective("half")
     unregister_kind("one_shot")
     unregister_decomposition("ucp")
     unregister_step("right_to_left")
@@ -198,7 +216,7 @@ def test_a_toy_samplers_setting_is_checked_read_by_its_step_priced_and_leaves_wi
 
 
 @pytest.mark.slow  # a real uvicorn server
-def test_a_toy_format_and_sampler_defined_here_train_generate_and_serve(registered, tmp_path):
+def test_a_toy_format_and_sampler_defined_here_train_generate_and_serve(registered, tmp_path, monkeypatch):
     ds = SmilesDataset.from_file(SAMPLE)
     tok = ds.tokenizer
     model = _toy_model(tok)
@@ -232,6 +250,15 @@ def test_a_toy_format_and_sampler_defined_here_train_generate_and_serve(register
     cp.cfg.extra.update(section.model_extra())
     fit(cp, tok, torch.from_numpy(ds.train_tokens), torch.from_numpy(ds.val_tokens), cfg,
         tmp_path / "toy" / "qm9-cp-r3", max_steps=1, quiet=True)
+    HALF_CALLS.clear()  # the toy objective through the distillation recipe, by the name it was registered under
+    recipe = ROOT / "training" / "distill.py"
+    monkeypatch.setattr(sys, "argv", [
+        str(recipe), "--config", "qm9_distill", "--teacher", str(tmp_path / "toy" / "qm9-cp-r3"), "--data", str(SAMPLE),
+        "--steps", "2", "--k", "2", "--objective", "half", "--out", str(tmp_path / "toy" / "qm9-cp-r3-half"),
+        "--max-steps", "2", "--quiet", "--set", "batch_size=8", "precision=fp32", "val_batches=1", "threads=1",
+        "total_steps=2"])
+    runpy.run_path(str(recipe), run_name="__main__")
+    assert len(HALF_CALLS) >= 2  # its loss trained the student (each optimizer step at least one batch)
     shot = _toy_model(tok, "cp")  # the toy kind: the loop trains it with the kind's objective
     shot.cfg.extra.update(section.model_extra(), one_shot=True)
     assert shot.cfg.kind.name == "one_shot"
@@ -263,7 +290,12 @@ def test_a_toy_format_and_sampler_defined_here_train_generate_and_serve(register
             time.sleep(0.05)
         listed = {m["checkpoint"]: m for m in httpx.get(url + "/models").json()["models"]}
         assert (listed["qm9-oneshot-r3"]["kind"], listed["qm9-oneshot-r3"]["default_steps"]) == ("one_shot", 1)
-        models = {m["decomposition"]: m for name, m in listed.items() if name != "qm9-oneshot-r3"}
+        assert listed["qm9-cp-r3-half"]["distilled"]["objective"] == "half"  # the student says how it was made
+        r = httpx.post(url + "/generate", json={"model": "qm9_sample", "checkpoint": "qm9-cp-r3-half", "seed": 0,
+                                                "num_samples": 2}, timeout=60)
+        assert r.status_code == 200 and r.json()["steps"] == 2, r.text  # admitted at the steps it was distilled for
+        models = {m["decomposition"]: m for name, m in listed.items()
+                  if name not in ("qm9-oneshot-r3", "qm9-cp-r3-half")}
         assert sorted((m["decomposition"], m["rank"]) for m in models.values()) == [("cp", 3), ("ucp", 3)]
         assert (models["ucp"]["metrics"], models["ucp"]["validates"], models["ucp"]["depicts"]) == ("even", True,
                                                                                                    False)
