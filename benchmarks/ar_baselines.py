@@ -176,8 +176,8 @@ def quality(args) -> None:
                                                      args.edlm_candidates, args.block_steps, args.grammar,
                                                      args.rank_one_view, args.block_eb, args.block_orderings):
             for t in args.temperatures:
-                tempered = (label, settings) if t == 1 else (f"{label} T={t:g}", {**settings, "temperature": t})
-                _cell(args, tempered[0], name, model, k, tempered[1], tok, url, training, reference)
+                suffix, tempered = ("", {}) if t == 1 else (f" T={t:g}", {"temperature": t})
+                _cell(args, label + suffix, name, model, k, {**settings, **tempered}, tok, url, training, reference)
         if args.nll:
             _nll_rows(args, diffusion, ar, ds)
     finally:

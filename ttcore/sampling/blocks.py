@@ -45,12 +45,20 @@ def block_score(model, x0: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tens
     if not bool(scorable(mask, size).all()):
         raise ValueError("a block diffusion model scores whole blocks after the first scored one: no known token "
                          "may follow the block of the first scored position")
-    x_t = torch.where(mask, torch.full_like(x0, model.cfg.dit.mask_id), x0)
-    h = training_features(model, x_t, x0)
+    out, token = _masked_blocks(model, x0, mask)
+    return out.log_prob(split_blocks(x0, size)).double().view(x0.shape[0], -1).sum(1), token
+
+
+def _masked_blocks(model, x0: torch.Tensor, mask: torch.Tensor) -> tuple:
+    """Every block's joint head outputs over its positions ``mask`` [b, l] given its other positions and the clean
+    blocks before it (one pass over [x_t, x_0]), and each masked position's exact log-marginal [b, l] (float64,
+    NaN where not masked)."""
+    size = model.cfg.dit.block_size
+    h = training_features(model, torch.where(mask, torch.full_like(x0, model.cfg.dit.mask_id), x0), x0)
     out = model.head_outputs(split_blocks(h, size), split_blocks(mask, size))
     token = torch.full(x0.shape, float("nan"), dtype=torch.float64, device=x0.device)
     token[mask] = out.marginal_log_probs(split_blocks(x0, size)).double()
-    return out.log_prob(split_blocks(x0, size)).double().view(x0.shape[0], -1).sum(1), token
+    return out, token
 
 
 def block_log_prob(model, x0: torch.Tensor) -> torch.Tensor:
@@ -71,10 +79,5 @@ def block_chain_log_prob(model, x0: torch.Tensor) -> torch.Tensor:
     offset = torch.arange(l, device=x0.device) % size
     total = torch.zeros(b, dtype=torch.float64, device=x0.device)
     for i in range(size):
-        mask = (offset >= i).expand(b, l)
-        h = training_features(model, torch.where(mask, torch.full_like(x0, model.cfg.dit.mask_id), x0), x0)
-        out = model.head_outputs(split_blocks(h, size), split_blocks(mask, size))
-        token = torch.zeros(x0.shape, dtype=torch.float64, device=x0.device)
-        token[mask] = out.marginal_log_probs(split_blocks(x0, size)).double()
-        total += token[:, offset == i].sum(1)
+        total += _masked_blocks(model, x0, (offset >= i).expand(b, l))[1][:, offset == i].sum(1)
     return total
