@@ -5,8 +5,10 @@ run (untrained weights of one shape: the cost does not depend on them).
     python benchmarks/block_sampling.py --smoke    # l = 16, blocks of 4, 4 sequences: seconds (the tests run it)
     python benchmarks/block_sampling.py --shape qm9 --samples 1 64   # QM9's b = 4 shape: l = 24, TT r = 8
     python benchmarks/block_sampling.py --shape qm9-b2 --samples 1 64   # the bundled block checkpoint's: l = 22, b = 2
+    python benchmarks/block_sampling.py --shape qm9-ladder --samples 1 64   # l = 24, b = 1, 2, 4, 8, 24; k = 1, 2, b
 
-For each block size b and steps a block k it times one generation of n sequences, K = k l / b steps in all:
+For each block size b and steps a block k (``"b"``: one token a step) it times one generation of n sequences,
+K = k l / b steps in all (b = 1 has a rank-1 head: a block of one position has no joint to factor):
 - ``cached``: the batched loop the service runs (``sampler: blocks``) over the key-value cache of the committed
   blocks (``ttcore.models.block_cache``: each step the current block's b positions, 2b at a block's first);
 - ``uncached``: the same loop without the cache (``kv_cache=False``: each step a forward of the blocks up to the
@@ -29,6 +31,7 @@ SHAPES = {  # length, vocabulary, block sizes, TT rank, (width, layers, heads, c
     "default": (128, 64, [4, 16], 4, (256, 4, 4, 64), [1, 4]),
     "qm9": (24, 31, [4], 8, (256, 6, 8, 128), [1, 2, 4]),  # the QM9 block checkpoints' (training/train_blocks.py)
     "qm9-b2": (22, 31, [2], 8, (256, 6, 8, 128), [1, 2]),  # the bundled checkpoints/qm9-b2-tt-r8's
+    "qm9-ladder": (24, 31, [1, 2, 4, 8, 24], 8, (256, 6, 8, 128), [1, 2, "b"]),  # the block page's block sizes
 }
 
 
@@ -37,7 +40,8 @@ def _model(length, vocab, block, rank, net, causal=False):
     hidden, layers, heads, cond = net
     dit = DiTConfig(vocab_size=vocab + 1, out_vocab=vocab, length=length, hidden_dim=hidden, cond_dim=cond,
                     n_blocks=layers, n_heads=heads, block_size=block, causal=causal)
-    return JointModel(ModelConfig(dit, "none" if causal else "tt", 1 if causal else rank, "1layer")).eval()
+    rank_one = causal or block == 1
+    return JointModel(ModelConfig(dit, "none" if rank_one else "tt", 1 if rank_one else rank, "1layer")).eval()
 
 
 def _seconds(fn, reps):
@@ -70,7 +74,7 @@ def main():
             ar_s = _seconds(lambda: list(generate(ar, n, length, seed=0, ordering="left_to_right")), args.reps)
             for b in blocks:
                 model = _model(length, vocab, b, rank, net)
-                for k in ks:
+                for k in sorted({b if k == "b" else k for k in ks}):
                     if k > b:
                         continue
                     steps = k * length // b

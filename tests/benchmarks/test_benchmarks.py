@@ -41,6 +41,10 @@ def test_block_sampling_smoke():
     b2 = _bench(ROOT / "benchmarks" / "block_sampling.py", "--shape", "qm9-b2", "--samples", 1, "--reps", 1)
     rows = [line for line in b2.splitlines() if re.match(r"\s+2\s+[12]\s+(11|22) \|", line)]
     assert len(rows) == 2 and "l = 22" in b2, b2  # the bundled block checkpoint's shape
+    ladder = _bench(ROOT / "benchmarks" / "block_sampling.py", "--shape", "qm9-ladder", "--samples", 1, "--reps", 1)
+    rows = [tuple(map(int, m.groups())) for m in re.finditer(r"^\s+(\d+)\s+(\d+)\s+(\d+) \|", ladder, re.M)]
+    assert rows == [(1, 1, 24), (2, 1, 12), (2, 2, 24), (4, 1, 6), (4, 2, 12), (4, 4, 24), (8, 1, 3), (8, 2, 6),
+                    (8, 8, 24), (24, 1, 1), (24, 2, 2), (24, 24, 24)], ladder  # k = 1, 2, b at each b, K = k l / b
 
 
 def test_sampling_overhead_smoke():
