@@ -1,7 +1,7 @@
 """Structured output (``regex`` / ``grammar``): what a constrained step costs, side by side with the same run
 unconstrained, and what the SMILES grammar does for the served QM9 TT through HTTP.
 
-    python benchmarks/structured_output.py speed      # QM9 TT r = 16 with the grammar, text TT r = 4 with a regex
+    python benchmarks/structured_output.py speed      # QM9 TT r = 16, block TT: the grammar; text TT: a regex
     python benchmarks/structured_output.py quality    # QM9 TT r = 16 over HTTP, K = 4 and 8, 1,024 molecules a cell
     python benchmarks/structured_output.py speed --checkpoints DIR --samples 2 --steps 2 --repeats 1     # smoke
     python benchmarks/structured_output.py quality --checkpoints DIR --checkpoint qm9-tt-r16 qm9-tt-r16-d2 \
@@ -11,9 +11,10 @@ unconstrained, and what the SMILES grammar does for the served QM9 TT through HT
     python benchmarks/structured_output.py violations # 20 regexes on text, the grammar on QM9 and MOSES
     python benchmarks/structured_output.py violations --checkpoints DIR --samples 2 --steps 2             # smoke
 
-``speed`` runs, in process, a whole generation of ``--samples`` sequences at ``--steps`` steps with and without
-the constraint, alternating ``--repeats`` times, and prints the median seconds per step of each and their ratio
-(constrained / free), with the automaton's states and token classes. ``quality`` serves the checkpoints on an
+``speed`` runs, in process, a whole generation of ``--samples`` sequences at ``--steps`` steps (a block model at its
+own default, one step a block: ``K``) with and without the constraint, alternating ``--repeats`` times, and prints
+the median seconds per step of each and their ratio (constrained / free), with the automaton's states and token
+classes. ``quality`` serves the checkpoints on an
 embedded server (uvicorn, one thread: ``served_overhead``'s) and asks ``/generate`` for ``--samples`` molecules
 a cell (random order) of each ``--checkpoint`` (a name in ``GET /models``), with and without ``grammar: smiles``:
 validity (one molecule), uniqueness, novelty, FCD to QM9's held-out split, and of the invalid molecules the share
@@ -87,9 +88,10 @@ def violations(args) -> None:
 
 
 def _run_seconds(model, n: int, steps: int, constraint) -> float:
-    from ttcore.sampling import GenerationRun, batch_step
+    from ttcore.sampling import GenerationRun, SamplerConfig, batch_step
 
-    run = GenerationRun(model, n, steps, seed=0, constraint=constraint)
+    config = SamplerConfig(**model.cfg.kind.request_defaults())  # a block model's: `sampler: blocks`
+    run = GenerationRun(model, n, steps, config, seed=0, constraint=constraint)
     t0 = time.perf_counter()
     with model.compute_context():
         while not run.done:
@@ -100,18 +102,19 @@ def _run_seconds(model, n: int, steps: int, constraint) -> float:
 def speed(args) -> None:
     from ttcore.models import load_for_inference
 
-    print(f"{'checkpoint':>14} | {'constraint':<44} | {'states':>6} {'classes':>7} | {'free s/step':>11} "
+    print(f"{'checkpoint':>14} | {'constraint':<44} | {'states':>6} {'classes':>7} | {'K':>3} | {'free s/step':>11} "
           f"{'constrained':>11} | {'ratio':>6}")
     for path in args.paths:
         model, tok, _ = load_for_inference(path, "cpu", args.precision)
+        steps = model.cfg.kind.default_steps(model.cfg) or args.steps  # a block model: one step a block
         label, dfa = _automaton(path.name, tok)
-        _run_seconds(model, 1, 1, None), _run_seconds(model, 1, 1, dfa)  # warm-up
+        _run_seconds(model, 1, steps, None), _run_seconds(model, 1, steps, dfa)  # warm-up
         free, bound = [], []
         for _ in range(args.repeats):  # alternating: load moves both alike
-            free.append(_run_seconds(model, args.samples, args.steps, None) / args.steps)
-            bound.append(_run_seconds(model, args.samples, args.steps, dfa) / args.steps)
+            free.append(_run_seconds(model, args.samples, steps, None) / steps)
+            bound.append(_run_seconds(model, args.samples, steps, dfa) / steps)
         f, b = statistics.median(free), statistics.median(bound)
-        print(f"{path.name:>14} | {label[:44]:<44} | {dfa.num_states:>6} {dfa.classes[1].shape[1]:>7} | "
+        print(f"{path.name:>14} | {label[:44]:<44} | {dfa.num_states:>6} {dfa.classes[1].shape[1]:>7} | {steps:>3} | "
               f"{f:>11.4f} {b:>11.4f} | {b / f:>5.2f}x")
 
 
@@ -200,7 +203,7 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     if args.part == "speed":
-        args.paths = _checkpoints(args.checkpoints, ("qm9-tt-r16", "text-tt-r4"))
+        args.paths = _checkpoints(args.checkpoints, ("qm9-tt-r16", "qm9-b2-tt-r8", "text-tt-r4"))
         args.samples = args.samples or 64
         args.steps = (args.steps or [4])[0]
         speed(args)

@@ -215,13 +215,21 @@ def test_serving_benchmark_smoke(tmp_path):
         assert len(saved["text"]) == 2 and all(r["errors"] == 0 for r in saved["text"])
 
 
-def test_structured_output_smoke(checkpoints):
-    """Both parts at their smallest: the constrained / free ratio of each tiny checkpoint (grammar for SMILES,
-    the regex for text), and the served QM9 TT with and without the grammar through HTTP."""
+def test_structured_output_smoke(checkpoints, tmp_path):
+    """Every part at its smallest: the constrained / free ratio of each tiny checkpoint (grammar for SMILES,
+    the regex for text; a block model at one step a block), and the served QM9 TT with and without the grammar
+    through HTTP."""
+    from servers import make_block_checkpoint
+
     out = _bench(ROOT / "benchmarks" / "structured_output.py", "speed", "--checkpoints", checkpoints, "--samples", 2,
                  "--steps", 2, "--repeats", 1)
-    rows = [line for line in out.splitlines() if re.search(r"\|\s+\d+\s+\d+ \|.*\|\s+[\d.]+x$", line)]
+    rows = [line for line in out.splitlines() if re.search(r"\|\s+\d+\s+\d+ \|\s+2 \|.*\|\s+[\d.]+x$", line)]
     assert any("grammar smiles" in r for r in rows) and any("regex" in r for r in rows), out
+    block = make_block_checkpoint(tmp_path / "qm9-blocks", checkpoints / "qm9-base", block_size=2)
+    blocks = json.loads((block / "config.json").read_text())["model"]["dit"]["length"] // 2
+    out = _bench(ROOT / "benchmarks" / "structured_output.py", "speed", "--checkpoints", tmp_path, "--samples", 2,
+                 "--steps", 2, "--repeats", 1)
+    assert re.search(rf"qm9-blocks \| grammar smiles .*\|\s+{blocks} \|.*\|\s+[\d.]+x$", out, re.M), out  # K: blocks
     out = _bench(ROOT / "benchmarks" / "structured_output.py", "quality", "--checkpoints", checkpoints, "--samples", 8,
                  "--steps", 2, "--checkpoint", "qm9-tt-r2", "qm9-cp-r3", timeout=900)
     rows = [line for line in out.splitlines() if re.match(r"\s*qm9-(tt-r2|cp-r3) \|\s+2 \|", line)]
