@@ -267,9 +267,11 @@ class Sample(BaseModel):
     text: str = Field(description="The generated sequence, padding stripped.", examples=["CC(=O)OC"])
     valid: bool | None = Field(None, description="Whether the sample passes its family's check (families whose "
                                                  "metrics check samples: `validates` in `GET /models`; molecules: "
-                                                 "parses and sanitizes with RDKit); null for others.")
+                                                 "parses and sanitizes with RDKit, and its canonical SMILES "
+                                                 "reads back); null for others.")
     canonical: str | None = Field(None, description="Molecule families: RDKit canonical form when valid.")
-    qed: float | None = Field(None, description="Molecule families, valid: RDKit's QED drug-likeness (0..1).")
+    qed: float | None = Field(None, description="Molecule families, valid: RDKit's QED drug-likeness (0..1); null "
+                                                "where RDKit cannot compute it.")
     logp: float | None = Field(None, description="Molecule families, valid: Wildman-Crippen logP (RDKit).")
     mol_weight: float | None = Field(None, description="Molecule families, valid: average molecular weight in "
                                                        "g/mol (RDKit).")

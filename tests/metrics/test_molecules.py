@@ -35,6 +35,25 @@ def test_a_molecule_whose_canonical_smiles_rdkit_cannot_read_back_is_not_valid()
     assert molecule_metrics([sample, "CCO"])["validity"] == pytest.approx(1 / 2)
 
 
+def test_a_fused_ring_rdkit_reads_but_cannot_read_back_is_invalid_everywhere():
+    """A sample of a b = 4 block TT's rank-1 view (seed 768 of 1,024): RDKit parses and sanitizes it, writes it as
+    ``C1=c2nnccc2C1``, which it cannot read, and QED (its hydrogen removal sanitizes again) raised on it, which the
+    served answer's descriptors turned into a 500. Every reading agrees now: not valid, no descriptors, no drawing."""
+    from rdkit import Chem
+    from rdkit.Chem import QED
+
+    from ttcore.metrics.molecules import depiction_svg, properties
+
+    sample = "C=1CC=2ccnnc21"
+    mol = Chem.MolFromSmiles(sample)
+    assert mol is not None and Chem.MolFromSmiles(Chem.MolToSmiles(mol)) is None
+    with pytest.raises(Chem.KekulizeException):
+        QED.qed(mol)
+    assert canonical(sample) is None and properties(sample) is None and properties(sample, one_molecule=False) is None
+    assert depiction_svg(sample, 100, 100) is None and depiction_svg("c1ccncc1", 100, 100).lstrip().startswith("<?xml")
+    assert molecule_metrics([sample, "CCO"])["validity"] == pytest.approx(1 / 2)
+
+
 def test_genmol_quality_counts_valid_unique_druglike_synthesizable_samples():
     """Quality = |{valid, unique, QED >= 0.6, SA <= 4}| / all samples (GenMol): ibuprofen twice (two spellings)
     counts once; benzene is valid but not drug-like (QED 0.44); an invalid string counts in the denominator."""

@@ -297,6 +297,20 @@ def test_depict_draws_valid_smiles_and_refuses_the_rest(server):
     assert depict["responses"]["422"]["content"]["application/json"]["schema"]["$ref"].endswith("/InvalidAnswer")
 
 
+def test_a_molecule_rdkit_cannot_read_back_is_answered_invalid_not_a_500(server):
+    """The review's 500: a generated molecule that RDKit parses but cannot read back from its canonical SMILES
+    (``C=1CC=2ccnnc21``) made the answer's QED raise. A stranger can ask for it outright, with a template that fixes
+    every position: the answer says it is not valid, with no descriptors, and /depict refuses it."""
+    length = next(m for m in httpx.get(server + "/models").json()["models"] if m["model"] == "qm9")["length"]
+    template = "C=1CC=2ccnnc21" + "[PAD]" * (length - 14)  # 14 tokens: every position known
+    r = httpx.post(server + "/generate", json=dict(model="qm9", num_samples=2, steps=1, seed=0, prompt=template))
+    assert r.status_code == 200, r.text
+    assert [(s["text"], s["valid"], s["qed"], s["canonical"]) for s in r.json()["samples"]] == \
+        [("C=1CC=2ccnnc21", False, None, None)] * 2
+    r = httpx.get(server + "/depict", params={"smiles": "C=1CC=2ccnnc21"})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "smiles"], r.text
+
+
 def test_every_documented_error_has_the_body_the_server_sends(server):
     """Each error status in /openapi.json has a body schema (FastAPI documents none for a route's own answers):
     native 422 FastAPI's field errors, other native errors ``detail``, /v1 OpenAI's error object; and real

@@ -24,17 +24,24 @@ def _molecule(smiles: str, one_molecule: bool = False):
     return None if one_molecule and len(Chem.GetMolFrags(mol)) > 1 else mol
 
 
-def canonical(smiles: str, one_molecule: bool = False) -> str | None:
-    """Canonical SMILES of a non-empty string that parses and sanitizes and whose canonical SMILES parses again,
-    else None; ``one_molecule``: also None for several disconnected fragments (``A.B``). The round trip: RDKit
-    writes a few rare molecules (a hypervalent aromatic oxygen, ``c1=oc...``, about 1 in 30,000 MOSES samples of
-    a young model) as SMILES it cannot read back, and every metric after validity (fingerprints, fragments,
-    ChemNet) reads the canonical SMILES."""
+def _read_back(smiles: str, one_molecule: bool = False) -> tuple[str, Chem.Mol] | None:
+    """A valid molecule's canonical SMILES and the molecule read back from it, else None (``canonical``'s rule)."""
     mol = _molecule(smiles, one_molecule)
     if mol is None:
         return None
     text = Chem.MolToSmiles(mol)
-    return text if Chem.MolFromSmiles(text) is not None else None
+    again = Chem.MolFromSmiles(text)
+    return None if again is None else (text, again)
+
+
+def canonical(smiles: str, one_molecule: bool = False) -> str | None:
+    """Canonical SMILES of a non-empty string that parses and sanitizes and whose canonical SMILES parses again,
+    else None; ``one_molecule``: also None for several disconnected fragments (``A.B``). The round trip: RDKit
+    writes a few rare molecules (a hypervalent aromatic oxygen, ``c1=oc...``, about 1 in 30,000 MOSES samples of
+    a young model; a fused ring it kekulizes one way and not back, ``C=1CC=2ccnnc21``) as SMILES it cannot read
+    back, and every metric after validity (fingerprints, fragments, ChemNet, QED) reads the canonical SMILES."""
+    found = _read_back(smiles, one_molecule)
+    return None if found is None else found[0]
 
 
 def randomized_smiles(smiles: str, n: int, seed: int = 0) -> list[str]:
@@ -71,8 +78,18 @@ def quality(canonical_valid: list[str], n: int) -> float:
     good = 0
     for smiles in set(canonical_valid):
         mol = Chem.MolFromSmiles(smiles)
-        good += QED.qed(mol) >= QUALITY_QED and sa_score(mol) <= QUALITY_SA
+        drug_likeness = _qed(mol)
+        good += drug_likeness is not None and drug_likeness >= QUALITY_QED and sa_score(mol) <= QUALITY_SA
     return good / max(1, n)
+
+
+def _qed(mol) -> float | None:
+    """QED of a valid molecule, or None where RDKit cannot compute it (its hydrogen removal sanitizes the
+    molecule again, and a molecule RDKit read may still fail that)."""
+    try:
+        return QED.qed(mol)
+    except Chem.MolSanitizeException:
+        return None
 
 
 def molecule_metrics(samples: list[str], training: set[str] | None = None, one_molecule: bool = True) -> dict:
@@ -91,24 +108,29 @@ def molecule_metrics(samples: list[str], training: set[str] | None = None, one_m
 
 
 def properties(smiles: str, one_molecule: bool = True) -> dict | None:
-    """One parse of a SMILES: None if invalid (as ``molecule_metrics`` counts it: with ``one_molecule``, several
-    fragments are invalid), else its ``canonical`` form and RDKit descriptors: ``qed`` (Bickerton et al. 2012's
-    drug-likeness, 0..1), ``logp`` (Wildman-Crippen octanol-water logP) and ``mol_weight`` (average molecular
+    """One parse of a SMILES: None if invalid (as ``molecule_metrics`` counts it, ``canonical``'s rule: with
+    ``one_molecule``, several fragments are invalid), else its ``canonical`` form and RDKit descriptors of the
+    molecule read back from it: ``qed`` (Bickerton et al. 2012's drug-likeness, 0..1; None where RDKit cannot
+    compute it, ``_qed``), ``logp`` (Wildman-Crippen octanol-water logP) and ``mol_weight`` (average molecular
     weight, g/mol)."""
-    mol = _molecule(smiles, one_molecule)
-    if mol is None:
+    found = _read_back(smiles, one_molecule)
+    if found is None:
         return None
-    return {"canonical": Chem.MolToSmiles(mol), "qed": QED.qed(mol), "logp": Crippen.MolLogP(mol),
-            "mol_weight": Descriptors.MolWt(mol)}
+    text, mol = found
+    return {"canonical": text, "qed": _qed(mol), "logp": Crippen.MolLogP(mol), "mol_weight": Descriptors.MolWt(mol)}
 
 
 def depiction_svg(smiles: str, width: int, height: int) -> str | None:
-    """A 2-D drawing of a valid SMILES as an SVG document (RDKit's MolDraw2DSVG), else None."""
-    mol = _molecule(smiles)
-    if mol is None:
+    """A 2-D drawing of a valid SMILES (``canonical``'s rule, fragments allowed) as an SVG document (RDKit's
+    MolDraw2DSVG), else None (also where RDKit cannot prepare it for drawing: the drawing kekulizes)."""
+    found = _read_back(smiles)
+    if found is None:
         return None
     drawer = rdMolDraw2D.MolDraw2DSVG(width, height)
     drawer.drawOptions().clearBackground = False
-    rdMolDraw2D.PrepareAndDrawMolecule(drawer, mol)
+    try:
+        rdMolDraw2D.PrepareAndDrawMolecule(drawer, found[1])
+    except Chem.MolSanitizeException:
+        return None
     drawer.FinishDrawing()
     return drawer.GetDrawingText()
