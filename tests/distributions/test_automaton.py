@@ -101,6 +101,54 @@ def test_draws_follow_the_joint_restricted_to_the_language(kind):
     assert torch.equal(few, draws[-3:])
 
 
+def _accepted_from(delta, accepting, start, seqs) -> np.ndarray:
+    out = []
+    for s in seqs.tolist():
+        q = start
+        for x in s:
+            q = int(delta[q, x]) if q >= 0 else -1
+        out.append(q >= 0 and bool(accepting[q]))
+    return np.array(out)
+
+
+@pytest.mark.parametrize("kind", ["tt", "cp"])
+def test_rows_of_one_automaton_at_their_own_start_and_accepting_states_each_get_their_own_law(kind):
+    """A block step's automata: one automaton's transitions for every row (expanded, reckoned once over the rows'
+    union), each row started in its own state and accepting in its own states (``Automata.start``). Each row's
+    acceptance and marginals against enumeration, the same with the transitions copied per row, and 10,000 draws
+    of each of two rows' laws in one batch (chi-square)."""
+    start, cores, diagonal, p = _chains(kind, 2)
+    delta, accepting = _automaton(2)
+    seqs = all_sequences(L, V).numpy()
+    one = Automata.of_tokens(delta[None], accepting[None])
+    starts = torch.tensor([0, 1, 2, 1])
+    accepts = torch.stack([accepting, accepting, torch.tensor([True, True, False]), torch.tensor([False, True, True])])
+    n = len(starts)
+    shared = Automata(one.delta.expand(n, -1, -1), accepts, one.token_class.expand(n, -1), starts)
+    copied = Automata(one.delta.expand(n, -1, -1).clone(), accepts, one.token_class.expand(n, -1).clone(), starts)
+    rows_start, rows_cores = start.expand(n, -1), cores.expand(n, *cores.shape[1:])
+    for automata in (shared, copied):
+        logz = log_acceptance(rows_start, class_sums(rows_cores, automata), automata, diagonal)
+        marginals = constrained_marginals(rows_start, rows_cores, automata, diagonal).numpy()
+        for r in range(n):
+            keep = _accepted_from(delta, accepts[r], int(starts[r]), seqs)
+            z = p[keep].sum()
+            assert z > 0 and logz[r].item() == pytest.approx(np.log(z), abs=1e-10)
+            for i in range(L):
+                want = np.array([p[keep & (seqs[:, i] == x)].sum() for x in range(V)]) / z
+                np.testing.assert_allclose(marginals[r, i], want, atol=1e-10)
+    m = 10_000
+    pick = torch.tensor([2, 3]).repeat_interleave(m)
+    u = Streams.of_request(9, 2 * m).uniform(4, 2 * L + 1)
+    many = Automata(one.delta.expand(2 * m, -1, -1), accepts[pick], one.token_class.expand(2 * m, -1), starts[pick])
+    draws = constrained_sample(start.expand(2 * m, -1), cores.expand(2 * m, *cores.shape[1:]), many, u,
+                               diagonal).numpy()
+    for half, r in ((slice(0, m), 2), (slice(m, None), 3)):
+        keep = _accepted_from(delta, accepts[r], int(starts[r]), seqs)
+        assert _accepted_from(delta, accepts[r], int(starts[r]), draws[half]).all()
+        assert chi_square_pvalue(draws[half], np.where(keep, p, 0) / p[keep].sum(), seqs) > 1e-3
+
+
 def test_a_language_the_chain_cannot_reach_gives_zero_and_no_draw():
     """Only token 0 at every position is accepted, but position 2 is known to be token 1: Z = 0, -inf, -1s."""
     start, cores, diagonal, _ = _chains("tt", 0)

@@ -37,11 +37,13 @@ from .streams import Site, uniforms
 
 @dataclass
 class Automata:
-    """One automaton per row over token classes: ``delta`` [b, Q, C] long (the next state, -1: rejected; start
-    state 0), ``accepting`` [b, Q] bool, ``token_class`` [b, V] long (each token's class)."""
+    """One automaton per row over token classes: ``delta`` [b, Q, C] long (the next state, -1: rejected),
+    ``accepting`` [b, Q] bool, ``token_class`` [b, V] long (each token's class), ``start`` [b] long (each row's
+    start state; None: state 0). Rows of one automaton may share its tensors (expanded: stride 0 over rows)."""
     delta: torch.Tensor
     accepting: torch.Tensor
     token_class: torch.Tensor
+    start: torch.Tensor | None = None
 
     @classmethod
     def of_tokens(cls, delta: torch.Tensor, accepting: torch.Tensor) -> "Automata":
@@ -53,7 +55,19 @@ class Automata:
         return cls(torch.stack(pad), accepting, torch.stack([k for k, _ in parts]))
 
     def __getitem__(self, index) -> "Automata":
-        return Automata(self.delta[index], self.accepting[index], self.token_class[index])
+        n = torch.arange(self.delta.shape[0], device=self.delta.device)[index].numel()
+
+        def rows(t):  # a shared tensor stays shared
+            return t[:1].expand(n, *t.shape[1:]) if t.shape[0] > 1 and t.stride(0) == 0 else t[index]
+        return Automata(rows(self.delta), rows(self.accepting), rows(self.token_class),
+                        None if self.start is None else self.start[index])
+
+    @property
+    def initial(self) -> torch.Tensor:
+        """Each row's start state [b] long."""
+        if self.start is not None:
+            return self.start
+        return torch.zeros(self.delta.shape[0], dtype=torch.long, device=self.delta.device)
 
     @property
     def num_classes(self) -> int:
@@ -82,6 +96,15 @@ def _gather_ahead(beta: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
     idx = torch.where(delta < 0, q_n, delta)  # [b, Q, C]
     c = delta.shape[-1]
     return padded.gather(2, idx.reshape(b, 1, q_n * c).expand(b, r, q_n * c)).view(b, r, q_n, c)
+
+
+def _targets(delta: torch.Tensor) -> torch.Tensor:
+    """delta [b, Q, C] with the rejections (-1) sent to Q, a zero row callers append; rows of one automaton
+    (``delta`` expanded) computed once and expanded again."""
+    one = delta.shape[0] > 1 and delta.stride(0) == 0
+    head = delta[:1] if one else delta
+    idx = torch.where(head < 0, delta.shape[1], head)
+    return idx.expand_as(delta) if one else idx
 
 
 def _scaled(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,9 +139,17 @@ def live_states(automata: Automata, known: torch.Tensor | None, l: int) -> torch
     """[l + 1, Q] bool: the states some row's automaton can be in after i tokens that agree with its known tokens
     and from which it can still accept in the l - i tokens left (agreeing with them too); the messages of every
     other state are unused (the path never visits them) or zero (they cannot accept), so ``backward_messages``
-    computes these only. Boolean reachability, O(l Q C) a row."""
+    computes these only. Boolean reachability, O(l Q C) a row.
+
+    Rows of one automaton (``delta`` expanded, as ``batch_automaton`` gives runs of one constraint) are reckoned
+    once, over the union of their start states, allowed classes and accepting states: a superset of the rows'
+    sets that keeps every message exact. A state q it keeps reads, in each row, beta at delta(q, k) for the classes
+    that row allows, all in the union's next set; one of those the superset drops cannot reach the union's
+    accepting states, so no row can accept from it and its true message is 0, what the messages hold for it."""
     b, q_n, c_n = automata.delta.shape
-    to = torch.where(automata.delta < 0, q_n, automata.delta).reshape(b, -1)  # [b, Q C]
+    shared = b > 1 and automata.delta.stride(0) == 0
+    delta = automata.delta[:1] if shared else automata.delta
+    to = torch.where(delta < 0, q_n, delta).reshape(delta.shape[0], -1)  # [b or 1, Q C]
     rows = torch.arange(b, device=to.device)
     allowed = []  # [b, C] per position: the classes its token may take
     for i in range(l):
@@ -130,13 +161,16 @@ def live_states(automata: Automata, known: torch.Tensor | None, l: int) -> torch
             every = torch.where(fixed[:, None], one, every)
         allowed.append(every)
     reach = torch.zeros(b, q_n + 1, device=to.device)
-    reach[:, 0] = 1
+    reach[rows, automata.initial] = 1
+    co = automata.accepting.clone()
+    if shared:  # one row: the unions (docstring)
+        reach, co, allowed, b = reach.amax(0, keepdim=True), co.any(0, keepdim=True), \
+            [a.any(0, keepdim=True) for a in allowed], 1
     forward = [reach[:, :q_n] > 0]
     for i in range(l):
         hit = (forward[-1][:, :, None] & allowed[i][:, None, :]).reshape(b, -1)
         reach = torch.zeros(b, q_n + 1, device=to.device).scatter_add_(1, to, hit.float())
         forward.append(reach[:, :q_n] > 0)
-    co = automata.accepting.clone()
     backward = [co]
     for i in range(l - 1, -1, -1):
         ahead = torch.cat([co, torch.zeros(b, 1, dtype=torch.bool, device=co.device)], 1).gather(1, to)
@@ -146,9 +180,36 @@ def live_states(automata: Automata, known: torch.Tensor | None, l: int) -> torch
     return torch.stack([(f & c).any(0) for f, c in zip(forward, backward)])
 
 
+def live_automata(automata: Automata, known: torch.Tensor | None, l: int) -> tuple[Automata, torch.Tensor]:
+    """The automata restricted to the states ``live_states`` keeps at some position, renumbered in order, and
+    that table over them: (automata [b, Q', C], live [l + 1, Q']). A transition into a dropped state rejects:
+    exact, since no row can accept from it (``live_states``: a kept state's successor it drops has message 0
+    at that position). A row whose start state is dropped accepts nothing: its start is -1. The messages then
+    run over Q' states, not Q (a block's four positions from known start states reach a few dozen of QM9's
+    grammar's 706)."""
+    live = live_states(automata, known, l)
+    keep = live.any(0)
+    if bool(keep.all()):
+        return automata, live
+    q_n = keep.shape[0]
+    new = torch.full((q_n + 1,), -1, dtype=torch.long, device=keep.device)  # old state (Q: rejected) -> new
+    new[keep.nonzero()[:, 0]] = torch.arange(int(keep.sum()), device=keep.device)
+
+    def rows(t, fn):  # a shared tensor (expanded over rows) computed once, expanded again
+        if t.shape[0] > 1 and t.stride(0) == 0:
+            one = fn(t[:1])
+            return one.expand(t.shape[0], *one.shape[1:])
+        return fn(t)
+
+    delta = rows(automata.delta, lambda d: new[torch.where(d[:, keep] < 0, q_n, d[:, keep])])
+    accepting = rows(automata.accepting, lambda a: a[:, keep])
+    return Automata(delta, accepting, automata.token_class, new[automata.initial]), live[:, keep]
+
+
 @own_precision
 def backward_messages(summed: torch.Tensor, automata: Automata, diagonal: bool = False,
-                      known: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      known: torch.Tensor | None = None, live: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """beta_i[q, a] for i = 0..l: beta_l = 1[q in F], beta_{i-1}[q, a] = sum_k sum_c G_i(k)[a, c]
     beta_i[delta(q, k), c] (0-based: beta_i is what lies after position i - 1). ``summed``: the class sums of the
     cores (``class_sums``) [b, l, C, r, r] (diagonal: [b, l, C, r]); ``known`` [b, l] (optional): the token of each
@@ -157,8 +218,9 @@ def backward_messages(summed: torch.Tensor, automata: Automata, diagonal: bool =
     from i to l))."""
     b, l, _, r = summed.shape[:4]
     q_n = automata.delta.shape[1]
-    idx = torch.where(automata.delta < 0, q_n, automata.delta)  # [b, Q, C]
-    live = live_states(automata, known, l)  # [l + 1, Q]: the states whose messages anything reads
+    idx = _targets(automata.delta)  # [b, Q, C]
+    if live is None:  # [l + 1, Q]: the states whose messages anything reads (``live_automata`` gives both)
+        live = live_states(automata, known, l)
     rows = torch.arange(b, device=summed.device)
     beta = automata.accepting[:, :, None].to(summed.dtype).expand(b, -1, r).contiguous()
     out, scales = [beta], [summed.new_zeros(b)]
@@ -201,8 +263,16 @@ def log_accepted_mass(start: torch.Tensor, summed: torch.Tensor, automata: Autom
     """log sum_{x in L} s^T G_1(x^1) ... G_l(x^l) 1 = log sum_a s_a beta_0[a, q_0], the chain's accepted mass
     as its entries stand (unnormalized for a tempered train): start [b, r], the class sums -> [b] (-inf: nothing
     the chain can emit is accepted)."""
-    beta, scales = backward_messages(summed, automata, diagonal, known)
-    return (start.to(beta.dtype) * beta[:, 0, 0]).sum(1).log() + scales.sum(1)
+    automata, live = live_automata(automata, known, summed.shape[1])
+    beta, scales = backward_messages(summed, automata, diagonal, known, live)
+    return (start.to(beta.dtype) * _at_start(beta, automata)).sum(1).log() + scales.sum(1)
+
+
+def _at_start(beta: torch.Tensor, automata: Automata) -> torch.Tensor:
+    """beta_0 at each row's start state [b, r]: 0 where it has none left (``live_automata``: nothing accepted)."""
+    q = automata.initial
+    at = beta[torch.arange(beta.shape[0], device=beta.device), 0, q.clamp_min(0)]
+    return at * (q >= 0)[:, None]
 
 
 def log_acceptance(start: torch.Tensor, summed: torch.Tensor, automata: Automata, diagonal: bool = False
@@ -221,11 +291,15 @@ def constrained_marginals(start: torch.Tensor, cores: torch.Tensor, automata: Au
     token's p(x) ~ sum_{a, c} G_i(x)[a, c] W_i[class(x)][a, c], normalized over x. cores [b, l, V, r, r]
     (diagonal [b, l, V, r]) -> [b, l, V] (rows of zeros where nothing is accepted)."""
     b, l, v, r = cores.shape[:4]
-    q_n, c_n = automata.delta.shape[1:]
+    c_n = automata.delta.shape[2]
     summed = class_sums(cores, automata)
-    beta, _ = backward_messages(summed, automata, diagonal)
-    fwd = torch.zeros(b, r, q_n, dtype=cores.dtype, device=cores.device)
-    fwd[:, :, 0] = start.to(cores.dtype)
+    automata, live = live_automata(automata, None, l)
+    q_n = automata.delta.shape[1]
+    beta, _ = backward_messages(summed, automata, diagonal, None, live)
+    fwd = torch.zeros(b, r, q_n + 1, dtype=cores.dtype, device=cores.device)  # column Q: rows accepting nothing
+    q0 = automata.initial
+    fwd[torch.arange(b, device=cores.device), :, torch.where(q0 < 0, q_n, q0)] = start.to(cores.dtype)
+    fwd = fwd[..., :q_n]
     out = []
     idx = torch.where(automata.delta < 0, q_n, automata.delta).reshape(b, 1, q_n * c_n)
     tiny = torch.finfo(cores.dtype).tiny
@@ -261,10 +335,11 @@ def constrained_sample(start: torch.Tensor, cores: torch.Tensor, automata: Autom
     b, l, v, r = cores.shape[:4]
     c_n = automata.num_classes
     summed = class_sums(cores, automata) if summed is None else summed
-    beta, _ = backward_messages(summed, automata, diagonal, known)
+    automata, live = live_automata(automata, known, l)
+    beta, _ = backward_messages(summed, automata, diagonal, known, live)
     rows = torch.arange(b, device=cores.device)
-    q = torch.zeros(b, dtype=torch.long, device=cores.device)
-    w0 = start.to(cores.dtype) * beta[:, 0, 0]  # [b, r]
+    q = automata.initial.clamp_min(0)  # -1: the row accepts nothing (w0 = 0 below)
+    w0 = start.to(cores.dtype) * _at_start(beta, automata)  # [b, r]
     ok = w0.sum(1) > 0
     a = sample_categorical(w0, u=u[:, 0])
     out = torch.empty(b, l, dtype=torch.long, device=cores.device)
@@ -319,7 +394,7 @@ class Constrained:
     def accepts(self, x: torch.Tensor) -> torch.Tensor:
         """Whether the automaton of each row accepts its complete sequence x [b, l]. -> [b] bool."""
         rows = torch.arange(self.b, device=x.device)
-        q = torch.zeros(self.b, dtype=torch.long, device=x.device)
+        q = self.automata.initial
         for i in range(self.l):
             k = self.automata.token_class[rows, x[:, i]]
             q = torch.where(q >= 0, self.automata.delta[rows, q.clamp_min(0), k], q)

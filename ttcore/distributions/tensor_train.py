@@ -288,6 +288,8 @@ class TensorTrain:
         check_masked(tokens, mask, cores_masked.shape[0])
         _, v, r, _ = cores_masked.shape
         b, l = tokens.shape
+        if bool(mask.all()):  # every position masked (a block model's first step in a block): the head's cores
+            return cls(cores_masked.reshape(b, l, v, r, r), validate=False)
         onehot = torch.nn.functional.one_hot(tokens.clamp(0, v - 1), v).to(cores_masked.dtype)  # [b, l, v]
         eye = torch.eye(r, dtype=cores_masked.dtype, device=cores_masked.device)
         cores = onehot[:, :, :, None, None] * eye  # [b, l, v, r, r]

@@ -37,7 +37,8 @@ def check_constraint(constraint, sampler, model, tokens: torch.Tensor, mask_id: 
 
 def batch_automaton(constraints: list, sizes: list[int], device) -> Automata:
     """The automata of runs stepped together, one row per sequence, over each one's token classes
-    (``TokenDFA.classes``): Q and C the largest, the smaller padded with rejecting states and empty classes."""
+    (``TokenDFA.classes``): Q and C the largest, the smaller padded with rejecting states and empty classes. Runs
+    of one automaton share its tables (expanded, not copied: the messages reckon them once)."""
     q = max(c.num_states for c in constraints)
     k = max(c.classes[1].shape[1] for c in constraints)
     deltas, accepting, token_class = [], [], []
@@ -49,6 +50,9 @@ def batch_automaton(constraints: list, sizes: list[int], device) -> Automata:
         deltas.append(d.to(device).expand(n, -1, -1))
         accepting.append(a.to(device).expand(n, -1))
         token_class.append(cls.to(device).expand(n, -1))
+    if all(c is constraints[0] for c in constraints):
+        total = sum(sizes)
+        return Automata(*(t[0][:1].expand(total, *t[0].shape[1:]) for t in (deltas, accepting, token_class)))
     return Automata(torch.cat(deltas), torch.cat(accepting), torch.cat(token_class))
 
 
@@ -62,30 +66,30 @@ def constrained_joint(model, h: torch.Tensor, x: torch.Tensor, masked: torch.Ten
 
 def block_automaton(automata: Automata, tokens: torch.Tensor, start: torch.Tensor, size: int) -> Automata:
     """The automata of the block at positions start .. start + size - 1 of each row (``start`` [b]): started in
-    the state the row's tokens before the block lead to, and accepting in the states from which the whole
-    automaton can still accept in the positions after the block (every one masked: a block model's rows), so a
-    draw of the block from its joint restricted to this language is one that some accepted sequence continues
-    (``ttcore.sampling.steps.block``). The states are relabelled so that the start is state 0 (a swap per row)."""
-    delta, accepting, token_class = automata.delta, automata.accepting, automata.token_class
-    b, q_n, c_n = delta.shape
+    the state the row's tokens before the block lead to (``Automata.start``), and accepting in the states from
+    which the whole automaton can still accept in the positions after the block (every one masked: a block
+    model's rows), so a draw of the block from its joint restricted to this language is one that some accepted
+    sequence continues (``ttcore.sampling.steps.block``). Rows of one automaton (``delta`` expanded, as
+    ``batch_automaton`` gives a constraint's runs) share the accepting sets' work."""
+    delta, token_class = automata.delta, automata.token_class
+    b, q_n, _ = delta.shape
     rows = torch.arange(b, device=delta.device)
-    q = torch.zeros(b, dtype=torch.long, device=delta.device)
+    q = automata.initial
     for i in range(int(start.max())):  # the prefix's state (it is feasible: the run's draws kept it so)
         on = i < start  # rows whose block starts later (a row's position i past its start may be a [MASK])
         nxt = delta[rows, q.clamp_min(0), token_class[rows, torch.where(on, tokens[:, i], 0).clamp_min(0)]]
         q = torch.where(on, nxt, q)
     left = tokens.shape[1] - start - size  # [b] positions after the block
-    to = torch.where(delta < 0, q_n, delta)  # [b, Q, C]
-    co, at_left = accepting.clone(), accepting.clone()
-    for j in range(1, int(left.max()) + 1):  # co_j: can accept in exactly j more tokens
-        padded = torch.cat([co, torch.zeros(b, 1, dtype=torch.bool, device=co.device)], 1)
-        co = padded.gather(1, to.view(b, -1)).view(b, q_n, c_n).any(2)
-        at_left = torch.where((left == j)[:, None], co, at_left)
-    swap = torch.arange(q_n, device=delta.device).expand(b, -1).clone()  # state 0 <-> the start state
-    swap[rows, 0], swap[rows, q] = q, 0
-    moved = delta.gather(1, swap[:, :, None].expand(-1, -1, c_n))  # rows of the relabelled states
-    relabelled = torch.where(moved < 0, moved, swap.gather(1, moved.clamp_min(0).view(b, -1)).view(b, q_n, c_n))
-    return Automata(relabelled, at_left.gather(1, swap), token_class)
+    shared = b > 1 and delta.stride(0) == 0 and automata.accepting.stride(0) == 0
+    one = slice(0, 1) if shared else slice(None)
+    to = torch.where(delta[one] < 0, q_n, delta[one]).flatten(1)  # [b or 1, Q C]
+    co = automata.accepting[one]
+    ahead = [co]  # ahead[j]: the states that can accept in exactly j more tokens
+    for _ in range(int(left.max())):
+        co = torch.cat([co, co.new_zeros(co.shape[0], 1)], 1).gather(1, to).view(co.shape[0], q_n, -1).any(2)
+        ahead.append(co)
+    ahead = torch.stack(ahead, 1)  # [b or 1, n + 1, Q]
+    return Automata(delta, ahead[rows if not shared else 0, left], token_class, q)
 
 
 FLOOR = 1e-300  # the float64 weight a rescued row gives a value its joint rounded to 0 (``constrained_step``)
