@@ -5,13 +5,16 @@ before it, all blocks in one pass: ``ttcore.losses.block_diffusion_loss``). Vali
 (``ttcore.sampling.blocks.block_log_prob``). A joint head (CP / TT) over each block: ``finetune.py`` on its
 checkpoint, which keeps the kind and its objective.
 
-``--base`` starts from a full-sequence masked diffusion checkpoint instead (BD3-LM's start from an MDLM): its
-weights, head and tokenizer, its attention made block-causal; a length that ``--block-size`` does not divide is
+``--base`` starts from a full-sequence masked diffusion checkpoint instead (BD3-LM's start from an MDLM), or from
+an autoregressive one (SDAR's start: its inputs stay shifted right, ``DiTConfig.causal``, so b = 1 is that model):
+its weights, head and tokenizer, its attention made block-causal; a length that ``--block-size`` does not divide is
 padded up to a multiple of it (tokenizers that pad, as SMILES'), the other model settings are the base's.
 
     python training/train_blocks.py --config qm9 --block-size 4 --out runs/qm9-blocks4 --max-minutes 150 --resume
     python training/train_blocks.py --config qm9_finetune --base checkpoints/qm9-none-r1 --block-size 2 \
         --out runs/qm9-b2-from-mdlm --max-steps 300 --resume
+    python training/train_blocks.py --config qm9_finetune --base runs/qm9-ar-from-mdlm --block-size 4 \
+        --out runs/qm9-b4-from-ar --max-steps 0
     python training/train_blocks.py --config tiny --data tests/data/qm9_sample.txt --block-size 2 --out runs/tiny-b2
 """
 
@@ -43,8 +46,8 @@ def main():
                     help="tokens per block (must divide the tokenizer's length; 1: autoregressive over tokens)")
     ap.add_argument("--tokenizer", help="a directory holding the tokenizer.json to use (a checkpoint's: the model "
                                         "then shares that checkpoint's vocabulary)")
-    ap.add_argument("--base", help="a full-sequence masked diffusion checkpoint to start from (its weights, head and "
-                                   "tokenizer)")
+    ap.add_argument("--base", help="a full-sequence masked diffusion or an autoregressive checkpoint to start from "
+                                   "(its weights, head and tokenizer)")
     args = ap.parse_args()
     cfg = config_from_args(args, {"model.block_size": args.block_size, "model.latent_dim": 0})
     if args.base and not finds_train_state(args):

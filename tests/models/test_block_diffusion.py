@@ -39,8 +39,9 @@ def test_the_masks_are_their_definitions():
         assert bool(m[i, j]) == want, (i, j)
 
 
-def test_a_block_reads_only_the_blocks_up_to_it():
-    model = _model(length=6)
+@pytest.mark.parametrize("shifted", [False, True])
+def test_a_block_reads_only_the_blocks_up_to_it(shifted):
+    model = _model(length=6, shifted=shifted)
     x = torch.randint(0, 3, (4, 6))
     h = model.features(x)
     y = x.clone()
@@ -50,10 +51,12 @@ def test_a_block_reads_only_the_blocks_up_to_it():
     assert not torch.allclose(model.features(y)[:, 2:4], h[:, 2:4], atol=1e-5)
 
 
-def test_the_training_pass_gives_each_block_what_generation_computes_for_it():
+@pytest.mark.parametrize("shifted", [False, True])
+def test_the_training_pass_gives_each_block_what_generation_computes_for_it(shifted):
     """BD3-LM's one pass over [x_t, x_0] against generation's view, block by block: the committed clean blocks
-    before B, then B noised as x_t (what comes after is irrelevant to B)."""
-    model = _model(length=6)
+    before B, then B noised as x_t (what comes after is irrelevant to B). Shifted inputs: B's first position reads
+    the clean token before B (``training_inputs``), as generation's forward of the view reads it."""
+    model = _model(length=6, shifted=shifted)
     x0 = torch.randint(0, 3, (3, 6))
     x_t = torch.where(torch.rand(3, 6) < 0.5, torch.full_like(x0, 3), x0)
     h = training_features(model, x_t, x0)
@@ -65,7 +68,7 @@ def test_the_training_pass_gives_each_block_what_generation_computes_for_it():
 
 def test_a_full_sequence_model_becomes_a_block_model_of_its_weights():
     """JointModel.as_blocks (BD3-LM's start from an MDLM): one block of the whole length is the full-sequence model
-    itself; smaller blocks make it block-causal; a padded length reads the same weights; a causal model is refused."""
+    itself; smaller blocks make it block-causal; a padded length reads the same weights."""
     full = _model(length=4, block=0)
     x = torch.randint(0, 3, (5, 4))
     one = full.as_blocks(4).eval()
@@ -75,9 +78,32 @@ def test_a_full_sequence_model_becomes_a_block_model_of_its_weights():
     assert all(torch.equal(a, b) for a, b in zip(two.state_dict().values(), full.state_dict().values()))
     y = torch.cat([x, torch.full((5, 2), 3)], 1)  # block 0 reads itself alone: the base on those two tokens
     assert torch.allclose(two.features(y)[:, :2], full.features(x[:, :2]), atol=1e-5)
-    causal = JointModel(ModelConfig(DiTConfig(**{**full.cfg.dit.__dict__, "causal": True})))
-    with pytest.raises(ValueError, match="not also a causal one"):
-        causal.as_blocks(2)
+
+
+def test_an_autoregressive_model_becomes_a_block_model_of_its_weights_and_at_one_token_a_block_is_itself():
+    """SDAR's start: ``as_blocks`` of an autoregressive model keeps its shifted inputs; at b = 1 its exact
+    likelihood is the autoregressive model's on every sequence (position i reads x^{i-1} and attends to positions
+    up to i in both); at b = 2 the rank-1 block joint's likelihood sums to 1 and differs from it (a block's first
+    position now reads its block's other position, a [MASK] the autoregressive model never saw)."""
+    from ttcore.kinds.autoregressive import ar_log_prob
+
+    torch.manual_seed(0)
+    dit = DiTConfig(vocab_size=4, out_vocab=3, length=4, hidden_dim=32, cond_dim=16, n_blocks=2, n_heads=2,
+                    causal=True)
+    ar = JointModel(ModelConfig(dit, "none", 1, "1layer"))
+    with torch.no_grad():
+        for p in ar.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    ar.eval()
+    every = torch.tensor(list(itertools.product(range(3), repeat=4)))
+    one, two = ar.as_blocks(1).eval(), ar.as_blocks(2).eval()
+    assert one.cfg.kind.name == "block_diffusion" and one.cfg.dit.causal and two.cfg.dit.causal
+    with torch.no_grad():
+        want = ar_log_prob(ar, every).double()
+        assert torch.allclose(block_log_prob(one, every), want, atol=1e-5)
+        got = block_log_prob(two, every)
+        assert torch.allclose(got.exp().sum(), torch.tensor(1.0, dtype=torch.float64))
+        assert not torch.allclose(got, want, atol=1e-3)
 
 
 def test_with_one_block_the_loss_is_mdlms_joint_nll():
@@ -94,9 +120,10 @@ def test_with_one_block_the_loss_is_mdlms_joint_nll():
     assert torch.allclose(ours["nelbo"], theirs["nelbo"], atol=1e-5)
 
 
-@pytest.mark.parametrize("decomposition,rank", [("none", 1), ("cp", 3), ("tt", 2)])
-def test_the_exact_likelihood_sums_to_one_over_every_sequence(decomposition, rank):
-    model = _model(decomposition, rank)
+@pytest.mark.parametrize("decomposition,rank,shifted", [("none", 1, False), ("cp", 3, False), ("tt", 2, False),
+                                                        ("tt", 2, True)])
+def test_the_exact_likelihood_sums_to_one_over_every_sequence(decomposition, rank, shifted):
+    model = _model(decomposition, rank, shifted=shifted)
     every = torch.tensor(list(itertools.product(range(3), repeat=4)))  # 81 sequences
     assert abs(block_log_prob(model, every).exp().sum().item() - 1) < 1e-5
     assert BLOCK_DIFFUSION.exact_nll(model, every[:7]).item() == pytest.approx(
@@ -138,10 +165,12 @@ def test_what_a_block_model_scores_exactly_is_a_suffix_of_whole_blocks():
         block_score(model, torch.zeros(6, 4, dtype=torch.long), mask)
 
 
-@pytest.mark.parametrize("decomposition,rank", [("none", 1), ("cp", 3), ("tt", 2)])
-def test_one_step_per_block_draws_the_exact_likelihoods_law(decomposition, rank):
-    """Chi-square of 20,000 sequences drawn at k = 1 against exp(block_log_prob) over all 81, for each head."""
-    model = _model(decomposition, rank)
+@pytest.mark.parametrize("decomposition,rank,shifted", [("none", 1, False), ("cp", 3, False), ("tt", 2, False),
+                                                        ("tt", 2, True)])
+def test_one_step_per_block_draws_the_exact_likelihoods_law(decomposition, rank, shifted):
+    """Chi-square of 20,000 sequences drawn at k = 1 against exp(block_log_prob) over all 81, for each head, and
+    for a TT over shifted inputs (``DiTConfig.causal``)."""
+    model = _model(decomposition, rank, shifted=shifted)
     every = torch.tensor(list(itertools.product(range(3), repeat=4)))
     p = block_log_prob(model, every).exp().detach()
     drawn = _draw(model, N_DRAWS, 1, seed=1)
@@ -348,14 +377,15 @@ def test_the_kind_claims_block_models_and_refuses_the_full_sequence_loop():
     assert torch.isfinite(loss["loss"]) and model.head.proj.weight.grad.abs().sum() > 0
 
 
-def test_the_cache_gives_each_block_the_full_forwards_features():
+@pytest.mark.parametrize("shifted", [False, True])
+def test_the_cache_gives_each_block_the_full_forwards_features(shifted):
     """In float64, rows at different blocks in one call: the current block's features over each row's cache of
     committed blocks (the clean blocks it does not yet hold run in the same call, the rest are pads) equal the full
     forward's (the block noised, the later ones anything), zero elsewhere; the cache then holds the committed
     blocks, and the next block's step reads it."""
     from ttcore.models.block_cache import block_step_features, empty_cache
 
-    model = _model(length=8).double()
+    model = _model(length=8, shifted=shifted).double()
     x0 = torch.randint(0, 3, (4, 8))
     x_t = torch.where(torch.rand(4, 8) < 0.5, torch.full_like(x0, 3), x0)
     block = torch.tensor([0, 1, 3, 2])  # each row's current block
@@ -383,14 +413,14 @@ def test_the_cache_gives_each_block_the_full_forwards_features():
             block_step_features(model, cache, x0, torch.full((4,), 2))  # behind what the cache holds
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_a_run_over_the_cache_draws_what_it_draws_without_one(precision):
+@pytest.mark.parametrize("precision,shifted", [("fp32", False), ("bf16", False), ("fp32", True)])
+def test_a_run_over_the_cache_draws_what_it_draws_without_one(precision, shifted):
     """``sampler: blocks`` over the block cache and without it (the prefix's forward each step) give the same
     tokens (float64: exactly; bf16 autocast: the cache's buffers in bf16, the run finishes), prompts included, and
     a run whose cache was dropped (as the service drops a run that sits out a step) carries on the same."""
     from ttcore.sampling import GenerationRun, SamplerConfig
 
-    model = _model(length=8).double() if precision == "fp32" else _model(length=8)
+    model = _model(length=8, shifted=shifted).double() if precision == "fp32" else _model(length=8)
     model.precision = precision
     eb = {"block_eb_gamma": 0.3, "sampler": "blocks"}  # rows of one run at different blocks
     for steps, prompt, settings in ((4, None, {}), (8, torch.tensor([1, 2, 0, 3, 3, 3, 3, 3]), {}),

@@ -45,13 +45,14 @@ def run_together(model, runs: list) -> list:
 
 
 def tiny_block_model(decomposition: str = "tt", rank: int = 2, v: int = 3, length: int = 4, block: int = 2,
-                     seed: int = 0, head_scale: float = 1.0) -> JointModel:
+                     seed: int = 0, head_scale: float = 1.0, shifted: bool = False) -> JointModel:
     """A tiny block diffusion model (``DiTConfig.block_size``) of ``decomposition`` and ``rank`` with every weight
     perturbed by 0.1 * N(0, 1) (away from the initialization's symmetric joint), the head's then times
-    ``head_scale`` (> 1: sharper joints), eval mode."""
+    ``head_scale`` (> 1: sharper joints), eval mode. ``shifted``: inputs shifted right (``DiTConfig.causal``, the
+    layout of a block model started from an autoregressive one)."""
     torch.manual_seed(seed)
     dit = DiTConfig(vocab_size=v + 1, out_vocab=v, length=length, hidden_dim=32, cond_dim=16, n_blocks=2, n_heads=2,
-                    block_size=block)
+                    block_size=block, causal=shifted)
     model = JointModel(ModelConfig(dit, decomposition, rank, "1layer"))
     with torch.no_grad():
         for p in model.parameters():

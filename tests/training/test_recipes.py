@@ -459,8 +459,10 @@ def test_a_non_finite_loss_stops_the_run_with_a_clear_error_and_writes_nothing_a
 def test_ar_recipe_trains_resumes_exactly_and_exports(tmp_path, checkpoints):
     """training/train_ar.py at its smallest: the AR objective falls, the checkpoint is causal with the rank-1 head and
     an exact validation line; a resumed run continues to the same weights as one straight run; export keeps it;
-    --base starts from a full-sequence checkpoint (its size and vocabulary) and refuses a joint one."""
+    --base starts from a full-sequence checkpoint (its size and vocabulary) and refuses a joint one; train_blocks.py
+    --base starts a block model from the AR checkpoint, at b = 1 the same model."""
     from ttcore.kinds.autoregressive import ar_log_prob
+    from ttcore.sampling.blocks import block_log_prob
 
     common = ["--config", "tiny", "--data", SAMPLE, "--quiet", "--set", "val_every=10", "total_steps=20"]
     straight = _run(ROOT / "training" / "train_ar.py", "--out", tmp_path / "a", "--max-steps", 20, *common)
@@ -493,6 +495,14 @@ def test_ar_recipe_trains_resumes_exactly_and_exports(tmp_path, checkpoints):
     joint = _run(ROOT / "training" / "train_ar.py", "--base", checkpoints / "qm9-tt-r2", "--out", tmp_path / "d",
                  "--max-steps", 2, *common)
     assert joint.wait(timeout=300) != 0 and "an autoregressive model has a rank-1 head" in stderr_tail(joint)
+    blocks = _run(ROOT / "training" / "train_blocks.py", "--base", tmp_path / "c", "--block-size", 1, "--out",
+                  tmp_path / "c-b1", "--max-steps", 0, *common)  # SDAR's start: at b = 1 the same model
+    assert blocks.wait(timeout=300) == 0, stderr_tail(blocks)
+    b1, _, _ = load_checkpoint(tmp_path / "c-b1")
+    assert b1.cfg.kind.name == "block_diffusion" and b1.cfg.dit.causal and b1.cfg.kind.base(b1.cfg) == "sdar"
+    x = torch.tensor([ar_tok.encode(s) for s in SAMPLE.read_text().split()[:16]])
+    with torch.no_grad():
+        assert torch.allclose(block_log_prob(b1.eval(), x), ar_log_prob(ar.eval(), x).double(), atol=1e-4)
 
 
 def test_block_recipe_trains_a_block_model_that_finetunes_to_tt_and_generates(tmp_path, checkpoints):

@@ -33,7 +33,7 @@ class BlockDiffusion(ModelKind):
             raise ValueError("a block diffusion model is the DiT without a latent (no pretrained backbone, no VADD)")
 
     def base(self, cfg) -> str:
-        return "bd3lm"
+        return "sdar" if cfg.dit.causal else "bd3lm"  # shifted inputs: started from an autoregressive model
 
     def model_id(self, family: str, cfg) -> str:
         return f"{family}-blocks{cfg.dit.block_size}-{cfg.decomposition}-r{cfg.rank}"

@@ -7,7 +7,11 @@ block-causal mask (``block_causal_mask``) makes block B's features a function of
 every block is noised at once, each given the clean blocks before it, in one pass over the 2l tokens
 [x_t, x_0] (``training_mask``, as BD3-LM's vectorized training): x_t's block B reads x_t's block B and x_0's
 blocks < B; x_0's block B reads x_0's blocks <= B (its keys are what generation's clean blocks give). Both
-halves take positions 0..l-1 (``training_positions``), so x_t's block B sees the same keys as at generation."""
+halves take positions 0..l-1 (``training_positions``), so x_t's block B sees the same keys as at generation.
+
+A model with shifted inputs (``DiTConfig.causal`` with a block size: position i reads x^{i-1}) reads at the first
+position of each block the last token of the block before, clean at generation: x_t's half reads it from x_0
+(``training_inputs``)."""
 
 import torch
 
@@ -40,14 +44,27 @@ def training_positions(length: int, device=None) -> torch.Tensor:
     return torch.arange(length, device=device).repeat(2)
 
 
+def training_inputs(cfg, x_t: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+    """What the 2l positions of [x_t, x_0] read -> [b, 2l]: the halves themselves, or for a model with shifted
+    inputs (``cfg.causal``, a ``DiTConfig``) each half shifted right (the start token [MASK] at position 0), x_t's
+    first position of every block reading x_0's token before it (the committed token generation reads there)."""
+    if not cfg.causal:
+        return torch.cat([x_t, x0], 1)
+    start = torch.full_like(x0[:, :1], cfg.mask_id)
+    clean = torch.cat([start, x0[:, :-1]], 1)
+    first = torch.arange(x0.shape[1], device=x0.device) % cfg.block_size == 0
+    noisy = torch.where(first, clean, torch.cat([start, x_t[:, :-1]], 1))
+    return torch.cat([noisy, clean], 1)
+
+
 def training_features(model, x_t: torch.Tensor, x0: torch.Tensor, sigma: torch.Tensor | None = None) -> torch.Tensor:
     """The features of x_t [b, l] with every block given the clean blocks of x0 before it, in one pass over
     [x_t, x_0] -> [b, l, d]: block B's rows are what generation computes for block B noised as x_t after the
     clean blocks x0_{<B} (``tests/models/test_block_attention.py`` checks it block by block)."""
     b, l = x_t.shape
     size = model.cfg.dit.block_size
-    x, c = model.backbone(torch.cat([x_t, x0], 1), sigma, attn_mask=training_mask(l, size, x_t.device),
-                          positions=training_positions(l, x_t.device))
+    x, c = model.backbone(training_inputs(model.cfg.dit, x_t, x0), sigma, attn_mask=training_mask(l, size, x_t.device),
+                          positions=training_positions(l, x_t.device), shifted=True)
     return model.output_layer.features(x[:, :l], c)
 
 

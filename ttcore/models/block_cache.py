@@ -51,7 +51,7 @@ def block_step_features(model, cache: KVCache, x: torch.Tensor, end: torch.Tenso
     pos = torch.where(pos < end[:, None], pos, l)
     block = torch.arange(size, device=x.device)[None]
     keep = (start - cache.filled)[:, None] + block  # [b, size]: the current block's place among the n
-    y = model.backbone.decode(x.gather(1, pos.clamp_max(l - 1)), pos, cache.layers, cache.mods, keep)
+    y = model.backbone.decode(model.backbone.read(x, pos), pos, cache.layers, cache.mods, keep)
     f = model.output_layer.features(y, cache.c)  # [b, size, d]
     h = f.new_zeros(b, l, f.shape[-1])
     h.scatter_(1, (start[:, None] + block)[..., None].expand_as(f), f)

@@ -32,15 +32,14 @@ class DiTConfig:
     time_conditioning: bool = False
     rotary_values: bool = True
     latent_dim: int = 0  # > 0: a VADD latent z (Sec. 4.4) enters the conditioning (adaLN) of every block
-    causal: bool = False  # autoregressive (``ttcore.kinds.autoregressive``): causal attention, inputs shifted right
+    causal: bool = False  # inputs shifted right (position i reads x^{i-1}): alone, the autoregressive model
+    # (``ttcore.kinds.autoregressive``: causal attention); with block_size, a block model of next-token layout
     block_size: int = 0  # > 0: block diffusion (``ttcore.kinds.block_diffusion``): blocks of this many tokens
 
     def __post_init__(self):
         if self.block_size < 0 or (self.block_size and self.length % self.block_size):
             raise ValueError(f"block_size must be 0 (full-sequence) or divide the length {self.length}, got "
                              f"{self.block_size}")
-        if self.block_size and self.causal:
-            raise ValueError("a block diffusion model is not also a causal one: block_size > 0 takes causal false")
         if self.time_conditioning:  # training, scoring and sampling would each feed the network another time
             raise ValueError("time_conditioning=True is not supported: ttcore's samplers and scores feed the "
                              "network no time (sigma = 0), as mdlm-owt's checkpoints expect; a checkpoint trained "
@@ -193,9 +192,12 @@ class DDiTBlock(nn.Module):
 class DiT(nn.Module):
     """x_t [b, l] -> final features [b, l, d] (``features``); the output layer lives in the heads.
 
-    ``causal``: the same blocks as an autoregressive model: attention only to earlier positions, and the input
-    shifted one position right with [MASK] as the start token, so position i's features see x^{<i} only and its
-    head predicts p(x^i | x^{<i}) (``ttcore.kinds.autoregressive``)."""
+    ``causal``: the input shifted one position right with [MASK] as the start token (position i reads x^{i-1},
+    ``read``). Alone, the same blocks as an autoregressive model: attention only to earlier positions, so position
+    i's features see x^{<i} only and its head predicts p(x^i | x^{<i}) (``ttcore.kinds.autoregressive``). With
+    ``block_size``, block-causal attention over the shifted inputs (SDAR's next-token layout, a block model started
+    from an autoregressive one): block B's positions read the last token before B and B's own tokens but its last;
+    at b = 1 that is the autoregressive model exactly."""
 
     def __init__(self, cfg: DiTConfig):
         super().__init__()
@@ -227,18 +229,28 @@ class DiT(nn.Module):
             c = c + self.latent_map(z.to(self.latent_map.weight.dtype))
         return F.silu(c)
 
+    def read(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """The tokens positions ``pos`` [b, n] read from sequences x [b, l]: x^{pos} or, ``causal``, x^{pos-1} (the
+        start token [MASK] at position 0); a position past the end reads the last token (a pad's input)."""
+        l = x.shape[1]
+        if not self.cfg.causal:
+            return x.gather(1, pos.clamp_max(l - 1))
+        before = x.gather(1, (pos - 1).clamp(0, l - 1))
+        return torch.where(pos > 0, before, torch.full_like(before, self.cfg.mask_id))
+
     def forward(self, x_t: torch.Tensor, sigma: torch.Tensor | None = None,
                 z: torch.Tensor | None = None, kv: list | None = None, attn_mask: torch.Tensor | None = None,
-                positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                positions: torch.Tensor | None = None, shifted: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (features [b, n, d], conditioning c [b, cond_dim]) of x_t [b, n]. ``z`` [b, latent_dim]: the VADD
         latent (required when ``latent_dim`` > 0, refused otherwise). ``kv`` (a causal model): a list that
         receives every block's keys and values (``ttcore.models.kv_cache``). ``attn_mask`` [n, n] bool and
         ``positions`` [n] (each token's position, for the rotary tables): a block diffusion model's training
         pass over [x_t, x_0] (``ttcore.models.block_attention``); by default positions 0..n-1 and, for a block diffusion
-        model, its block-causal attention."""
+        model, its block-causal attention. ``shifted``: x_t is already what each position reads (a causal model's
+        training pass over [x_t, x_0] shifts each half itself)."""
         b, n = x_t.shape
         c = self.conditioning(b, sigma, z, x_t.device)
-        if self.cfg.causal:  # position i reads x^{i-1}; position 0 the start token
+        if self.cfg.causal and not shifted:  # position i reads x^{i-1}; position 0 the start token
             x_t = torch.cat([torch.full_like(x_t[:, :1], self.cfg.mask_id), x_t[:, :-1]], 1)
         if attn_mask is None and self.cfg.block_size:
             from .block_attention import block_causal_mask

@@ -121,10 +121,12 @@ class JointModel(nn.Module):
         return model
 
     def as_blocks(self, block_size: int, length: int | None = None) -> "JointModel":
-        """BD3-LM's start from a masked diffusion model: this model's weights (backbone and head) as a block
-        diffusion model of blocks of ``block_size`` tokens (``ttcore.kinds.block_diffusion``) over ``length``
-        positions (default its own; RoPE positions, so no weight depends on the length). Its config's checks refuse
-        what cannot be one (a causal model, a latent, a pretrained backbone, a size that does not divide)."""
+        """BD3-LM's start from a masked diffusion model, or SDAR's from an autoregressive one: this model's weights
+        (backbone and head) as a block diffusion model of blocks of ``block_size`` tokens
+        (``ttcore.kinds.block_diffusion``) over ``length`` positions (default its own; RoPE positions, so no weight
+        depends on the length); an autoregressive model's inputs stay shifted (``DiTConfig.causal``), so at
+        ``block_size`` 1 it is the same model. Its config's checks refuse what cannot be one (a latent, a pretrained
+        backbone, a size that does not divide)."""
         dit = replace(self.cfg.dit, block_size=block_size, length=length or self.cfg.dit.length)
         model = type(self)(replace(self.cfg, dit=dit, extra=dict(self.cfg.extra))).to(next(self.parameters()))
         model.load_state_dict(self.state_dict())

@@ -71,8 +71,7 @@ def decode(model, x: torch.Tensor, cache: KVCache, pos: torch.Tensor | None = No
     b, l = x.shape
     start = model.cfg.dit.mask_id  # [MASK], the causal model's start token
     pos = first_masked(x, start).clamp_max(l - 1) if pos is None else pos
-    inputs = torch.where(pos > 0, x.gather(1, (pos - 1).clamp_min(0)[:, None])[:, 0], start)
-    y = model.backbone.decode(inputs[:, None], pos[:, None], cache.layers, cache.mods)
+    y = model.backbone.decode(model.backbone.read(x, pos[:, None]), pos[:, None], cache.layers, cache.mods)
     f = model.output_layer.features(y, cache.c)  # [b, 1, d]
     h = f.new_zeros(b, l, f.shape[-1])
     h[torch.arange(b, device=x.device), pos] = f[:, 0]
