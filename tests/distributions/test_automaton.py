@@ -12,6 +12,7 @@ from ttcore.distributions.automaton import (
     class_sums,
     constrained_marginals,
     constrained_sample,
+    log_accepted_mass,
     log_acceptance,
 )
 
@@ -158,6 +159,19 @@ def test_a_language_the_chain_cannot_reach_gives_zero_and_no_draw():
     assert log_acceptance(start, class_sums(cores, automata), automata) == -np.inf
     u = torch.rand(1, 2 * L + 1, dtype=torch.float64)
     assert (constrained_sample(start, cores, automata, u) == -1).all()
+
+
+def test_known_tokens_no_accepted_sequence_agrees_with_give_zero_and_no_draw():
+    """The same language through ``known`` (position 2's token 1, which every state rejects): no state is live
+    at any position, the accepted mass is 0 (-inf) and the draw is -1s, for every row."""
+    start, cores, _, _ = _chains("tt", 0)
+    automata = _rows(torch.tensor([[0, -1, -1]]), torch.tensor([True]), 2)
+    known = torch.full((2, L), -1)
+    known[:, 2] = 1
+    starts, rows_cores = start.expand(2, -1), cores.expand(2, *cores.shape[1:])
+    assert (log_accepted_mass(starts, class_sums(rows_cores, automata), automata, False, known) == -np.inf).all()
+    u = torch.rand(2, 2 * L + 1, dtype=torch.float64)
+    assert (constrained_sample(starts, rows_cores, automata, u, known=known) == -1).all()
 
 
 def _joint(kind: str, seed: int):

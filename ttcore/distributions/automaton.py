@@ -191,6 +191,8 @@ def live_automata(automata: Automata, known: torch.Tensor | None, l: int) -> tup
     keep = live.any(0)
     if bool(keep.all()):
         return automata, live
+    if not bool(keep.any()):  # no row accepts anything: one state kept (its messages 0), so nothing is empty
+        keep[0] = True
     q_n = keep.shape[0]
     new = torch.full((q_n + 1,), -1, dtype=torch.long, device=keep.device)  # old state (Q: rejected) -> new
     new[keep.nonzero()[:, 0]] = torch.arange(int(keep.sum()), device=keep.device)
