@@ -90,7 +90,7 @@ def violations(args) -> None:
 def _run_seconds(model, n: int, steps: int, constraint) -> float:
     from ttcore.sampling import GenerationRun, SamplerConfig, batch_step
 
-    config = SamplerConfig(**model.cfg.kind.request_defaults())  # a block model's: `sampler: blocks`
+    config = SamplerConfig(**model.cfg.kind.request_defaults(model.cfg))  # a block model's: `sampler: blocks`
     run = GenerationRun(model, n, steps, config, seed=0, constraint=constraint)
     t0 = time.perf_counter()
     with model.compute_context():

@@ -17,7 +17,8 @@ class ModelInfo(BaseModel):
         "autoregressive model: one token a step, left to right; `steps` defaults to its length; asked for by "
         "`checkpoint` only) or `bd3lm` (block diffusion: `sampler: blocks`, `steps` k times its blocks, one step a "
         "block by default; asked for by `checkpoint` only) or `sdar` (the same, its inputs shifted right as the "
-        "autoregressive model's it started from).")
+        "autoregressive model's it started from; `ordering` inside a block left to right unless set: a block's last "
+        "token is read by the next block only).")
     block_size: int = Field(0, description="A block diffusion checkpoint's tokens per block (0: not one): `steps` is "
                                            "k times its length / block_size blocks, 1 <= k <= block_size (k steps "
                                            "a block; k = 1: each block one exact joint draw), or with "

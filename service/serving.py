@@ -137,7 +137,7 @@ class Serving:
         update = {}
         if "steps" not in request.model_fields_set and lm.info.default_steps is not None:
             update["steps"] = lm.info.default_steps
-        for name, value in lm.kind.request_defaults().items():
+        for name, value in lm.kind.request_defaults(lm.model.cfg).items():
             if name not in request.model_fields_set:
                 update[name] = value
         return request.model_copy(update=update) if update else request

@@ -12,8 +12,8 @@ from ttcore.distributions.automaton import (
     class_sums,
     constrained_marginals,
     constrained_sample,
-    log_accepted_mass,
     log_acceptance,
+    log_accepted_mass,
 )
 
 L, V, R, Q = 4, 3, 2, 3

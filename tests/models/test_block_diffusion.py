@@ -357,6 +357,10 @@ def test_what_sampler_blocks_does_not_take_is_refused_naming_the_field():
 def test_the_kind_claims_block_models_and_refuses_the_full_sequence_loop():
     model = _model()
     assert model.cfg.kind is BLOCK_DIFFUSION and model.cfg.kind.base(model.cfg) == "bd3lm"
+    assert BLOCK_DIFFUSION.request_defaults(model.cfg) == {"sampler": "blocks"}
+    shifted = _model(shifted=True).cfg  # its block's last token is read by the next block only: left to right
+    assert shifted.kind.base(shifted) == "sdar"
+    assert BLOCK_DIFFUSION.request_defaults(shifted) == {"sampler": "blocks", "ordering": "left_to_right"}
     with pytest.raises(InvalidSampler, match="sampler blocks"):
         list(generate(model, 2, 2, seed=0))
     for settings, field in (({"steps": 3}, "steps"), ({"steps": 6}, "steps"),

@@ -98,7 +98,7 @@ class Autoregressive(ModelKind):
     def default_steps(self, cfg) -> int:
         return cfg.dit.length  # one token a step
 
-    def request_defaults(self) -> dict:
+    def request_defaults(self, cfg=None) -> dict:
         return {"ordering": ORDERING}
 
     def check_run(self, config, steps: int, tokens: torch.Tensor, mask_id: int, constrained: bool) -> None:

@@ -49,8 +49,9 @@ class ModelKind:
         """The steps a request that sets none gets (None: the API's default)."""
         return None
 
-    def request_defaults(self) -> dict:
-        """Sampler settings this kind fixes when a request leaves them unset (request field -> value)."""
+    def request_defaults(self, cfg=None) -> dict:
+        """Sampler settings this kind fixes when a request leaves them unset (request field -> value); ``cfg`` (the
+        checkpoint's ``ModelConfig``, optional): those its own model asks for too."""
         return {}
 
     def check_run(self, config, steps: int, tokens: torch.Tensor, mask_id: int, constrained: bool) -> None:

@@ -41,8 +41,13 @@ class BlockDiffusion(ModelKind):
     def default_steps(self, cfg) -> int:
         return cfg.dit.length // cfg.dit.block_size  # one step a block: each block one exact joint draw
 
-    def request_defaults(self) -> dict:
-        return {"sampler": "blocks"}
+    def request_defaults(self, cfg=None) -> dict:
+        """``sampler: blocks``; for a model with shifted inputs (``DiTConfig.causal``, started from an AR model)
+        also ``ordering: left_to_right`` inside a block: its block's last token is an input of the next block only,
+        so an order that unmasks it before the others draws them without reading it (QM9 b = 4 at two steps a
+        block: 43.6% valid in random order, 72.9% left to right; docs/block-diffusion.md)."""
+        shifted = cfg is not None and cfg.dit.causal
+        return {"sampler": "blocks", **({"ordering": "left_to_right"} if shifted else {})}
 
     def calibration(self, settings: dict, steps: int, cfg) -> tuple[dict, int, bool]:
         """The mean step of a one-step-a-block run, timed over the whole run: with the cache its first step runs
