@@ -18,7 +18,9 @@ def test_ray_serve_streams_and_validates(ray_server, checkpoints):
     models = httpx.get(ray_server + "/models").json()["models"]
     assert len(models) == 4
     length = next(m for m in models if m["model"] == "qm9")["length"]
-    body = dict(num_samples=32, steps=25, seed=5, ordering="top_prob")
+    # 256 sequences: long enough that the probe at the first event finds it running even beside another test worker
+    # (32 finished first once in a CI run: in flight 0 although streamed)
+    body = dict(num_samples=256, steps=25, seed=5, ordering="top_prob")
     events = stream_events(ray_server, body)
     steps = [e for e in events if e[1] == "step"]
     assert len(steps) == min(25, length) and events[-1][1] == "done"  # idle steps send no event
