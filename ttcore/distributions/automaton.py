@@ -58,7 +58,7 @@ class Automata:
         n = torch.arange(self.delta.shape[0], device=self.delta.device)[index].numel()
 
         def rows(t):  # a shared tensor stays shared
-            return t[:1].expand(n, *t.shape[1:]) if t.shape[0] > 1 and t.stride(0) == 0 else t[index]
+            return t[:1].expand(n, *t.shape[1:]) if shared(t) else t[index]
         return Automata(rows(self.delta), rows(self.accepting), rows(self.token_class),
                         None if self.start is None else self.start[index])
 
@@ -98,13 +98,22 @@ def _gather_ahead(beta: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
     return padded.gather(2, idx.reshape(b, 1, q_n * c).expand(b, r, q_n * c)).view(b, r, q_n, c)
 
 
-def _targets(delta: torch.Tensor) -> torch.Tensor:
-    """delta [b, Q, C] with the rejections (-1) sent to Q, a zero row callers append; rows of one automaton
-    (``delta`` expanded) computed once and expanded again."""
-    one = delta.shape[0] > 1 and delta.stride(0) == 0
-    head = delta[:1] if one else delta
-    idx = torch.where(head < 0, delta.shape[1], head)
-    return idx.expand_as(delta) if one else idx
+def shared(t: torch.Tensor) -> bool:
+    """Whether the rows of ``t`` are one row expanded (stride 0: ``batch_automaton``'s runs of one constraint)."""
+    return t.shape[0] > 1 and t.stride(0) == 0
+
+
+def per_row(t: torch.Tensor, fn) -> torch.Tensor:
+    """fn(t) of a per-row tensor; of a ``shared`` one, fn of its one row, expanded again over the rows."""
+    if not shared(t):
+        return fn(t)
+    one = fn(t[:1])
+    return one.expand(t.shape[0], *one.shape[1:])
+
+
+def targets(delta: torch.Tensor) -> torch.Tensor:
+    """delta [b, Q, C] with the rejections (-1) sent to Q, a zero row callers append."""
+    return per_row(delta, lambda d: torch.where(d < 0, d.shape[1], d))
 
 
 def _scaled(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,9 +156,8 @@ def live_states(automata: Automata, known: torch.Tensor | None, l: int) -> torch
     that row allows, all in the union's next set; one of those the superset drops cannot reach the union's
     accepting states, so no row can accept from it and its true message is 0, what the messages hold for it."""
     b, q_n, c_n = automata.delta.shape
-    shared = b > 1 and automata.delta.stride(0) == 0
-    delta = automata.delta[:1] if shared else automata.delta
-    to = torch.where(delta < 0, q_n, delta).reshape(delta.shape[0], -1)  # [b or 1, Q C]
+    union = shared(automata.delta)
+    to = targets(automata.delta[:1] if union else automata.delta).flatten(1)  # [b or 1, Q C]
     rows = torch.arange(b, device=to.device)
     allowed = []  # [b, C] per position: the classes its token may take
     for i in range(l):
@@ -163,7 +171,7 @@ def live_states(automata: Automata, known: torch.Tensor | None, l: int) -> torch
     reach = torch.zeros(b, q_n + 1, device=to.device)
     reach[rows, automata.initial] = 1
     co = automata.accepting.clone()
-    if shared:  # one row: the unions (docstring)
+    if union:  # one row: the unions (docstring)
         reach, co, allowed, b = reach.amax(0, keepdim=True), co.any(0, keepdim=True), \
             [a.any(0, keepdim=True) for a in allowed], 1
     forward = [reach[:, :q_n] > 0]
@@ -196,15 +204,8 @@ def live_automata(automata: Automata, known: torch.Tensor | None, l: int) -> tup
     q_n = keep.shape[0]
     new = torch.full((q_n + 1,), -1, dtype=torch.long, device=keep.device)  # old state (Q: rejected) -> new
     new[keep.nonzero()[:, 0]] = torch.arange(int(keep.sum()), device=keep.device)
-
-    def rows(t, fn):  # a shared tensor (expanded over rows) computed once, expanded again
-        if t.shape[0] > 1 and t.stride(0) == 0:
-            one = fn(t[:1])
-            return one.expand(t.shape[0], *one.shape[1:])
-        return fn(t)
-
-    delta = rows(automata.delta, lambda d: new[torch.where(d[:, keep] < 0, q_n, d[:, keep])])
-    accepting = rows(automata.accepting, lambda a: a[:, keep])
+    delta = per_row(automata.delta, lambda d: new[targets(d)[:, keep]])  # a rejection (Q) stays one (-1)
+    accepting = per_row(automata.accepting, lambda a: a[:, keep])
     return Automata(delta, accepting, automata.token_class, new[automata.initial]), live[:, keep]
 
 
@@ -220,7 +221,7 @@ def backward_messages(summed: torch.Tensor, automata: Automata, diagonal: bool =
     from i to l))."""
     b, l, _, r = summed.shape[:4]
     q_n = automata.delta.shape[1]
-    idx = _targets(automata.delta)  # [b, Q, C]
+    idx = targets(automata.delta)  # [b, Q, C]
     if live is None:  # [l + 1, Q]: the states whose messages anything reads (``live_automata`` gives both)
         live = live_states(automata, known, l)
     rows = torch.arange(b, device=summed.device)
@@ -303,7 +304,7 @@ def constrained_marginals(start: torch.Tensor, cores: torch.Tensor, automata: Au
     fwd[torch.arange(b, device=cores.device), :, torch.where(q0 < 0, q_n, q0)] = start.to(cores.dtype)
     fwd = fwd[..., :q_n]
     out = []
-    idx = torch.where(automata.delta < 0, q_n, automata.delta).reshape(b, 1, q_n * c_n)
+    idx = targets(automata.delta).reshape(b, 1, q_n * c_n)
     tiny = torch.finfo(cores.dtype).tiny
     for i in range(l):
         ahead = _gather_ahead(beta[:, i + 1].transpose(1, 2), automata.delta)  # [b, r, Q, C]

@@ -13,7 +13,14 @@ import torch
 
 from ttcore.constraints import ConstraintError
 from ttcore.distributions import Site, uniforms
-from ttcore.distributions.automaton import Automata, Constrained, conditioned_cores, constrained_sample
+from ttcore.distributions.automaton import (
+    Automata,
+    Constrained,
+    conditioned_cores,
+    constrained_sample,
+    shared,
+    targets,
+)
 
 from .joint_step import joint_distribution
 
@@ -80,16 +87,15 @@ def block_automaton(automata: Automata, tokens: torch.Tensor, start: torch.Tenso
         nxt = delta[rows, q.clamp_min(0), token_class[rows, torch.where(on, tokens[:, i], 0).clamp_min(0)]]
         q = torch.where(on, nxt, q)
     left = tokens.shape[1] - start - size  # [b] positions after the block
-    shared = b > 1 and delta.stride(0) == 0 and automata.accepting.stride(0) == 0
-    one = slice(0, 1) if shared else slice(None)
-    to = torch.where(delta[one] < 0, q_n, delta[one]).flatten(1)  # [b or 1, Q C]
-    co = automata.accepting[one]
+    one = shared(delta) and shared(automata.accepting)
+    to = targets(delta[:1] if one else delta).flatten(1)  # [b or 1, Q C]
+    co = automata.accepting[:1] if one else automata.accepting
     ahead = [co]  # ahead[j]: the states that can accept in exactly j more tokens
     for _ in range(int(left.max())):
         co = torch.cat([co, co.new_zeros(co.shape[0], 1)], 1).gather(1, to).view(co.shape[0], q_n, -1).any(2)
         ahead.append(co)
     ahead = torch.stack(ahead, 1)  # [b or 1, n + 1, Q]
-    return Automata(delta, ahead[rows if not shared else 0, left], token_class, q)
+    return Automata(delta, ahead[0 if one else rows, left], token_class, q)
 
 
 FLOOR = 1e-300  # the float64 weight a rescued row gives a value its joint rounded to 0 (``constrained_step``)
