@@ -150,6 +150,27 @@ def test_rows_of_one_automaton_at_their_own_start_and_accepting_states_each_get_
         assert chi_square_pvalue(draws[half], np.where(keep, p, 0) / p[keep].sum(), seqs) > 1e-3
 
 
+def test_class_sums_and_row_normalized_cores_agree_in_every_layout_and_path():
+    """``class_sums`` (a matmul for rows sharing few classes, a scatter otherwise) against a direct sum per class,
+    on cores in the head's layout ([x, j, k] with x fastest, as ``TTHead.core_logits`` gives them) and contiguous;
+    ``tt_cores_from_logits`` gives the same row-stochastic cores from either layout."""
+    g = torch.Generator().manual_seed(5)
+    n, l, v, r = 3, 2, 7, 4
+    raw = torch.randn(n, l, r, r, v, generator=g, dtype=torch.float64)  # the head's memory: [j, k, x]
+    head_layout = raw.permute(0, 1, 4, 2, 3)  # [n, l, x, j, k], x of stride 1
+    cores = tt_cores_from_logits(head_layout)
+    np.testing.assert_allclose(cores.numpy(), tt_cores_from_logits(head_layout.contiguous()).numpy(), atol=1e-14)
+    np.testing.assert_allclose(cores.sum((2, 4)).numpy(), np.ones((n, l, r)), atol=1e-12)
+    token_class = torch.tensor([2, 0, 1, 0, 2, 2, 1])
+    delta = torch.zeros(1, 2, 3, dtype=torch.long)
+    shared_rows = Automata(delta.expand(n, -1, -1), torch.ones(n, 2, dtype=torch.bool), token_class.expand(n, -1))
+    copied = Automata(delta.expand(n, -1, -1).clone(), shared_rows.accepting, token_class.expand(n, -1).clone())
+    want = torch.stack([cores[:, :, token_class == k].sum(2) for k in range(3)], 2)
+    for automata in (shared_rows, copied):
+        for layout in (cores, cores.contiguous()):
+            np.testing.assert_allclose(class_sums(layout, automata).numpy(), want.numpy(), atol=1e-12)
+
+
 def test_a_language_the_chain_cannot_reach_gives_zero_and_no_draw():
     """Only token 0 at every position is accepted, but position 2 is known to be token 1: Z = 0, -inf, -1s."""
     start, cores, diagonal, _ = _chains("tt", 0)

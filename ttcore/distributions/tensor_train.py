@@ -103,6 +103,9 @@ def tt_cores_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Row normalization of Eq. 10: softmax over the joint (x, k) axes of each row j.
     logits [..., v, r, r] -> cores of the same shape."""
     *lead, v, r, _ = logits.shape
+    if logits.movedim(-3, -1).is_contiguous():  # the head's own layout [..., j, k, x] (``TTHead.core_logits``)
+        flat = logits.movedim(-3, -1).reshape(*lead, r, r * v)  # [..., j, (k, x)]: a view
+        return torch.softmax(flat, -1).view(*lead, r, r, v).movedim(-1, -3)
     flat = logits.transpose(-3, -2).reshape(*lead, r, v * r)  # [..., j, (x, k)]
     return torch.softmax(flat, -1).reshape(*lead, r, v, r).transpose(-3, -2)
 
