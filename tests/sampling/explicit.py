@@ -61,11 +61,12 @@ class ExplicitTT(_Explicit):
     """p(x | x_t) = the TT with fixed cores [l, v, r, r] on the masked positions (known: delta * I); its
     contracted-core "head" predicts the cores' exact sums."""
 
-    def __init__(self, cores: torch.Tensor):
+    def __init__(self, cores: torch.Tensor, all_at_once: bool = True):
         l, v, r, _ = cores.shape
         super().__init__(v, l, "tt", r)
         self.cores = cores
         head = _ExplicitHead(r, r * r, v, lambda h: cores[_pos(h)].log().permute(0, 2, 3, 1).reshape(len(h), r * r, v))
+        head.gathers_all = lambda h: all_at_once  # a draw's core rows: all chosen positions' at once, or each's own
         head.core_logits = lambda h: cores[_pos(h)].log()  # [n, v, r, r]
         head.contracted_cores = lambda h: cores[_pos(h)].sum(1)
         head.contracted_logits = lambda h: cores[_pos(h)].sum(1).log()

@@ -37,6 +37,19 @@ def test_one_step_generation_is_distributed_as_the_tt(ordering, path):
     assert chi_square_pvalue(draws, p, seqs) > 1e-3
 
 
+def test_the_tt_draw_reading_core_rows_a_position_at_a_time_has_the_same_law():
+    """The draw's core rows computed at each chosen position when its state is drawn (a large head's way), not
+    for all chosen positions at once (a small head's): the TT's law at one step, and at one and two steps the
+    same tokens from the same streams."""
+    cores = _tt_cores()
+    seqs = all_sequences(L, V).numpy()
+    draws = _final(ExplicitTT(cores, all_at_once=False), 1, ordering="random")
+    assert chi_square_pvalue(draws, dense_tt(cores.numpy(), seqs), seqs) > 1e-3
+    for steps in (1, 2):
+        assert (_final(ExplicitTT(cores, all_at_once=False), steps, ordering="random")
+                == _final(ExplicitTT(cores), steps, ordering="random")).all()
+
+
 @pytest.mark.parametrize("path", ["fast", "exact"])
 @pytest.mark.parametrize("ordering", ["random", "entropy"])
 def test_one_step_generation_is_distributed_as_the_cp(ordering, path):

@@ -58,6 +58,11 @@ class OutputHead(nn.Module):
         matmul's dtype (bf16 under autocast: the sampler's float32 softmax upcasts inside its kernel)."""
         raise NotImplementedError
 
+    def gathers_all(self, h: torch.Tensor) -> bool:
+        """Whether ``select_logits`` computes every output of a row anyway (a small head), so a draw may compute
+        them once for all its positions. False: each selection pays for its own outputs only."""
+        return False
+
     def gather_logits(self, h: torch.Tensor, outputs: torch.Tensor) -> torch.Tensor:
         """Any c outputs of each row: h [n, d], outputs [n, c] (indices into the E outputs) -> [n, c, v]."""
         raise NotImplementedError
@@ -157,7 +162,7 @@ class ComponentHead(OutputHead):
         outputs of W', or E * d of W~, at most ``gather_max_outputs``) it runs over all E outputs and
         the rows' slices are gathered: a few large ops instead of one small matmul per distinct start.
         Otherwise rows sharing a start share one matmul on that slice of the weight."""
-        if self.e * self._width(h) <= self.gather_max_outputs:
+        if self.gathers_all(h):
             return self._all_then_gather(h, start[:, None] + torch.arange(count, device=h.device))
         return self._slices(h, start, count)
 
@@ -166,9 +171,14 @@ class ComponentHead(OutputHead):
         them, it runs once and the rows' outputs are gathered; otherwise each row's outputs run as rows of
         their own, one matmul per distinct output (``_grouped``)."""
         n, c = outputs.shape
-        if self.e * self._width(h) <= self.gather_max_outputs or 8 * c >= self.e:
+        if self.gathers_all(h) or 8 * c >= self.e:
             return self._all_then_gather(h, outputs)
         return self._slices(h.repeat_interleave(c, 0), outputs.flatten(), 1).view(n, c, -1)
+
+    def gathers_all(self, h: torch.Tensor) -> bool:
+        """Whether one pass over all E outputs is small (``gather_max_outputs`` outputs of the first matmul a row):
+        then ``select_logits`` runs it and gathers the rows' slices."""
+        return self.e * self._width(h) <= self.gather_max_outputs
 
     def component_logits(self, h):
         m = h.shape[0]  # may be 0: explicit widths, not -1

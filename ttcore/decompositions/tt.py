@@ -25,6 +25,7 @@ from .heads import ComponentHead, zero_linear
 
 CONTRACTIONS = ("head", "exact")  # how masked positions outside a step's set are summed out
 EXACT_VALUES = 1 << 24  # full-core values an exact-contraction pass holds at once (float64: 128 MB): its positions
+ALL_ROWS_VALUES = 1 << 22  # outputs a draw computes in one head call for all its chosen positions (float64: 32 MB)
 
 
 def exact_chunk(values: int) -> int:
@@ -300,9 +301,20 @@ class TTDecomposition:
             else:  # Gbar_j from the contracted-core head
                 contracted[rest] = head.contracted_cores(h[rest]).to(contracted.dtype)
 
-        def core_rows(n, t, j):  # G_t(x, j, k) for the sampled state j of rows n: [n, v, r]
-            logits = head.select_logits(h[n, t], j * r, r)  # [n, k, v]
-            return softmax64(logits.reshape(len(n), -1), temperature, rows=n).view(len(n), r, -1).transpose(1, 2)
+        m = int(chosen.sum())
+        if head.gathers_all(h) and m * head.e * head.out_vocab <= ALL_ROWS_VALUES:
+            # the head computes every output of a position anyway: all chosen positions' in one call, each
+            # row j normalized over (k, x) (Eq. 10), read at the sampled states (one head call, not one a position)
+            slot = torch.full_like(x, -1)
+            slot[chosen] = torch.arange(m, device=x.device)
+            every = softmax64(head.component_logits(h[chosen]).reshape(m, r, -1), 1.0)  # [m, j, (k, x)]
+
+            def core_rows(n, t, j):
+                return every[slot[n, t], j].view(len(n), r, -1).transpose(1, 2)
+        else:
+            def core_rows(n, t, j):  # G_t(x, j, k) for the sampled state j of rows n: [n, v, r]
+                logits = head.select_logits(h[n, t], j * r, r)  # [n, k, v]
+                return softmax64(logits.reshape(len(n), -1), temperature, rows=n).view(len(n), r, -1).transpose(1, 2)
 
         return tt_sample_path(contracted, chosen, core_rows, generator)
 

@@ -243,19 +243,28 @@ def tt_sample_path(contracted: torch.Tensor, chosen: torch.Tensor, core_rows, ge
     idx, valid = chosen_index(chosen)  # [b, t]
     out = torch.full((b, l), -1, dtype=torch.long, device=chosen.device)
     rows = torch.arange(b, device=chosen.device)
-    gaps = tt_gap_products(contracted, chosen) if idx.shape[1] > 1 else None  # [b, l, r, r]
+    pos = torch.arange(l, device=chosen.device)
+    first = torch.where(chosen, pos, l).amin(1, keepdim=True)
+    last = torch.where(chosen, pos, -1).amax(1, keepdim=True)
+    between = ~chosen & (pos > first) & (pos < last)  # unchosen positions between chosen ones
+    # with none (a block model's step: its chosen positions adjacent), every gap after the first is I
+    gaps = tt_gap_products(contracted, chosen) if idx.shape[1] > 1 and between.any() else None  # [b, l, r, r]
     eye = torch.eye(r, dtype=contracted.dtype, device=contracted.device)
     state = contracted.new_full((b, r), 1.0 / r) if start is None else start  # the hidden state before G_1
     u = uniforms(generator, b, 3 * idx.shape[1], chosen.device, Site.draw).view(b, -1, 3)  # [b, t, 3]
     for a in range(idx.shape[1]):
         live = rows[valid[:, a]]  # [n] rows with an a-th chosen position: only they draw
         t = idx[live, a]  # [n]
-        if gaps is None:  # one position per row: its gap is a prefix product
-            gap = tt_prefix_products(contracted if len(live) == b else contracted[live], t)  # [n, r, r]
+        if gaps is None and a:  # no unchosen position between this one and the last: the gap is I
+            entering = state[live]
         else:
-            gap = torch.where((t > 0)[:, None, None], gaps[live, (t - 1).clamp_min(0)], eye)  # [n, r, r]
+            if gaps is None:  # the first chosen position: its gap is a prefix product
+                gap = tt_prefix_products(contracted if len(live) == b else contracted[live], t)  # [n, r, r]
+            else:
+                gap = torch.where((t > 0)[:, None, None], gaps[live, (t - 1).clamp_min(0)], eye)  # [n, r, r]
+            entering = (state[live].unsqueeze(1) @ gap).squeeze(1)
         ua = u[live, a]  # [n, 3]
-        j = sample_categorical((state[live].unsqueeze(1) @ gap).squeeze(1), u=ua[:, 0])  # state entering t
+        j = sample_categorical(entering, u=ua[:, 0])  # the state entering t
         row = core_rows(live, t, j)  # [n, v, r]: G_t(x, j, k)
         x = sample_categorical(row.sum(-1), u=ua[:, 1])  # (x, k) by the chain rule: x, then k | x
         k = sample_categorical(row[torch.arange(len(live), device=row.device), x], u=ua[:, 2])
