@@ -123,3 +123,15 @@ def test_tt_chosen_marginals_with_the_head_are_those_of_the_joint_the_head_step_
     torch.testing.assert_close(got, torch.cat(want), rtol=1e-6, atol=1e-7)  # the head returns float32 Gbar
     exact = model.format.marginals_at(model.head, h, masked, chosen, 1.0, "exact")
     assert (got - exact).abs().max() > 1e-3  # the head's guess is not the exact sum
+
+
+@pytest.mark.parametrize("name", list(DECOMPOSITIONS))
+def test_a_draw_with_nothing_chosen_draws_nothing(name):
+    """A batch's rows with no position in T (their runs between steps): every format's draw gives -1s."""
+    model = tiny_model(name, V, L, R, perturb=0.3, noise=0.3)
+    x = torch.full((3, L), model.cfg.dit.mask_id)
+    h = torch.randn(3, L, model.cfg.dit.hidden_dim)
+    masked, chosen = torch.ones(3, L, dtype=torch.bool), torch.zeros(3, L, dtype=torch.bool)
+    with torch.no_grad():
+        out = model.format.draw(model.head, h, x, masked, chosen, 1.0, torch.Generator().manual_seed(0), "head")
+    assert (out == -1).all()

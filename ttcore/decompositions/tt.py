@@ -307,7 +307,7 @@ class TTDecomposition:
             # row j normalized over (k, x) (Eq. 10), read at the sampled states (one head call, not one a position)
             slot = torch.full_like(x, -1)
             slot[chosen] = torch.arange(m, device=x.device)
-            every = softmax64(head.component_logits(h[chosen]).reshape(m, r, -1), 1.0)  # [m, j, (k, x)]
+            every = softmax64(head.component_logits(h[chosen]).reshape(m, r, r * head.out_vocab), 1.0)  # [m, j, (k, x)]
 
             def core_rows(n, t, j):
                 return every[slot[n, t], j].view(len(n), r, -1).transpose(1, 2)
