@@ -303,14 +303,14 @@ class TTDecomposition:
 
         m = int(chosen.sum())
         if head.gathers_all(h) and m * head.e * head.out_vocab <= ALL_ROWS_VALUES:
-            # the head computes every output of a position anyway: all chosen positions' in one call, each
-            # row j normalized over (k, x) (Eq. 10), read at the sampled states (one head call, not one a position)
+            # the head computes every output of a position anyway: all chosen positions' in one call, read at the
+            # sampled states (one head call, not one a position); each row normalized over (k, x) when read
             slot = torch.full_like(x, -1)
             slot[chosen] = torch.arange(m, device=x.device)
-            every = softmax64(head.component_logits(h[chosen]).reshape(m, r, r * head.out_vocab), 1.0)  # [m, j, (k, x)]
+            every = head.component_logits(h[chosen]).reshape(m, r, r * head.out_vocab)  # [m, j, (k, x)]
 
             def core_rows(n, t, j):
-                return every[slot[n, t], j].view(len(n), r, -1).transpose(1, 2)
+                return softmax64(every[slot[n, t], j], temperature, rows=n).view(len(n), r, -1).transpose(1, 2)
         else:
             def core_rows(n, t, j):  # G_t(x, j, k) for the sampled state j of rows n: [n, v, r]
                 logits = head.select_logits(h[n, t], j * r, r)  # [n, k, v]
