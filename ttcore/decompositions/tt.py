@@ -284,7 +284,8 @@ class TTDecomposition:
         respect to the joint whose off-T factors are the head's Gbar_j) or summed from the cores
         themselves (``"exact"``: exact with respect to the TT of Eq. 9); at a temperature other than 1
         the head is not used (it predicts the untempered sum). At a chosen position only the core row
-        of the sampled state is computed (r outputs of the r * r)."""
+        of the sampled state is read: a large head computes its r outputs of the r * r there; a small one
+        (``gathers_all``) computes all of them anyway, so once for every chosen position, before the path."""
         if contraction not in CONTRACTIONS:
             raise ValueError(f"contraction must be one of {CONTRACTIONS}, got {contraction!r}")
         if not is_one(temperature):
