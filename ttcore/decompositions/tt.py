@@ -305,17 +305,19 @@ class TTDecomposition:
         m = int(chosen.sum())
         if head.gathers_all(h) and m * head.e * head.out_vocab <= ALL_ROWS_VALUES:
             # the head computes every output of a position anyway: all chosen positions' in one call, read at the
-            # sampled states (one head call, not one a position); each row normalized over (k, x) when read
+            # sampled states (one head call, not one a position)
             slot = torch.full_like(x, -1)
             slot[chosen] = torch.arange(m, device=x.device)
             every = head.component_logits(h[chosen]).reshape(m, r, r * head.out_vocab)  # [m, j, (k, x)]
 
-            def core_rows(n, t, j):
-                return softmax64(every[slot[n, t], j], temperature, rows=n).view(len(n), r, -1).transpose(1, 2)
+            def row_logits(n, t, j):
+                return every[slot[n, t], j]
         else:
-            def core_rows(n, t, j):  # G_t(x, j, k) for the sampled state j of rows n: [n, v, r]
-                logits = head.select_logits(h[n, t], j * r, r)  # [n, k, v]
-                return softmax64(logits.reshape(len(n), -1), temperature, rows=n).view(len(n), r, -1).transpose(1, 2)
+            def row_logits(n, t, j):  # the r outputs of row j only: [n, (k, x)]
+                return head.select_logits(h[n, t], j * r, r).reshape(len(n), -1)
+
+        def core_rows(n, t, j):  # G_t(x, j, k) for the sampled state j of rows n, row j normalized (Eq. 10): [n, v, r]
+            return softmax64(row_logits(n, t, j), temperature, rows=n).view(len(n), r, -1).transpose(1, 2)
 
         return tt_sample_path(contracted, chosen, core_rows, generator)
 

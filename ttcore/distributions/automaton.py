@@ -98,13 +98,12 @@ def class_sums(cores: torch.Tensor, automata: Automata) -> torch.Tensor:
     return out.scatter_add_(2, index, cores)
 
 
-def _gather_ahead(beta: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-    """beta [b, r, Q] at delta(q, k): [b, r, Q, C], 0 where delta rejects (-1)."""
+def _gather_ahead(beta: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """beta [b, r, Q] at delta(q, k): [b, r, Q, C], 0 where delta rejects; ``idx`` [b, 1, Q C] the flattened
+    ``targets`` of delta (Q: the rejecting sink, a zero column appended here)."""
     b, r, q_n = beta.shape
-    padded = torch.cat([beta, beta.new_zeros(b, r, 1)], -1)  # column Q: the rejecting sink, mass 0
-    idx = torch.where(delta < 0, q_n, delta)  # [b, Q, C]
-    c = delta.shape[-1]
-    return padded.gather(2, idx.reshape(b, 1, q_n * c).expand(b, r, q_n * c)).view(b, r, q_n, c)
+    padded = torch.cat([beta, beta.new_zeros(b, r, 1)], -1)
+    return padded.gather(2, idx.expand(b, r, -1)).view(b, r, q_n, -1)
 
 
 def shared(t: torch.Tensor) -> bool:
@@ -330,7 +329,7 @@ def constrained_marginals(start: torch.Tensor, cores: torch.Tensor, automata: Au
     idx = targets(automata.delta).reshape(b, 1, q_n * c_n)
     tiny = torch.finfo(cores.dtype).tiny
     for i in range(l):
-        ahead = _gather_ahead(beta[:, i + 1].transpose(1, 2), automata.delta)  # [b, r, Q, C]
+        ahead = _gather_ahead(beta[:, i + 1].transpose(1, 2), idx)  # [b, r, Q, C]
         if diagonal:  # W[n, k, a]; each token's weight sum_a G(x)[a] W[class(x)][a]
             w = torch.einsum("naq,naqk->nka", fwd, ahead)
             joint = (cores[:, i] * w.gather(1, automata.token_class[..., None].expand(b, v, r))).sum(-1)
